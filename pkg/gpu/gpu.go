@@ -1,0 +1,93 @@
+// Package gpu defines the hardware seam: one interface for GPU discovery and
+// health, implemented by the NVML backend (pkg/gpu/nvml) and by simulated
+// profiles (pkg/gpu/sim). Everything above this package sees only Inventory.
+package gpu
+
+import (
+	"context"
+	"io/fs"
+)
+
+// Device is one physical GPU as discovered on a node.
+type Device struct {
+	// Index is the NVML index (0..N-1); devices are published in index order.
+	Index int `json:"index"`
+	// Minor is the /dev/nvidiaN minor number.
+	Minor int    `json:"minor"`
+	UUID  string `json:"uuid"`
+	// ProductName as NVML reports it, e.g. "NVIDIA H100 80GB HBM3".
+	ProductName string `json:"productName"`
+	// Architecture in lower case, e.g. "hopper", "volta", "blackwell".
+	Architecture string `json:"architecture"`
+	// CUDAComputeCapability as "major.minor", e.g. "9.0".
+	CUDAComputeCapability string `json:"cudaComputeCapability"`
+	// DriverVersion of the kernel driver, e.g. "550.54.15".
+	DriverVersion string `json:"driverVersion"`
+	// CUDADriverVersion is the CUDA version the driver supports, e.g. "12.4".
+	CUDADriverVersion string `json:"cudaDriverVersion"`
+	// MemoryBytes is the total framebuffer memory.
+	MemoryBytes int64 `json:"memoryBytes"`
+	// PCIBusID in extended BDF form, lower case: "0000:18:00.0".
+	PCIBusID string `json:"pciBusID"`
+	// NUMANode is the NUMA node the GPU is attached to, -1 when none.
+	NUMANode int `json:"numaNode"`
+	// Fabric is set when the GPU belongs to a multi-node NVLink fabric
+	// (GB200 NVL72 and similar); nil otherwise.
+	Fabric *Fabric `json:"fabric,omitempty"`
+}
+
+// Fabric identifies a GPU's multi-node NVLink partition.
+type Fabric struct {
+	// ClusterUUID is the NVLink fabric cluster the GPU is registered with.
+	ClusterUUID string `json:"clusterUUID"`
+	// CliqueID separates partitions inside one cluster.
+	CliqueID uint32 `json:"cliqueID"`
+}
+
+// Link is an undirected NVLink connection between two GPUs of one node,
+// aggregating every active lane between them.
+type Link struct {
+	// A and B are device indexes with A < B.
+	A int `json:"a"`
+	B int `json:"b"`
+	// Count is the number of active NVLink lanes joining A and B.
+	Count int `json:"count"`
+}
+
+// Inventory is everything discovery found on a node.
+type Inventory struct {
+	Devices []Device `json:"devices"`
+	Links   []Link   `json:"links"`
+	// LinkBandwidthGBps is the unidirectional bandwidth of one NVLink lane in
+	// GB/s for this GPU generation; 0 when the node has no NVLink.
+	LinkBandwidthGBps float64 `json:"linkBandwidthGBps"`
+	// SysFS, when set, replaces the host's /sys for PCIe root and NUMA
+	// look-ups (the simulated backend supplies a synthetic one).
+	SysFS fs.ReadLinkFS `json:"-"`
+	// DevRoot is the directory holding device nodes (/dev on a real host);
+	// empty means device nodes are not injected (simulated GPUs).
+	DevRoot string `json:"-"`
+}
+
+// HealthEvent reports a change in a device's health.
+type HealthEvent struct {
+	UUID    string
+	Healthy bool
+	// Reason is a short machine-friendly cause, e.g. "XID-79".
+	Reason string
+	// Message is a human-readable detail.
+	Message string
+}
+
+// Backend discovers GPUs and streams their health.
+type Backend interface {
+	// Name is "nvml" or "sim".
+	Name() string
+	// Discover returns the node's GPUs and NVLink graph.
+	Discover(ctx context.Context) (*Inventory, error)
+	// WatchHealth sends health changes until ctx is done, then returns nil.
+	// It must not block forever on a full channel once ctx is done.
+	WatchHealth(ctx context.Context, events chan<- HealthEvent) error
+	// Close releases the backend's resources.
+	Close() error
+}

@@ -1,0 +1,196 @@
+package nvml
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gputopo/gputopo/pkg/gpu"
+)
+
+// fakeEvents is an NVML event set fed from a channel.
+type fakeEvents struct {
+	queue chan gonvml.EventData
+	// waitRet, when set, fails every Wait.
+	waitRet gonvml.Return
+	freed   atomic.Bool
+	set     *mock.EventSet
+}
+
+// newHealthNode returns n GPUs that support every event type, recording
+// the mask each registers with in masks.
+func newHealthNode(n int, masks []atomic.Uint64) (*mock.Interface, *fakeEvents) {
+	ev := &fakeEvents{queue: make(chan gonvml.EventData, 8)}
+	ev.set = &mock.EventSet{
+		WaitFunc: func(ms uint32) (gonvml.EventData, gonvml.Return) {
+			if ev.waitRet != gonvml.SUCCESS {
+				return gonvml.EventData{}, ev.waitRet
+			}
+			select {
+			case d := <-ev.queue:
+				return d, gonvml.SUCCESS
+			case <-time.After(time.Duration(ms) * time.Millisecond):
+				return gonvml.EventData{}, gonvml.ERROR_TIMEOUT
+			}
+		},
+		FreeFunc: func() gonvml.Return { ev.freed.Store(true); return gonvml.SUCCESS },
+	}
+	devs := make([]gonvml.Device, n)
+	for i := range devs {
+		d := newFakeDevice(i, fakeGPU{})
+		d.GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return ^uint64(0), gonvml.SUCCESS }
+		d.RegisterEventsFunc = func(mask uint64, _ gonvml.EventSet) gonvml.Return {
+			masks[i].Store(mask)
+			return gonvml.SUCCESS
+		}
+		devs[i] = d
+	}
+	lib := newFakeLib(devs...)
+	lib.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) { return ev.set, gonvml.SUCCESS }
+	return lib, ev
+}
+
+// watch runs WatchHealth in the background; the returned func cancels it and
+// fails the test unless it returns nil promptly.
+func watch(t *testing.T, b *Backend, events chan gpu.HealthEvent) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.WatchHealth(ctx, events) }()
+	return func() {
+		t.Helper()
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("WatchHealth: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("WatchHealth did not return after cancel")
+		}
+	}
+}
+
+func receive(t *testing.T, events <-chan gpu.HealthEvent) gpu.HealthEvent {
+	t.Helper()
+	select {
+	case ev := <-events:
+		return ev
+	case <-time.After(5 * time.Second):
+		t.Fatal("no health event")
+		return gpu.HealthEvent{}
+	}
+}
+
+func TestWatchHealthXid(t *testing.T) {
+	masks := make([]atomic.Uint64, 2)
+	lib, ev := newHealthNode(2, masks)
+	b := newTestBackend(t, lib, WithEventWaitTimeout(10*time.Millisecond))
+	dev1, _ := lib.DeviceGetHandleByIndex(1)
+	// Xid 13 goes first: if it were not ignored it would be received first.
+	ev.queue <- gonvml.EventData{Device: dev1, EventType: gonvml.EventTypeXidCriticalError, EventData: 13}
+	ev.queue <- gonvml.EventData{Device: dev1, EventType: gonvml.EventTypeXidCriticalError, EventData: 79}
+
+	events := make(chan gpu.HealthEvent)
+	stop := watch(t, b, events)
+	got := receive(t, events)
+	stop()
+
+	want := gpu.HealthEvent{UUID: fakeUUID(1), Healthy: false, Reason: "XID-79", Message: "critical Xid error 79"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("event (-want +got):\n%s", diff)
+	}
+	for i := range masks {
+		if got := masks[i].Load(); got != healthEventMask {
+			t.Errorf("GPU %d registered mask %#x, want %#x", i, got, healthEventMask)
+		}
+	}
+	if !ev.freed.Load() {
+		t.Error("event set not freed")
+	}
+}
+
+func TestWatchHealthUnknownDevice(t *testing.T) {
+	lib, ev := newHealthNode(2, make([]atomic.Uint64, 2))
+	b := newTestBackend(t, lib, WithEventWaitTimeout(10*time.Millisecond))
+	ev.queue <- gonvml.EventData{EventType: gonvml.EventTypeDoubleBitEccError}
+
+	events := make(chan gpu.HealthEvent, 2)
+	stop := watch(t, b, events)
+	got := []gpu.HealthEvent{receive(t, events), receive(t, events)}
+	stop()
+
+	want := []gpu.HealthEvent{
+		{UUID: fakeUUID(0), Reason: "ECC-DBE", Message: "uncorrectable double-bit ECC error"},
+		{UUID: fakeUUID(1), Reason: "ECC-DBE", Message: "uncorrectable double-bit ECC error"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+func TestWatchHealthGPULost(t *testing.T) {
+	lib, ev := newHealthNode(1, make([]atomic.Uint64, 1))
+	ev.waitRet = gonvml.ERROR_GPU_IS_LOST
+	b := newTestBackend(t, lib, WithEventWaitTimeout(10*time.Millisecond))
+
+	events := make(chan gpu.HealthEvent, 8)
+	stop := watch(t, b, events)
+	got := receive(t, events)
+	time.Sleep(50 * time.Millisecond) // several failing waits
+	stop()
+
+	if got.UUID != fakeUUID(0) || got.Healthy || got.Reason != "GPU-LOST" {
+		t.Errorf("event = %+v, want GPU-LOST for %s", got, fakeUUID(0))
+	}
+	if n := len(events); n != 0 {
+		t.Errorf("%d more events for one failure streak, want 0", n)
+	}
+}
+
+func TestWatchHealthCancelWhileSending(t *testing.T) {
+	lib, ev := newHealthNode(1, make([]atomic.Uint64, 1))
+	b := newTestBackend(t, lib, WithEventWaitTimeout(10*time.Millisecond))
+	dev0, _ := lib.DeviceGetHandleByIndex(0)
+	ev.queue <- gonvml.EventData{Device: dev0, EventType: gonvml.EventTypeXidCriticalError, EventData: 48}
+
+	stop := watch(t, b, make(chan gpu.HealthEvent)) // nobody reads
+	time.Sleep(50 * time.Millisecond)
+	stop()
+}
+
+func TestWatchHealthUnsupported(t *testing.T) {
+	t.Run("event sets", func(t *testing.T) {
+		lib := newFakeLib()
+		lib.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED }
+		events := make(chan gpu.HealthEvent, 1)
+		stop := watch(t, newTestBackend(t, lib), events)
+		time.Sleep(20 * time.Millisecond)
+		stop()
+		if len(events) != 0 {
+			t.Errorf("got %v, want no events", <-events)
+		}
+	})
+	t.Run("devices", func(t *testing.T) {
+		lib, ev := newHealthNode(1, make([]atomic.Uint64, 1))
+		dev0, _ := lib.DeviceGetHandleByIndex(0)
+		dev0.(*mock.Device).GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) {
+			return 0, gonvml.ERROR_NOT_SUPPORTED
+		}
+		events := make(chan gpu.HealthEvent, 1)
+		stop := watch(t, newTestBackend(t, lib), events)
+		time.Sleep(20 * time.Millisecond)
+		stop()
+		if len(events) != 0 {
+			t.Errorf("got %v, want no events", <-events)
+		}
+		if len(ev.set.WaitCalls()) != 0 {
+			t.Error("waited on an event set with no registered GPU")
+		}
+	})
+}

@@ -1,0 +1,85 @@
+// Package topology is gputopo's pure topology model: the NVLink graph inside
+// a node (domains, aligned fully-connected blocks, peers, bandwidth), the
+// network tree above it (leaf, spine, higher tiers), and every name gputopo
+// publishes or reads. It imports no client-go.
+package topology
+
+// DriverName is the DRA driver name and the domain of every device attribute
+// gputopo publishes.
+const DriverName = "gpu.gputopo.dev"
+
+// Device attribute names. They are published unqualified in the driver's
+// domain, so CEL reads them as device.attributes["gpu.gputopo.dev"].<name>
+// and constraints name them "gpu.gputopo.dev/<name>". Claims written against
+// them must keep working: never rename one.
+const (
+	AttrIndex                 = "index"
+	AttrMinor                 = "minor"
+	AttrUUID                  = "uuid"
+	AttrProductName           = "productName"
+	AttrArchitecture          = "architecture"
+	AttrCUDAComputeCapability = "cudaComputeCapability"
+	AttrDriverVersion         = "driverVersion"
+	AttrCUDADriverVersion     = "cudaDriverVersion"
+	AttrNVLinkDomain          = "nvlinkDomain"
+	AttrNVLinkBlock2          = "nvlinkBlock2"
+	AttrNVLinkBlock4          = "nvlinkBlock4"
+	AttrNVLinkBlock8          = "nvlinkBlock8"
+	AttrNVLinkPeers           = "nvlinkPeers"
+	AttrNVLinkLinks           = "nvlinkLinks"
+	AttrNVLinkBandwidthGBps   = "nvlinkBandwidthGBps"
+	AttrNVLinkClique          = "nvlinkClique"
+	AttrLeaf                  = "leaf"
+	AttrSpine                 = "spine"
+	// AttrTierPrefix names tiers above the spine: tier3, tier4, ...
+	AttrTierPrefix = "tier"
+
+	// CapacityMemory is the device's framebuffer memory.
+	CapacityMemory = "memory"
+)
+
+// BlockAttr returns the attribute naming a GPU's aligned block of size n.
+func BlockAttr(n int) string {
+	switch n {
+	case 2:
+		return AttrNVLinkBlock2
+	case 4:
+		return AttrNVLinkBlock4
+	case 8:
+		return AttrNVLinkBlock8
+	}
+	return ""
+}
+
+// BlockSizes are the aligned NVLink block sizes gputopo computes.
+var BlockSizes = []int{2, 4, 8}
+
+// Node labels read for network placement. The defaults follow topograph
+// (fabric.topograph.run/tier-N, tier-1 being the leaf) and the older
+// network.topology.nvidia.com labels.
+const (
+	LabelTopographTierPrefix = "fabric.topograph.run/tier-"
+	LabelTopographLeaf       = LabelTopographTierPrefix + "1"
+	LabelTopographSpine      = LabelTopographTierPrefix + "2"
+	LabelNVIDIALeaf          = "network.topology.nvidia.com/leaf"
+	LabelNVIDIASpine         = "network.topology.nvidia.com/spine"
+	LabelNVIDIAClique        = "nvidia.com/gpu.clique"
+)
+
+// Labels, annotations, taints and the scheduling gate gputopo owns.
+const (
+	// LabelProfile records the simulated GPU profile of a node.
+	LabelProfile = "gputopo.dev/profile"
+	// TaintUnhealthy is the device taint key put on an unhealthy GPU.
+	TaintUnhealthy = DriverName + "/unhealthy"
+)
+
+// Environment variables set in every container that receives gputopo GPUs.
+const (
+	EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+	EnvNVLinkDomain   = "GPUTOPO_NVLINK_DOMAIN"
+	EnvNVLinkClique   = "GPUTOPO_NVLINK_CLIQUE"
+	EnvLeaf           = "GPUTOPO_LEAF"
+	EnvSpine          = "GPUTOPO_SPINE"
+	EnvNode           = "GPUTOPO_NODE"
+)
