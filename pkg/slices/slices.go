@@ -131,11 +131,7 @@ func deviceAttributes(d gpu.Device, g topology.GPUPlacement, net topology.Networ
 	setInt(topology.AttrNVLinkPeers, int64(g.Peers))
 	setInt(topology.AttrNVLinkLinks, int64(g.Links))
 	setInt(topology.AttrNVLinkBandwidthGBps, g.BandwidthGBps)
-	clique := net.Clique
-	if clique == "" && d.Fabric != nil {
-		clique = d.Fabric.ClusterUUID + "." + strconv.FormatUint(uint64(d.Fabric.CliqueID), 10)
-	}
-	setStr(topology.AttrNVLinkClique, truncate(clique))
+	setStr(topology.AttrNVLinkClique, truncate(topology.Clique(net, d.Fabric)))
 	setStr(topology.AttrLeaf, truncate(net.Leaf))
 	setStr(topology.AttrSpine, truncate(net.Spine))
 	for _, t := range net.TierNumbers() {

@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/gputopo/gputopo/pkg/gpu"
 )
 
 // NetworkLabels says which node labels carry the network placement. For
@@ -90,3 +92,15 @@ func (p NetworkPlacement) TierNumbers() []int {
 
 // TierAttr names the attribute of tier t (t > 2).
 func TierAttr(t int) string { return AttrTierPrefix + strconv.Itoa(t) }
+
+// Clique is the multi-node NVLink clique of a GPU: the node label when set,
+// else the GPU's fabric cluster and clique ID.
+func Clique(net NetworkPlacement, f *gpu.Fabric) string {
+	if net.Clique != "" {
+		return net.Clique
+	}
+	if f == nil {
+		return ""
+	}
+	return f.ClusterUUID + "." + strconv.FormatUint(uint64(f.CliqueID), 10)
+}
