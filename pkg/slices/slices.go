@@ -98,7 +98,9 @@ func Devices(inv *gpu.Inventory, node Node, cfg Config, unhealthy map[string]gpu
 
 func deviceAttributes(d gpu.Device, g topology.GPUPlacement, net topology.NetworkPlacement, inv *gpu.Inventory, cfg Config) (map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, error) {
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
-	setInt := func(name string, v int64) { attrs[resourceapi.QualifiedName(name)] = resourceapi.DeviceAttribute{IntValue: ptr.To(v)} }
+	setInt := func(name string, v int64) {
+		attrs[resourceapi.QualifiedName(name)] = resourceapi.DeviceAttribute{IntValue: ptr.To(v)}
+	}
 	setStr := func(name, v string) {
 		if v != "" {
 			attrs[resourceapi.QualifiedName(name)] = resourceapi.DeviceAttribute{StringValue: ptr.To(v)}

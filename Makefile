@@ -1,0 +1,59 @@
+SHELL := /bin/bash
+# gputopo — see README.md. Every target works on a fresh machine with Go;
+# the Kubernetes binaries for the local cluster are built from source on
+# first use (about 12 minutes on 2 cores) and cached.
+
+GO          ?= go
+BIN         := $(CURDIR)/bin
+CLUSTER_DIR ?= $(CURDIR)/_output/demo
+TOPOLOGY    ?= $(CURDIR)/test/cluster/topologies/demo-topology.yaml
+LOCALCLUSTER := $(BIN)/localcluster
+E2E_TIMEOUT ?= 60m
+
+.PHONY: all build test unit e2e lint demo demo-down bench k8s-binaries clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+$(LOCALCLUSTER): FORCE
+	cd test/cluster && $(GO) build -o $(LOCALCLUSTER) ./cmd/localcluster
+
+FORCE:
+
+# The Kubernetes binaries, etcd included, built from the Go module proxy.
+k8s-binaries: $(LOCALCLUSTER)
+	$(LOCALCLUSTER) build
+
+# Everything CI runs: formatting and vet, unit tests, then the end-to-end
+# suite on a real local cluster.
+test: lint unit e2e
+
+unit:
+	$(GO) test ./...
+	cd test/cluster && $(GO) test ./...
+
+e2e: build k8s-binaries
+	mkdir -p _output
+	cd test/e2e && GPUTOPO_BIN=$(BIN) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v ./... 2>&1 | tee $(CURDIR)/_output/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	cd test/cluster && $(GO) vet ./...
+	cd test/e2e && $(GO) vet ./...
+
+# Start the local cluster with simulated GPUs, run the demo workloads and
+# print where everything landed. The cluster keeps running: `make demo-down`.
+demo: build k8s-binaries
+	GPUTOPO_BIN=$(BIN) CLUSTER_DIR=$(CLUSTER_DIR) TOPOLOGY=$(TOPOLOGY) ./demo/local.sh
+
+demo-down: $(LOCALCLUSTER)
+	$(LOCALCLUSTER) down --dir $(CLUSTER_DIR)
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./pkg/...
+
+clean:
+	rm -rf $(BIN) _output
