@@ -5,7 +5,7 @@ package specs
 
 import "embed"
 
-// FS holds deviceclass.yaml and claims/*.yaml.
+// FS holds deviceclass.yaml, claims/*.yaml and workloads/*.yaml.
 //
-//go:embed deviceclass.yaml claims/*.yaml
+//go:embed deviceclass.yaml claims/*.yaml workloads/*.yaml
 var FS embed.FS
