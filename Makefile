@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 GO          ?= go
 BIN         := $(CURDIR)/bin
-CLUSTER_DIR ?= $(CURDIR)/_output/demo
+CLUSTER_DIR ?= /tmp/gputopo-demo
 TOPOLOGY    ?= $(CURDIR)/test/cluster/topologies/demo-topology.yaml
 LOCALCLUSTER := $(BIN)/localcluster
 E2E_TIMEOUT ?= 60m

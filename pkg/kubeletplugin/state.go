@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -58,6 +59,9 @@ type state struct {
 // newState loads the checkpoint and rolls back any preparation that a
 // crash interrupted.
 func newState(ctx context.Context, node, pluginDir, cdiRoot string, m *Metrics) (*state, error) {
+	if err := os.MkdirAll(pluginDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create plugin directory: %w", err)
+	}
 	w, err := cdi.NewWriter(cdiRoot)
 	if err != nil {
 		return nil, fmt.Errorf("open CDI directory %s: %w", cdiRoot, err)
