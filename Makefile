@@ -46,7 +46,7 @@ lint:
 
 # Start the local cluster with simulated GPUs, run the demo workloads and
 # print where everything landed. The cluster keeps running: `make demo-down`.
-demo: build k8s-binaries
+demo: build k8s-binaries $(LOCALCLUSTER)
 	GPUTOPO_BIN=$(BIN) CLUSTER_DIR=$(CLUSTER_DIR) TOPOLOGY=$(TOPOLOGY) ./demo/local.sh
 
 demo-down: $(LOCALCLUSTER)

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# `make demo`: a local Kubernetes 1.37 cluster with simulated GPU nodes,
+# the demo workloads from demo/specs, and what a user wants to see of them.
+# The cluster itself is run by test/cluster (cmd/localcluster); this script
+# only drives kubectl. Inputs come from the Makefile:
+#   GPUTOPO_BIN  directory with gputopo-kubelet-plugin, gputopo, localcluster
+#   CLUSTER_DIR  where the cluster keeps its state (short path: unix sockets)
+#   TOPOLOGY     spines/leaves/nodes/profiles file
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${GPUTOPO_BIN:?}" "${CLUSTER_DIR:?}" "${TOPOLOGY:?}"
+K8S_BIN="${GPUTOPO_K8S_BIN:-$HOME/.cache/gputopo/k8s-v1.37.1/bin}"
+export KUBECONFIG="$CLUSTER_DIR/kubeconfig"
+kubectl() { "$K8S_BIN/kubectl" "$@"; }
+section() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+start=$(date +%s)
+
+section "Starting the local cluster ($(basename "$TOPOLOGY"))"
+"$GPUTOPO_BIN/localcluster" down --dir "$CLUSTER_DIR" >/dev/null 2>&1 || true
+"$GPUTOPO_BIN/localcluster" up --topology "$TOPOLOGY" --dir "$CLUSTER_DIR" \
+  --plugin-bin "$GPUTOPO_BIN/gputopo-kubelet-plugin"
+
+section "Nodes and where they sit in the network"
+kubectl get nodes -L fabric.topograph.run/tier-2,fabric.topograph.run/tier-1,gputopo.dev/profile
+
+section "ResourceSlices published by the gputopo kubelet plugin"
+kubectl get resourceslices
+node=$(kubectl get nodes -l gputopo.dev/profile=dgx1-v100 -o jsonpath='{.items[0].metadata.name}')
+section "Topology attributes of node $node (dgx1-v100: hybrid cube-mesh)"
+kubectl get resourceslices --field-selector spec.nodeName="$node" -o jsonpath='{range .items[*].spec.devices[*]}{.name}{"\tdomain="}{.attributes.nvlinkDomain.string}{"\tblock4="}{.attributes.nvlinkBlock4.string}{"\tblock2="}{.attributes.nvlinkBlock2.string}{"\tpeers="}{.attributes.nvlinkPeers.int}{"\tnuma="}{.attributes.resource\.kubernetes\.io/numaNode.int}{"\tpcieRoot="}{.attributes.resource\.kubernetes\.io/pcieRoot.string}{"\tleaf="}{.attributes.leaf.string}{"\tspine="}{.attributes.spine.string}{"\n"}{end}'
+
+section "Installing the DeviceClass and claim templates (demo/specs)"
+kubectl apply -f demo/specs/deviceclass.yaml -f demo/specs/claims/
+section "Running the demo workloads: a 4-GPU NVLink pod, a 2-GPU bridged pair, a Job of two 8-GPU pods"
+kubectl apply -f demo/specs/workloads/
+kubectl wait --for=condition=Ready pod/nvlink-quad pod/nvlink-pair --timeout=120s >/dev/null
+kubectl wait --for=condition=Ready pod -l job-name=train-2x8 --timeout=120s >/dev/null
+
+section "Where each pod landed"
+kubectl get pods -o custom-columns='POD:.metadata.name,STATUS:.status.phase,NODE:.spec.nodeName'
+section "What each claim was allocated"
+kubectl get resourceclaims -o custom-columns='CLAIM:.metadata.name,POOL:.status.allocation.devices.results[0].pool,DEVICES:.status.allocation.devices.results[*].device'
+
+section "What the container of nvlink-quad received (CDI)"
+qnode=$(kubectl get pod nvlink-quad -o jsonpath='{.spec.nodeName}')
+quid=$(kubectl get resourceclaims -o jsonpath='{range .items[?(@.metadata.annotations.resource\.kubernetes\.io/pod-claim-name=="gpus")]}{.metadata.name} {.metadata.uid} {.status.reservedFor[0].name}{"\n"}{end}' | awk '$3=="nvlink-quad"{print $2}')
+spec="$CLUSTER_DIR/nodes/$qnode/cdi/gputopo.dev-gpu_$quid.json"
+if [ -f "$spec" ]; then
+  echo "CDI spec $spec:"
+  grep -oE '"(NVIDIA_VISIBLE_DEVICES|GPUTOPO_[A-Z_]+)=[^"]*"' "$spec" | sed 's/^/  /'
+fi
+
+section "gputopo topology"
+"$GPUTOPO_BIN/gputopo" topology
+
+section "Done in $(( $(date +%s) - start ))s. The cluster keeps running:"
+echo "  export KUBECONFIG=$KUBECONFIG"
+echo "  $K8S_BIN/kubectl get resourceslices -o yaml"
+echo "  make demo-down    # stop it"
