@@ -1,0 +1,57 @@
+package controller
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the controller's collectors, registered on an injected
+// registry.
+type Metrics struct {
+	Decisions       *prometheus.CounterVec
+	PlanDuration    prometheus.Histogram
+	PendingGroups   prometheus.Gauge
+	LeafUtilization *prometheus.GaugeVec
+	Fragmentation   prometheus.Gauge
+	LeafFragment    prometheus.Gauge
+}
+
+// Decision outcomes.
+const (
+	OutcomePlaced        = "placed"
+	OutcomeUnschedulable = "unschedulable"
+	OutcomeInvalid       = "invalid"
+	OutcomeWaiting       = "waiting"
+)
+
+// NewMetrics creates the collectors and registers them on reg (nil skips
+// registration).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gputopo", Subsystem: "controller", Name: "decisions_total",
+			Help: "Placement decisions for pod groups, by outcome (placed, unschedulable, invalid, waiting).",
+		}, []string{"outcome"}),
+		PlanDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gputopo", Subsystem: "controller", Name: "plan_duration_seconds",
+			Help: "Time to plan one pod group with the structured allocator.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		PendingGroups: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gputopo", Subsystem: "controller", Name: "pending_groups",
+			Help: "Pod groups with gated pods that are not placed yet.",
+		}),
+		LeafUtilization: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "gputopo", Subsystem: "controller", Name: "leaf_gpu_utilization",
+			Help: "Fraction of a leaf's GPUs that are allocated or reserved.",
+		}, []string{"spine", "leaf"}),
+		Fragmentation: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gputopo", Subsystem: "controller", Name: "fragmentation_ratio",
+			Help: "Fraction of free GPUs on nodes that are partly used, which a whole-node pod cannot use.",
+		}),
+		LeafFragment: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gputopo", Subsystem: "controller", Name: "leaf_fragmentation_ratio",
+			Help: "Fraction of completely free nodes that sit in leaves that are partly used.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Decisions, m.PlanDuration, m.PendingGroups, m.LeafUtilization, m.Fragmentation, m.LeafFragment)
+	}
+	return m
+}
