@@ -1,0 +1,98 @@
+package planner_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/gputopo/gputopo/pkg/devicefit"
+	"github.com/gputopo/gputopo/pkg/planner"
+)
+
+// bigCluster is 10 spines × 50 leaves × 8 dgx-h100 nodes: 4,000 nodes and
+// 32,000 GPUs. In 60% of the leaves one to four nodes have one to eight
+// GPUs in use, so best fit has partly used leaves to prefer and the
+// adjacent-leaf search has gaps to skip.
+var bigCluster = sync.OnceValues(func() ([]planner.NodeInfo, devicefit.Allocated) {
+	b := makeCluster().Spines(10, 50, 8, "dgx-h100")
+	infos := b.Infos(benchTB{})
+	r := rand.New(rand.NewPCG(1, 2))
+	used := allocated()
+	for l := range 500 {
+		if r.IntN(10) >= 6 {
+			continue
+		}
+		for range r.IntN(4) + 1 {
+			node := fmt.Sprintf("l%dn%d", l, r.IntN(8))
+			used.GPUs(node, r.Perm(8)[:r.IntN(8)+1]...)
+		}
+	}
+	return infos, used.Obj()
+})
+
+// benchTB lets the builders run outside a test; they only fail on broken
+// built-in specs.
+type benchTB struct{ testing.TB }
+
+func (benchTB) Helper()             {}
+func (benchTB) Fatal(args ...any)   { panic(fmt.Sprint(args...)) }
+func (benchTB) Fatalf(string, ...any) { panic("bench setup failed") }
+
+// BenchmarkPlan16Pods4000Nodes plans a 16-pod job on bigCluster. The
+// target is under 50 ms per plan.
+func BenchmarkPlan16Pods4000Nodes(b *testing.B) {
+	infos, used := bigCluster()
+	c, err := planner.NewCluster(infos, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	snap := planner.NewSnapshot(c, used)
+	p := newPlanner(b)
+	for name, tc := range map[string]struct {
+		job     planner.Job
+		refused bool
+	}{
+		// Two adjacent leaves with every node free.
+		"auto/gpu-8-node": {job: makeJob(b, "j").Pods(16, "gpu-8-node").Obj()},
+		// One leaf: 8 nodes with two quads each.
+		"auto/gpu-4-nvlink": {job: makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()},
+		"auto/gpu-1/distributed": {job: makeJob(b, "j").Pods(16, "gpu-1").Strategy(planner.StrategyDistributed).Obj()},
+		"mixed/consolidated": {job: makeJob(b, "j").Pods(8, "gpu-4-nvlink").Pods(8, "gpu-2-nvlink-pair").Strategy(planner.StrategyConsolidated).Obj()},
+		"none/gpu-8-node":    {job: makeJob(b, "j").Pods(16, "gpu-8-node").Placement(planner.PlacementNone).Obj()},
+		// 16 whole nodes never fit an 8-node leaf: the refusal path.
+		"same-leaf/refused": {job: makeJob(b, "j").Pods(16, "gpu-8-node").Placement(planner.PlacementSameLeaf).Obj(), refused: true},
+	} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				_, err := p.Plan(context.Background(), snap, nil, tc.job)
+				var u *planner.Unschedulable
+				if tc.refused != errors.As(err, &u) || (!tc.refused && err != nil) {
+					b.Fatalf("refused %v, want %v: %v", err != nil, tc.refused, err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkNewCluster4000Nodes(b *testing.B) {
+	infos, _ := bigCluster()
+	for b.Loop() {
+		if _, err := planner.NewCluster(infos, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSnapshot4000Nodes(b *testing.B) {
+	infos, used := bigCluster()
+	c, err := planner.NewCluster(infos, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		planner.Measure(planner.NewSnapshot(c, used), nil)
+	}
+}

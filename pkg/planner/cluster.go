@@ -1,0 +1,345 @@
+package planner
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/gputopo/gputopo/pkg/topology"
+)
+
+// NodeInfo is what the planner knows about one node.
+type NodeInfo struct {
+	Name   string
+	Leaf   string // empty: the node only serves one-pod and cluster-wide plans
+	Spine  string // empty: the leaf is adjacent to no other leaf
+	Labels map[string]string
+	// Slices are the node's own ResourceSlices (Spec.NodeName == Name), of
+	// every driver. Slices shared between nodes are refused: the planner
+	// relies on nodes being independent.
+	Slices        []*resourceapi.ResourceSlice
+	Unschedulable bool
+}
+
+// NodeInfoFor reads a Node's place in the network from its labels.
+func NodeInfoFor(node *v1.Node, slices []*resourceapi.ResourceSlice, labels topology.NetworkLabels) NodeInfo {
+	p := labels.Resolve(node.Labels)
+	return NodeInfo{Name: node.Name, Leaf: p.Leaf, Spine: p.Spine, Labels: node.Labels, Slices: slices, Unschedulable: node.Spec.Unschedulable}
+}
+
+// Cluster is the static topology tree. It never changes after NewCluster
+// and is safe to share between concurrent plans.
+type Cluster struct {
+	nodes    []*node // in topology order: spine, leaf, node name
+	byName   map[string]int
+	spines   []*spine // real spines first, then one pseudo spine per spine-less leaf
+	leaves   []*leaf
+	leafByN  map[string]*leaf
+	spineByN map[string]*spine
+	devIndex map[structured.DeviceID]devRef
+	sigs     signatures
+}
+
+type node struct {
+	idx         int
+	name        string
+	leaf        *leaf
+	spine       *spine
+	obj         *v1.Node
+	slices      []*resourceapi.ResourceSlice
+	schedulable bool
+	devs        []structured.DeviceID // position → device
+	all         bitset                // every device, any driver
+	gpus        bitset                // gputopo GPUs
+	healthy     bitset                // gputopo GPUs without a NoSchedule/NoExecute taint
+	noPrefilter bool                  // shareable devices: counting devices proves nothing
+	sig         nodeSig
+}
+
+type leaf struct {
+	name  string
+	spine *spine
+	idx   int // global index into Cluster.leaves
+	pos   int // position under its spine
+	nodes []int
+}
+
+type spine struct {
+	name   string // empty for the pseudo spine of a spine-less leaf
+	idx    int
+	leaves []*leaf
+	nodes  []int // the leaves' nodes, then the spine's leaf-less nodes
+	extra  int   // how many leaf-less nodes the spine has
+}
+
+type devRef struct{ node, pos int32 }
+
+// NewCluster builds the tree. leafOrder gives, per spine, the order of its
+// leaves, which defines adjacency; leaves it does not name follow in
+// natural name order ("leaf-2" before "leaf-10").
+func NewCluster(infos []NodeInfo, leafOrder map[string][]string) (*Cluster, error) {
+	c := &Cluster{byName: map[string]int{}, leafByN: map[string]*leaf{}, spineByN: map[string]*spine{}, devIndex: map[structured.DeviceID]devRef{}}
+	c.sigs.init()
+	byLeaf := map[string][]*NodeInfo{}
+	bySpine := map[string][]*NodeInfo{} // leaf-less nodes that name a spine
+	var loose []*NodeInfo
+	leafSpine := map[string]string{}
+	for i := range infos {
+		in := &infos[i]
+		if in.Name == "" {
+			return nil, fmt.Errorf("node %d has no name", i)
+		}
+		if _, dup := c.byName[in.Name]; dup {
+			return nil, fmt.Errorf("node %s is listed twice", in.Name)
+		}
+		c.byName[in.Name] = -1
+		switch {
+		case in.Leaf != "":
+			if s, ok := leafSpine[in.Leaf]; ok && s != in.Spine {
+				return nil, fmt.Errorf("leaf %s is under spine %q on one node and %q on node %s", in.Leaf, s, in.Spine, in.Name)
+			}
+			leafSpine[in.Leaf] = in.Spine
+			byLeaf[in.Leaf] = append(byLeaf[in.Leaf], in)
+		case in.Spine != "":
+			bySpine[in.Spine] = append(bySpine[in.Spine], in)
+		default:
+			loose = append(loose, in)
+		}
+	}
+
+	spineNames := map[string]bool{}
+	for l, s := range leafSpine {
+		if s != "" {
+			spineNames[s] = true
+		} else {
+			c.spines = append(c.spines, &spine{leaves: []*leaf{{name: l}}})
+		}
+	}
+	for s := range bySpine {
+		spineNames[s] = true
+	}
+	for s := range leafOrder {
+		if !spineNames[s] {
+			return nil, fmt.Errorf("leaf order names spine %s, which no node is under", s)
+		}
+	}
+	var real []*spine
+	for _, name := range sortedNat(spineNames) {
+		s := &spine{name: name}
+		named := map[string]bool{}
+		for _, l := range leafOrder[name] {
+			if leafSpine[l] != name || byLeaf[l] == nil {
+				return nil, fmt.Errorf("leaf order of spine %s names leaf %s, which has no node under that spine", name, l)
+			}
+			if named[l] {
+				return nil, fmt.Errorf("leaf order of spine %s names leaf %s twice", name, l)
+			}
+			named[l] = true
+			s.leaves = append(s.leaves, &leaf{name: l})
+		}
+		rest := map[string]bool{}
+		for l, ls := range leafSpine {
+			if ls == name && !named[l] {
+				rest[l] = true
+			}
+		}
+		for _, l := range sortedNat(rest) {
+			s.leaves = append(s.leaves, &leaf{name: l})
+		}
+		real = append(real, s)
+		c.spineByN[name] = s
+	}
+	sort.Slice(c.spines, func(a, b int) bool { return natLess(c.spines[a].leaves[0].name, c.spines[b].leaves[0].name) })
+	c.spines = append(real, c.spines...)
+
+	for si, s := range c.spines {
+		s.idx = si
+		for li, l := range s.leaves {
+			l.spine, l.pos, l.idx = s, li, len(c.leaves)
+			c.leaves = append(c.leaves, l)
+			c.leafByN[l.name] = l
+			for _, in := range sortedNodes(byLeaf[l.name]) {
+				n, err := c.addNode(in, l, s)
+				if err != nil {
+					return nil, err
+				}
+				l.nodes = append(l.nodes, n)
+				s.nodes = append(s.nodes, n)
+			}
+		}
+		for _, in := range sortedNodes(bySpine[s.name]) {
+			n, err := c.addNode(in, nil, s)
+			if err != nil {
+				return nil, err
+			}
+			s.nodes = append(s.nodes, n)
+			s.extra++
+		}
+	}
+	for _, in := range sortedNodes(loose) {
+		if _, err := c.addNode(in, nil, nil); err != nil {
+			return nil, err
+		}
+	}
+	c.sigs.finish(c.nodes)
+	return c, nil
+}
+
+func (c *Cluster) addNode(in *NodeInfo, l *leaf, s *spine) (int, error) {
+	n := &node{
+		idx: len(c.nodes), name: in.Name, leaf: l, spine: s, schedulable: !in.Unschedulable,
+		obj: &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: in.Name, Labels: in.Labels}},
+	}
+	// Stale slices of an older pool generation are ignored by the
+	// allocator; ignore them here too so they are not counted.
+	maxGen := map[string]int64{}
+	for _, sl := range in.Slices {
+		key := sl.Spec.Driver + "/" + sl.Spec.Pool.Name
+		maxGen[key] = max(maxGen[key], sl.Spec.Pool.Generation)
+	}
+	for _, sl := range in.Slices {
+		if sl.Spec.NodeName == nil || *sl.Spec.NodeName != in.Name || (sl.Spec.PerDeviceNodeSelection != nil && *sl.Spec.PerDeviceNodeSelection) {
+			return 0, fmt.Errorf("ResourceSlice %s listed for node %s is not local to it; the planner handles node-local slices only", sl.Name, in.Name)
+		}
+		if sl.Spec.Pool.Generation < maxGen[sl.Spec.Driver+"/"+sl.Spec.Pool.Name] {
+			continue
+		}
+		n.slices = append(n.slices, sl)
+	}
+	total := 0
+	for _, sl := range n.slices {
+		total += len(sl.Spec.Devices)
+	}
+	n.all, n.gpus, n.healthy = newBitset(total), newBitset(total), newBitset(total)
+	for _, sl := range n.slices {
+		for _, d := range sl.Spec.Devices {
+			pos := len(n.devs)
+			id := structured.MakeDeviceID(sl.Spec.Driver, sl.Spec.Pool.Name, d.Name)
+			if prev, dup := c.devIndex[id]; dup {
+				return 0, fmt.Errorf("device %s is published by node %s and node %s", id, c.nodes[prev.node].name, in.Name)
+			}
+			c.devIndex[id] = devRef{node: int32(n.idx), pos: int32(pos)}
+			n.devs = append(n.devs, id)
+			n.all.set(pos)
+			if d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations {
+				n.noPrefilter = true
+			}
+			if sl.Spec.Driver == topology.DriverName {
+				n.gpus.set(pos)
+				if !blockingTaint(d.Taints) {
+					n.healthy.set(pos)
+				}
+			}
+		}
+	}
+	c.sigs.add(n)
+	c.byName[in.Name] = n.idx
+	c.nodes = append(c.nodes, n)
+	return n.idx, nil
+}
+
+func blockingTaint(taints []resourceapi.DeviceTaint) bool {
+	for _, t := range taints {
+		if t.Effect == resourceapi.DeviceTaintEffectNoSchedule || t.Effect == resourceapi.DeviceTaintEffectNoExecute {
+			return true
+		}
+	}
+	return false
+}
+
+// Len is the number of nodes.
+func (c *Cluster) Len() int { return len(c.nodes) }
+
+// Has says whether the cluster has the node.
+func (c *Cluster) Has(node string) bool {
+	_, ok := c.byName[node]
+	return ok
+}
+
+// Spines lists the spines in order.
+func (c *Cluster) Spines() []string {
+	var out []string
+	for _, s := range c.spines {
+		if s.name != "" {
+			out = append(out, s.name)
+		}
+	}
+	return out
+}
+
+// Leaves lists a spine's leaves in adjacency order.
+func (c *Cluster) Leaves(spineName string) []string {
+	s := c.spineByN[spineName]
+	if s == nil {
+		return nil
+	}
+	out := make([]string, len(s.leaves))
+	for i, l := range s.leaves {
+		out[i] = l.name
+	}
+	return out
+}
+
+func sortedNodes(in []*NodeInfo) []*NodeInfo {
+	out := slices.Clone(in)
+	sort.Slice(out, func(a, b int) bool { return natLess(out[a].Name, out[b].Name) })
+	return out
+}
+
+func sortedNat(set map[string]bool) []string {
+	out := make([]string, 0, len(set))
+	for k := range set {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(a, b int) bool { return natLess(out[a], out[b]) })
+	return out
+}
+
+// natLess orders names the way people number racks: digit runs compare as
+// numbers, so leaf-2 comes before leaf-10. Names equal as numbers ("a01",
+// "a1") fall back to byte order so sorting stays deterministic.
+func natLess(a, b string) bool {
+	x, y := a, b
+	for x != "" && y != "" {
+		dx, dy := digits(x), digits(y)
+		if dx > 0 && dy > 0 {
+			nx, ny := trimZeros(x[:dx]), trimZeros(y[:dy])
+			if len(nx) != len(ny) {
+				return len(nx) < len(ny)
+			}
+			if nx != ny {
+				return nx < ny
+			}
+			x, y = x[dx:], y[dy:]
+			continue
+		}
+		if x[0] != y[0] {
+			return x[0] < y[0]
+		}
+		x, y = x[1:], y[1:]
+	}
+	if len(x) != len(y) {
+		return len(x) < len(y)
+	}
+	return a < b
+}
+
+func digits(s string) int {
+	i := 0
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	return i
+}
+
+func trimZeros(s string) string {
+	for len(s) > 1 && s[0] == '0' {
+		s = s[1:]
+	}
+	return s
+}

@@ -1,0 +1,330 @@
+package planner
+
+import (
+	"fmt"
+	"slices"
+)
+
+// candidate is one domain a plan may use, with the counts that rank and
+// prune it. Counts cover schedulable nodes only.
+type candidate struct {
+	dom     Domain
+	key     string
+	leaves  []*leaf  // leaves it covers
+	loose   []int    // its nodes outside those leaves
+	spines  []*spine // spines it covers, for preferences
+	node    *node    // set for node-level candidates
+	whole   bool
+	free    int // healthy free GPUs: the best-fit measure
+	freeDev int // free devices of any driver, for the counting pre-filter
+	ub      int // at most this many pods fit now, by counting devices
+	ubEmpty int // at most this many pods would fit on empty nodes
+	honours bool
+}
+
+func (c *candidate) nodes() []int {
+	var out []int
+	for _, l := range c.leaves {
+		out = append(out, l.nodes...)
+	}
+	return append(out, c.loose...)
+}
+
+// agg sums the per-node counts of a set of nodes.
+type agg struct{ free, freeDev, ub, ubEmpty int }
+
+func (a *agg) add(b agg) {
+	a.free += b.free
+	a.freeDev += b.freeDev
+	a.ub += b.ub
+	a.ubEmpty += b.ubEmpty
+}
+
+// level is one size of domain, e.g. "run of 2 adjacent leaves".
+type level struct {
+	label string
+	named bool // label names the one candidate rather than a size
+	cands func() []*candidate
+}
+
+// computeCounts fills the per-node and per-leaf counts once per plan.
+func (st *state) computeCounts() {
+	c := st.c
+	st.nodeAgg = make([]agg, len(c.nodes))
+	for i, nd := range c.nodes {
+		if !nd.schedulable {
+			continue
+		}
+		used := st.f.base[i]
+		a := agg{free: nd.healthy.free(used), freeDev: nd.all.free(used)}
+		switch {
+		case nd.noPrefilter || st.minNeed == 0:
+			a.ub, a.ubEmpty, a.freeDev = st.n, st.n, 1<<30
+		default:
+			a.ub = min(st.n, a.freeDev/st.minNeed)
+			a.ubEmpty = min(st.n, len(nd.devs)/st.minNeed)
+		}
+		st.nodeAgg[i] = a
+	}
+	st.leafAgg = make([]agg, len(c.leaves))
+	for i, l := range c.leaves {
+		for _, n := range l.nodes {
+			st.leafAgg[i].add(st.nodeAgg[n])
+		}
+	}
+}
+
+// newCandidate sums the counts of the leaves and loose nodes.
+func (st *state) newCandidate(dom Domain, leaves []*leaf, loose []int) *candidate {
+	c := &candidate{dom: dom, key: dom.String(), leaves: leaves, loose: loose}
+	var a agg
+	for _, l := range leaves {
+		a.add(st.leafAgg[l.idx])
+	}
+	for _, n := range loose {
+		a.add(st.nodeAgg[n])
+	}
+	c.free, c.freeDev, c.ub, c.ubEmpty = a.free, a.freeDev, a.ub, a.ubEmpty
+	return c
+}
+
+func (st *state) nodeCand(i int, dom Domain) *candidate {
+	c := st.newCandidate(dom, nil, []int{i})
+	c.node = st.c.nodes[i]
+	return c
+}
+
+func (st *state) nodeCands() []*candidate {
+	var out []*candidate
+	for i, nd := range st.c.nodes {
+		if nd.schedulable {
+			out = append(out, st.nodeCand(i, Domain{Level: LevelNode, Names: []string{nd.name}}))
+		}
+	}
+	return out
+}
+
+// runCand is the run of leaves lo..hi-1 of spine s; a run that is the
+// whole spine is named as the spine, the narrower pin.
+func (st *state) runCand(s *spine, lo, hi int) *candidate {
+	leaves := s.leaves[lo:hi]
+	names := make([]string, len(leaves))
+	for i, l := range leaves {
+		names[i] = l.name
+	}
+	dom := Domain{Level: LevelLeaves, Names: names}
+	switch {
+	case hi-lo == 1:
+		dom.Level = LevelLeaf
+	case s.name != "" && lo == 0 && hi == len(s.leaves) && s.extra == 0:
+		dom = Domain{Level: LevelSpine, Names: []string{s.name}}
+	}
+	c := st.newCandidate(dom, leaves, nil)
+	c.spines = []*spine{s}
+	return c
+}
+
+func (st *state) leafCands() []*candidate {
+	var out []*candidate
+	for _, s := range st.c.spines {
+		for i := range s.leaves {
+			out = append(out, st.runCand(s, i, i+1))
+		}
+	}
+	return out
+}
+
+func (st *state) runCands(k int) []*candidate {
+	var out []*candidate
+	for _, s := range st.realSpines() {
+		for lo := 0; lo+k <= len(s.leaves); lo++ {
+			out = append(out, st.runCand(s, lo, lo+k))
+		}
+	}
+	return out
+}
+
+func (st *state) spineCand(ss []*spine, dom Domain) *candidate {
+	var leaves []*leaf
+	var loose []int
+	for _, s := range ss {
+		leaves = append(leaves, s.leaves...)
+		loose = append(loose, s.nodes[len(s.nodes)-s.extra:]...)
+	}
+	c := st.newCandidate(dom, leaves, loose)
+	c.spines = ss
+	return c
+}
+
+func (st *state) spineCands() []*candidate {
+	var out []*candidate
+	for _, s := range st.realSpines() {
+		out = append(out, st.spineCand([]*spine{s}, Domain{Level: LevelSpine, Names: []string{s.name}}))
+	}
+	return out
+}
+
+func (st *state) spineRunCands(k int) []*candidate {
+	ss := st.realSpines()
+	var out []*candidate
+	for lo := 0; lo+k <= len(ss); lo++ {
+		run := ss[lo : lo+k]
+		out = append(out, st.spineCand(run, Domain{Level: LevelCluster, Names: spineNames(run)}))
+	}
+	return out
+}
+
+func (st *state) wholeCand() *candidate {
+	var loose []int
+	for i, nd := range st.c.nodes {
+		if nd.leaf == nil {
+			loose = append(loose, i)
+		}
+	}
+	c := st.newCandidate(Domain{Level: LevelCluster}, st.c.leaves, loose)
+	c.whole = true
+	return c
+}
+
+func (st *state) realSpines() []*spine {
+	var out []*spine
+	for _, s := range st.c.spines {
+		if s.name != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func spineNames(ss []*spine) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = s.name
+	}
+	return out
+}
+
+// levels lists the sizes the job's placement mode allows, smallest first.
+func (st *state) levels() []level {
+	one := func(label string, f func() []*candidate) level { return level{label: label, cands: f} }
+	maxLeaves := 0
+	for _, s := range st.realSpines() {
+		maxLeaves = max(maxLeaves, len(s.leaves))
+	}
+	runs := func() []level {
+		var out []level
+		for k := 2; k <= maxLeaves; k++ {
+			out = append(out, one(fmt.Sprintf("run of %d adjacent leaves", k), func() []*candidate { return st.runCands(k) }))
+		}
+		return out
+	}
+	leaf := one("leaf", st.leafCands)
+	whole := one("the whole cluster", func() []*candidate { return []*candidate{st.wholeCand()} })
+	whole.named = true
+	switch st.job.Placement {
+	case PlacementSameLeaf:
+		return []level{leaf}
+	case PlacementAdjacentLeaves:
+		return append([]level{leaf}, runs()...)
+	case PlacementSameSpine:
+		return []level{one("spine", st.spineCands)}
+	case PlacementNone:
+		if st.pref != nil {
+			pref := one("preferred "+st.pref.dom.String(), func() []*candidate { return []*candidate{st.prefCand()} })
+			pref.named = true
+			return []level{pref, whole}
+		}
+		return []level{whole}
+	}
+	if st.n == 1 && len(st.pinned) == 0 {
+		return []level{one("node", st.nodeCands)}
+	}
+	out := append([]level{leaf}, runs()...)
+	for k := 2; k < len(st.realSpines()); k++ {
+		out = append(out, one(fmt.Sprintf("run of %d adjacent spines", k), func() []*candidate { return st.spineRunCands(k) }))
+	}
+	return append(out, whole)
+}
+
+// fixedCand turns a required Domain into its candidate.
+func (st *state) fixedCand(d Domain) (*candidate, error) {
+	c := st.c
+	switch d.Level {
+	case LevelNode:
+		if len(d.Names) != 1 {
+			return nil, fmt.Errorf("a node domain names exactly one node, got %d", len(d.Names))
+		}
+		i, ok := c.byName[d.Names[0]]
+		if !ok {
+			return nil, fmt.Errorf("node %s is not in the cluster", d.Names[0])
+		}
+		return st.nodeCand(i, d), nil
+	case LevelLeaf, LevelLeaves:
+		if len(d.Names) == 0 {
+			return nil, fmt.Errorf("a %s domain names at least one leaf", d.Level)
+		}
+		var leaves []*leaf
+		for _, name := range d.Names {
+			l := c.leafByN[name]
+			if l == nil {
+				return nil, fmt.Errorf("leaf %s is not in the cluster", name)
+			}
+			leaves = append(leaves, l)
+		}
+		return st.newCandidate(d, leaves, nil), nil
+	case LevelSpine, LevelCluster:
+		if len(d.Names) == 0 {
+			if d.Level == LevelSpine {
+				return nil, fmt.Errorf("a spine domain names a spine")
+			}
+			return st.wholeCand(), nil
+		}
+		var ss []*spine
+		for _, name := range d.Names {
+			s := c.spineByN[name]
+			if s == nil {
+				return nil, fmt.Errorf("spine %s is not in the cluster", name)
+			}
+			ss = append(ss, s)
+		}
+		return st.spineCand(ss, d), nil
+	}
+	return nil, fmt.Errorf("unknown domain level %q", d.Level)
+}
+
+// groupDomain is the smallest domain holding the pinned pods' nodes, so
+// replacement pods go back next to the rest of their group.
+func (st *state) groupDomain() Domain {
+	var leaves []*leaf
+	var spines []*spine
+	allLeaves, allSpines := true, true
+	for _, n := range st.pinned {
+		nd := st.c.nodes[n]
+		if nd.leaf == nil {
+			allLeaves = false
+		} else if !slices.Contains(leaves, nd.leaf) {
+			leaves = append(leaves, nd.leaf)
+		}
+		if nd.spine == nil || nd.spine.name == "" {
+			allSpines = false
+		} else if !slices.Contains(spines, nd.spine) {
+			spines = append(spines, nd.spine)
+		}
+	}
+	switch {
+	case allLeaves && len(leaves) == 1:
+		return Domain{Level: LevelLeaf, Names: []string{leaves[0].name}}
+	case allSpines && len(spines) == 1 && allLeaves:
+		lo, hi := len(spines[0].leaves), 0
+		for _, l := range leaves {
+			lo, hi = min(lo, l.pos), max(hi, l.pos+1)
+		}
+		return st.runCand(spines[0], lo, hi).dom
+	case allSpines && len(spines) == 1:
+		return Domain{Level: LevelSpine, Names: []string{spines[0].name}}
+	case allSpines:
+		slices.SortFunc(spines, func(a, b *spine) int { return a.idx - b.idx })
+		return Domain{Level: LevelCluster, Names: spineNames(spines)}
+	}
+	return Domain{Level: LevelCluster}
+}

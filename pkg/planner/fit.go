@@ -1,0 +1,300 @@
+package planner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gputopo/gputopo/pkg/devicefit"
+)
+
+// shape is a set of pods with identical claim specs: the allocator gives
+// them the same answer on the same node state, so one run serves them all.
+type shape struct {
+	pod    string // the pod whose claims stand for the shape
+	claims []*resourceapi.ResourceClaim
+	need   int // devices the claims ask for at least
+	pods   int
+}
+
+type fitKey struct {
+	node  string // cacheKey: shared by nodes that are alike for these claims
+	shape int
+	used  string
+}
+
+type fitResult struct {
+	ok  bool
+	pos []int // devices the allocator picked, by position in the node
+}
+
+// fitter answers "does a pod of this shape fit on this node on top of
+// these devices?" for one plan, remembering every answer.
+type fitter struct {
+	ctx      context.Context
+	eval     *devicefit.Evaluator
+	c        *Cluster
+	job      string
+	base     []bitset // in use before the plan, by node
+	shapes   []shape
+	values   []int // attributes the claims may read; nil: all of them
+	patterns []int // attributes the claims only compare between devices
+	keys     []string
+	memo     map[fitKey]fitResult
+	capMemo  map[fitKey]int
+	runs     int // allocator runs, for explanations and benchmarks
+}
+
+func newFitter(ctx context.Context, eval *devicefit.Evaluator, c *Cluster, job string, base []bitset) *fitter {
+	return &fitter{ctx: ctx, eval: eval, c: c, job: job, base: base, keys: make([]string, len(c.nodes)),
+		memo: map[fitKey]fitResult{}, capMemo: map[fitKey]int{}}
+}
+
+// addShape returns the shape of the pod's claims, adding it when new.
+func (f *fitter) addShape(pod Pod, shapeIDs map[string]int) (int, error) {
+	specs := make([]*resourceapi.ResourceClaimSpec, len(pod.Claims))
+	for i, cl := range pod.Claims {
+		if cl == nil {
+			return 0, fmt.Errorf("pod %s has a nil claim", pod.Name)
+		}
+		if cl.Status.Allocation != nil {
+			return 0, fmt.Errorf("claim %s of pod %s is already allocated", cl.Name, pod.Name)
+		}
+		specs[i] = &cl.Spec
+	}
+	raw, err := json.Marshal(specs)
+	if err != nil {
+		return 0, fmt.Errorf("encode claims of pod %s: %w", pod.Name, err)
+	}
+	if id, ok := shapeIDs[string(raw)]; ok {
+		f.shapes[id].pods++
+		return id, nil
+	}
+	need := 0
+	for _, s := range specs {
+		need += minDevices(s)
+	}
+	shapeIDs[string(raw)] = len(f.shapes)
+	f.shapes = append(f.shapes, shape{pod: pod.Name, claims: pod.Claims, need: need, pods: 1})
+	return len(f.shapes) - 1, nil
+}
+
+// minDevices is the fewest devices the claim can be satisfied with, from
+// the exact counts; "All" requests may match nothing, so they add none.
+func minDevices(spec *resourceapi.ResourceClaimSpec) int {
+	n := 0
+	for _, r := range spec.Devices.Requests {
+		if r.Exactly != nil {
+			if r.Exactly.AllocationMode != resourceapi.DeviceAllocationModeAll {
+				n += int(max(r.Exactly.Count, 1))
+			}
+			continue
+		}
+		least := -1
+		for _, sub := range r.FirstAvailable {
+			c := 0
+			if sub.AllocationMode != resourceapi.DeviceAllocationModeAll {
+				c = int(max(sub.Count, 1))
+			}
+			if least < 0 || c < least {
+				least = c
+			}
+		}
+		n += max(least, 0)
+	}
+	return n
+}
+
+// attrAccess is the only way a CEL expression may read attributes for the
+// cache to skip those it does not name: a literal domain, then a field or a
+// literal key. Anything else (a macro over the map, a variable key) makes
+// every attribute relevant.
+var attrAccess = regexp.MustCompile(`attributes\s*\[\s*"[^"]*"\s*\]\s*(\.\s*\??\s*[A-Za-z_]|\[\s*")`)
+
+// findRelevant lists the attributes whose values the job's claims and
+// their classes can read (their names appear in a CEL expression), and
+// those only compared between devices (named by a constraint and nowhere
+// else), for which the pattern of equal values is enough.
+func (f *fitter) findRelevant() {
+	var text strings.Builder
+	constrained := map[string]bool{}
+	opaque := false
+	addCEL := func(sels []resourceapi.DeviceSelector) {
+		for _, s := range sels {
+			if s.CEL == nil {
+				continue
+			}
+			e := s.CEL.Expression
+			if strings.Count(e, "attributes") != len(attrAccess.FindAllString(e, -1)) {
+				opaque = true
+			}
+			text.WriteString(e + "\n")
+		}
+	}
+	addClass := func(name string) {
+		cl, err := f.eval.Classes.Get(name)
+		if err != nil {
+			return // the allocator reports it
+		}
+		addCEL(cl.Spec.Selectors)
+	}
+	for _, s := range f.shapes {
+		for _, cl := range s.claims {
+			for _, r := range cl.Spec.Devices.Requests {
+				if r.Exactly != nil {
+					addCEL(r.Exactly.Selectors)
+					addClass(r.Exactly.DeviceClassName)
+				}
+				for _, sub := range r.FirstAvailable {
+					addCEL(sub.Selectors)
+					addClass(sub.DeviceClassName)
+				}
+			}
+			for _, c := range cl.Spec.Devices.Constraints {
+				if c.MatchAttribute != nil {
+					constrained[string(*c.MatchAttribute)] = true
+				}
+				if c.DistinctAttribute != nil {
+					constrained[string(*c.DistinctAttribute)] = true
+				}
+			}
+		}
+	}
+	if opaque {
+		f.values, f.patterns = nil, nil
+		return
+	}
+	cel := text.String()
+	f.values, f.patterns = []int{}, []int{}
+	for i, q := range f.c.sigs.attrNames {
+		switch {
+		case strings.Contains(cel, q[strings.LastIndex(q, "/")+1:]):
+			f.values = append(f.values, i)
+		case constrained[q]:
+			f.patterns = append(f.patterns, i)
+		}
+	}
+}
+
+func (f *fitter) used(n int, extra bitset) bitset {
+	b := f.base[n]
+	if extra == nil {
+		return b
+	}
+	out := extra.clone(len(f.c.nodes[n].devs))
+	for i := range b {
+		out[i] |= b[i]
+	}
+	return out
+}
+
+// freeDevices counts the node's devices, of any driver, that are in use
+// neither before the plan nor by extra.
+func (f *fitter) freeDevices(n int, extra bitset) int {
+	return f.c.nodes[n].all.free(f.used(n, extra))
+}
+
+// mayFit is the counting pre-filter: false only when the pod cannot fit.
+func (f *fitter) mayFit(n, sh int, extra bitset) bool {
+	return f.c.nodes[n].noPrefilter || f.freeDevices(n, extra) >= f.shapes[sh].need
+}
+
+// fit runs the allocator for a pod of shape sh on node n with the devices
+// of extra taken too, or answers from the cache.
+func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
+	nd := f.c.nodes[n]
+	if f.keys[n] == "" {
+		f.keys[n] = nd.cacheKey(f.values, f.patterns)
+	}
+	used := f.used(n, extra)
+	key := fitKey{node: f.keys[n], shape: sh, used: used.key()}
+	if r, ok := f.memo[key]; ok {
+		return r, nil
+	}
+	if err := f.ctx.Err(); err != nil {
+		return fitResult{}, err
+	}
+	s := &f.shapes[sh]
+	r := fitResult{ok: true}
+	if len(s.claims) > 0 {
+		f.runs++
+		results, err := f.eval.Allocate(f.ctx, nd.obj, nd.slices, nd.allocated(used, nil), s.claims)
+		if err != nil {
+			if ctxErr := f.ctx.Err(); ctxErr != nil {
+				return fitResult{}, ctxErr
+			}
+			return fitResult{}, &BrokenClaimError{Job: f.job, Pod: s.pod, Node: nd.name, Err: err}
+		}
+		r.ok = results != nil
+		for _, res := range results {
+			for _, d := range res.Devices.Results {
+				ref, ok := f.c.devIndex[devicefit.DeviceID(d.Driver, d.Pool, d.Device)]
+				if !ok || int(ref.node) != n {
+					return fitResult{}, fmt.Errorf("allocator picked device %s/%s/%s, which is not on node %s", d.Driver, d.Pool, d.Device, nd.name)
+				}
+				r.pos = append(r.pos, int(ref.pos))
+			}
+		}
+	}
+	f.memo[key] = r
+	return r, nil
+}
+
+// capacity is how many pods of shape sh fit on node n one after the other,
+// up to limit. For nodes that are alike it is computed once.
+func (f *fitter) capacity(n, sh, limit int) (int, error) {
+	nd := f.c.nodes[n]
+	if !nd.schedulable {
+		return 0, nil
+	}
+	if f.keys[n] == "" {
+		f.keys[n] = nd.cacheKey(f.values, f.patterns)
+	}
+	key := fitKey{node: f.keys[n], shape: sh, used: f.base[n].key()}
+	if c, ok := f.capMemo[key]; ok {
+		return c, nil
+	}
+	var extra bitset
+	count := 0
+	for count < limit && f.mayFit(n, sh, extra) {
+		r, err := f.fit(n, sh, extra)
+		if err != nil {
+			return 0, err
+		}
+		if !r.ok {
+			break
+		}
+		if extra == nil {
+			extra = newBitset(len(nd.devs))
+		}
+		for _, p := range r.pos {
+			extra.set(p)
+		}
+		count++
+		if len(r.pos) == 0 { // a pod without devices fits any number of times
+			count = limit
+		}
+	}
+	f.capMemo[key] = count
+	return count, nil
+}
+
+// allocated lists the node's devices in used, plus more, as the allocator
+// wants them.
+func (nd *node) allocated(used bitset, more []resourceapi.AllocationResult) devicefit.Allocated {
+	a := devicefit.Allocated{}
+	for i, id := range nd.devs {
+		if used.has(i) {
+			a.Insert(id)
+		}
+	}
+	devicefit.AddResults(a, more...)
+	return a
+}
+
+var errVerify = errors.New("the allocator no longer accepts the placement")

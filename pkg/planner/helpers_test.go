@@ -1,0 +1,241 @@
+package planner_test
+
+import (
+	"fmt"
+	"io/fs"
+	"sync"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/structured"
+	"sigs.k8s.io/yaml"
+
+	specs "github.com/gputopo/gputopo/demo/specs"
+	"github.com/gputopo/gputopo/pkg/devicefit"
+	"github.com/gputopo/gputopo/pkg/gpu/sim"
+	"github.com/gputopo/gputopo/pkg/planner"
+	"github.com/gputopo/gputopo/pkg/slices"
+	"github.com/gputopo/gputopo/pkg/topology"
+)
+
+// loadSpec decodes a demo manifest, the same file users apply.
+func loadSpec[T any](t testing.TB, name string) *T {
+	t.Helper()
+	data, err := fs.ReadFile(specs.FS, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obj T
+	if err := yaml.UnmarshalStrict(data, &obj); err != nil {
+		t.Fatalf("decode %s: %v", name, err)
+	}
+	return &obj
+}
+
+func newPlanner(t testing.TB) *planner.Planner {
+	return planner.New(newEvaluator(t))
+}
+
+func newEvaluator(t testing.TB) *devicefit.Evaluator {
+	return devicefit.NewEvaluator(devicefit.NewClasses(loadSpec[resourceapi.DeviceClass](t, "deviceclass.yaml")))
+}
+
+var profiles sync.Map // name → *sim.Profile
+
+// nodeSlices renders the ResourceSlices a simulated node publishes.
+func nodeSlices(t testing.TB, name, profile, leaf, spine string) []*resourceapi.ResourceSlice {
+	t.Helper()
+	p, ok := profiles.Load(profile)
+	if !ok {
+		loaded, err := sim.LoadBuiltin(profile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ = profiles.LoadOrStore(profile, loaded)
+	}
+	labels := map[string]string{}
+	if leaf != "" {
+		labels[topology.LabelTopographLeaf] = leaf
+	}
+	if spine != "" {
+		labels[topology.LabelTopographSpine] = spine
+	}
+	res, err := slices.Build(p.(*sim.Profile).Inventory(name), slices.Node{Name: name, Labels: labels}, slices.DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.Objects(name, res)
+}
+
+// clusterBuilder describes a test topology: spines of leaves of nodes.
+// Nodes are named by their leaf: leaf-2's nodes are l2n0, l2n1, ...
+type clusterBuilder struct {
+	nodes []planner.NodeInfo
+	order map[string][]string
+	info  []nodeSpec
+}
+
+type nodeSpec struct{ name, profile, leaf, spine string }
+
+func makeCluster() *clusterBuilder { return &clusterBuilder{} }
+
+// Leaf adds count nodes of profile to leaf "leaf-<l>" under spine.
+func (b *clusterBuilder) Leaf(spine string, l int, profile string, count int) *clusterBuilder {
+	return b.LeafFrom(spine, l, 0, profile, count)
+}
+
+// LeafFrom adds nodes numbered from first, to mix profiles in one leaf.
+func (b *clusterBuilder) LeafFrom(spine string, l, first int, profile string, count int) *clusterBuilder {
+	for i := first; i < first+count; i++ {
+		b.info = append(b.info, nodeSpec{fmt.Sprintf("l%dn%d", l, i), profile, fmt.Sprintf("leaf-%d", l), spine})
+	}
+	return b
+}
+
+// Node adds one node with explicit labels (empty for none).
+func (b *clusterBuilder) Node(name, profile, leaf, spine string) *clusterBuilder {
+	b.info = append(b.info, nodeSpec{name, profile, leaf, spine})
+	return b
+}
+
+// Order sets the adjacency of a spine's leaves.
+func (b *clusterBuilder) Order(spine string, leaves ...string) *clusterBuilder {
+	if b.order == nil {
+		b.order = map[string][]string{}
+	}
+	b.order[spine] = leaves
+	return b
+}
+
+// Spines adds spines × leaves × nodes of one profile; leaves are numbered
+// across spines: spine-0 has leaf-0..leaf-(leaves-1).
+func (b *clusterBuilder) Spines(spines, leaves, nodes int, profile string) *clusterBuilder {
+	for s := range spines {
+		for l := range leaves {
+			b.Leaf(fmt.Sprintf("spine-%d", s), s*leaves+l, profile, nodes)
+		}
+	}
+	return b
+}
+
+func (b *clusterBuilder) Infos(t testing.TB) []planner.NodeInfo {
+	var out []planner.NodeInfo
+	for _, n := range b.info {
+		out = append(out, planner.NodeInfo{Name: n.name, Leaf: n.leaf, Spine: n.spine, Slices: nodeSlices(t, n.name, n.profile, n.leaf, n.spine)})
+	}
+	return out
+}
+
+func (b *clusterBuilder) Obj(t testing.TB) *planner.Cluster {
+	t.Helper()
+	c, err := planner.NewCluster(b.Infos(t), b.order)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// usage marks GPUs as allocated: GPUs("l0n1", 0, 1) or Node("l0n2").
+type usage struct{ set devicefit.Allocated }
+
+func allocated() *usage { return &usage{set: devicefit.Allocated{}} }
+
+func (u *usage) GPUs(node string, idx ...int) *usage {
+	for _, i := range idx {
+		u.set.Insert(devicefit.DeviceID(topology.DriverName, node, slices.DeviceName(i)))
+	}
+	return u
+}
+
+// Nodes marks every GPU of 8-GPU nodes as allocated.
+func (u *usage) Nodes(nodes ...string) *usage {
+	for _, n := range nodes {
+		u.GPUs(n, 0, 1, 2, 3, 4, 5, 6, 7)
+	}
+	return u
+}
+
+func (u *usage) Obj() devicefit.Allocated { return u.set }
+
+// jobBuilder makes a job of pods p0, p1, ... with claims from the demo
+// templates.
+type jobBuilder struct {
+	t   testing.TB
+	job planner.Job
+}
+
+func makeJob(t testing.TB, key string) *jobBuilder {
+	return &jobBuilder{t: t, job: planner.Job{Key: key}}
+}
+
+// Pods adds n pods, each with one claim from template.
+func (b *jobBuilder) Pods(n int, template string) *jobBuilder {
+	tmpl := loadSpec[resourceapi.ResourceClaimTemplate](b.t, "claims/"+template+".yaml")
+	for range n {
+		name := fmt.Sprintf("p%d", len(b.job.Pods))
+		claim := devicefit.ClaimFromTemplate(tmpl, b.job.Key+"-"+name+"-"+template)
+		b.job.Pods = append(b.job.Pods, planner.Pod{Name: name, Claims: []*resourceapi.ResourceClaim{claim}})
+	}
+	return b
+}
+
+func (b *jobBuilder) Placement(p planner.Placement) *jobBuilder { b.job.Placement = p; return b }
+func (b *jobBuilder) Strategy(s planner.Strategy) *jobBuilder   { b.job.Strategy = s; return b }
+
+func (b *jobBuilder) Prefer(domain string, required bool) *jobBuilder {
+	b.job.PreferredDomain, b.job.PreferredRequired = domain, required
+	return b
+}
+
+// Pinned records a pod of the job that already runs on node; it is not
+// one of the pods to place.
+func (b *jobBuilder) Pinned(pod, node string) *jobBuilder {
+	if b.job.Pinned == nil {
+		b.job.Pinned = map[string]string{}
+	}
+	b.job.Pinned[pod] = node
+	return b
+}
+
+func (b *jobBuilder) Domain(level planner.Level, names ...string) *jobBuilder {
+	b.job.Domain = &planner.Domain{Level: level, Names: names}
+	return b
+}
+
+func (b *jobBuilder) Obj() planner.Job { return b.job }
+
+// placed is the part of a plan the tables compare.
+type placed struct {
+	Domain      planner.Domain
+	Assignments map[string]string
+	Fallback    bool
+}
+
+func project(p *planner.Plan) *placed {
+	if p == nil {
+		return nil
+	}
+	return &placed{Domain: p.Domain, Assignments: p.Assignments, Fallback: p.Fallback}
+}
+
+func leaf(name string) planner.Domain { return planner.Domain{Level: planner.LevelLeaf, Names: []string{name}} }
+
+func leaves(names ...string) planner.Domain {
+	return planner.Domain{Level: planner.LevelLeaves, Names: names}
+}
+
+// assign builds pod → node maps: assign("l0n0", "l0n1") puts p0 on l0n0
+// and p1 on l0n1.
+func assign(nodes ...string) map[string]string {
+	out := map[string]string{}
+	for i, n := range nodes {
+		out[fmt.Sprintf("p%d", i)] = n
+	}
+	return out
+}
+
+type structuredID = structured.DeviceID
+
+func gpuID(node string, i int) structured.DeviceID {
+	return devicefit.DeviceID(topology.DriverName, node, slices.DeviceName(i))
+}

@@ -1,0 +1,154 @@
+package planner
+
+import (
+	"fmt"
+	"sort"
+
+	resourceapi "k8s.io/api/resource/v1"
+)
+
+// attempt is one try at placing the job's pods inside one domain. Its
+// state is private to the attempt, so a failed domain leaves no trace.
+type attempt struct {
+	st       *state
+	extra    map[int]bitset // devices this attempt took, by node
+	podsOn   map[int]int    // pods of the job on a node, pinned ones included
+	podsLeaf map[*leaf]int
+	mine     map[int]int // pods of this attempt on a node
+	assign   []int // by pod index; -1 while unplaced
+	placed   int
+	nodes    int // nodes the attempt used
+}
+
+// tryPlace places as many pods as it can inside nodes, in strategy order.
+// It places every pod it can rather than stopping at the first that does
+// not fit, so a failed domain says how close it came.
+func (st *state) tryPlace(nodes []int) (*attempt, error) {
+	a := &attempt{st: st, extra: map[int]bitset{}, podsOn: map[int]int{}, podsLeaf: map[*leaf]int{}, mine: map[int]int{}, assign: make([]int, len(st.job.Pods))}
+	for i := range a.assign {
+		a.assign[i] = -1
+	}
+	for _, n := range st.pinned {
+		a.podsOn[n]++
+		a.podsLeaf[st.c.nodes[n].leaf]++
+	}
+	var order []int
+	for _, n := range nodes {
+		if st.c.nodes[n].schedulable {
+			order = append(order, n)
+		}
+	}
+	for _, p := range st.podOrder {
+		sh := st.podShape[p]
+		st.sortNodes(a, order)
+		for _, n := range order {
+			if !st.f.mayFit(n, sh, a.extra[n]) {
+				continue
+			}
+			r, err := st.f.fit(n, sh, a.extra[n])
+			if err != nil {
+				return nil, err
+			}
+			if !r.ok {
+				continue
+			}
+			a.take(p, n, r.pos)
+			break
+		}
+	}
+	return a, nil
+}
+
+func (a *attempt) take(pod, n int, pos []int) {
+	nd := a.st.c.nodes[n]
+	if a.extra[n] == nil {
+		a.extra[n] = newBitset(len(nd.devs))
+	}
+	for _, p := range pos {
+		a.extra[n].set(p)
+	}
+	if a.mine[n] == 0 {
+		a.nodes++
+	}
+	a.mine[n]++
+	a.podsOn[n]++
+	a.podsLeaf[nd.leaf]++
+	a.assign[pod] = n
+	a.placed++
+}
+
+// sortNodes orders the domain's nodes for the next pod.
+//
+//   - consolidated: fewest free GPUs first, so pods pile onto the fullest
+//     nodes and empty nodes stay empty;
+//   - balanced: fewest pods of this job first (an even spread), then nodes
+//     already partly used before empty ones, then fewest free GPUs;
+//   - distributed: fewest pods of this job on the node, then on its leaf,
+//     then fewest free GPUs.
+//
+// Topology order breaks ties, so plans are deterministic.
+func (st *state) sortNodes(a *attempt, order []int) {
+	type key struct{ k1, k2, k3, k4 int }
+	keys := make(map[int]key, len(order))
+	for _, n := range order {
+		nd := st.c.nodes[n]
+		used := st.f.used(n, a.extra[n])
+		free := nd.healthy.free(used)
+		var k key
+		switch st.job.Strategy {
+		case StrategyConsolidated:
+			k = key{free, 0, 0, n}
+		case StrategyDistributed:
+			k = key{a.podsOn[n], a.podsLeaf[nd.leaf], free, n}
+		default:
+			empty := 0
+			if used.count() == 0 {
+				empty = 1
+			}
+			k = key{a.podsOn[n], empty, free, n}
+		}
+		keys[n] = k
+	}
+	sort.Slice(order, func(i, j int) bool {
+		x, y := keys[order[i]], keys[order[j]]
+		switch {
+		case x.k1 != y.k1:
+			return x.k1 < y.k1
+		case x.k2 != y.k2:
+			return x.k2 < y.k2
+		case x.k3 != y.k3:
+			return x.k3 < y.k3
+		}
+		return x.k4 < y.k4
+	})
+}
+
+// verify allocates every pod once more, with its own claims, on its node
+// on top of the pods placed there before it. The results are what the
+// plan reserves: they come straight from the allocator, not from the cache.
+func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, error) {
+	out := make(map[string][]resourceapi.AllocationResult, len(st.podOrder))
+	byNode := map[int][]resourceapi.AllocationResult{}
+	for _, p := range st.podOrder {
+		n := a.assign[p]
+		nd := st.c.nodes[n]
+		pod := st.job.Pods[p]
+		results := []resourceapi.AllocationResult{}
+		if len(pod.Claims) > 0 {
+			var err error
+			results, err = st.f.eval.Allocate(st.f.ctx, nd.obj, nd.slices, nd.allocated(st.f.base[n], byNode[n]), pod.Claims)
+			if err != nil {
+				if ctxErr := st.f.ctx.Err(); ctxErr != nil {
+					return nil, ctxErr
+				}
+				return nil, &BrokenClaimError{Job: st.job.Key, Pod: pod.Name, Node: nd.name, Err: err}
+			}
+			if results == nil {
+				return nil, fmt.Errorf("pod %s on node %s: %w", pod.Name, nd.name, errVerify)
+			}
+		}
+		byNode[n] = append(byNode[n], results...)
+		out[pod.Name] = results
+	}
+	return out, nil
+}

@@ -1,0 +1,202 @@
+package planner
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"sync"
+
+	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/gputopo/gputopo/pkg/devicefit"
+)
+
+// Snapshot is one cycle's view of the devices in use, taken from the
+// allocation status of the cluster's ResourceClaims. It is immutable: a
+// plan works on its own copy of the nodes it touches.
+type Snapshot struct {
+	cluster *Cluster
+	used    []bitset // by node; nil where nothing is in use
+}
+
+// NewSnapshot records which of the cluster's devices are allocated.
+// Devices the cluster does not know (other nodes, other slices) are
+// ignored.
+func NewSnapshot(c *Cluster, allocated devicefit.Allocated) *Snapshot {
+	s := &Snapshot{cluster: c, used: make([]bitset, len(c.nodes))}
+	for id := range allocated {
+		s.mark(s.used, id)
+	}
+	return s
+}
+
+// Cluster is the tree the snapshot was taken of.
+func (s *Snapshot) Cluster() *Cluster { return s.cluster }
+
+func (s *Snapshot) mark(used []bitset, id structured.DeviceID) {
+	ref, ok := s.cluster.devIndex[id]
+	if !ok {
+		return
+	}
+	n := s.cluster.nodes[ref.node]
+	if used[ref.node] == nil {
+		used[ref.node] = newBitset(len(n.devs))
+	}
+	used[ref.node].set(int(ref.pos))
+}
+
+// withReservations returns the devices in use once every reservation but
+// the job's own is counted, copying only the nodes reservations touch.
+func (s *Snapshot) withReservations(res *Reservations, except string) []bitset {
+	used := slices.Clone(s.used)
+	copied := map[int32]bool{}
+	res.each(except, func(id structured.DeviceID) {
+		ref, ok := s.cluster.devIndex[id]
+		if !ok {
+			return
+		}
+		if !copied[ref.node] {
+			copied[ref.node] = true
+			used[ref.node] = used[ref.node].clone(len(s.cluster.nodes[ref.node].devs))
+		}
+		used[ref.node].set(int(ref.pos))
+	})
+	return used
+}
+
+// Reservation is what a job's plan holds while its pods are gated: the
+// node of each pod and the devices of each node.
+type Reservation struct {
+	Job     string
+	Pods    map[string]string                 // pod → node
+	Devices map[string][]structured.DeviceID // node → devices
+}
+
+// Reservation is the hold the controller records before it pins the pods.
+func (p *Plan) Reservation() Reservation {
+	r := Reservation{Job: p.Job, Pods: maps.Clone(p.Assignments), Devices: map[string][]structured.DeviceID{}}
+	for pod, results := range p.Allocations {
+		node := p.Assignments[pod]
+		for _, res := range results {
+			for _, d := range res.Devices.Results {
+				r.Devices[node] = append(r.Devices[node], structured.MakeDeviceID(d.Driver, d.Pool, d.Device))
+			}
+		}
+	}
+	for node := range r.Devices {
+		sort.Slice(r.Devices[node], func(a, b int) bool { return r.Devices[node][a].String() < r.Devices[node][b].String() })
+	}
+	return r
+}
+
+func (r Reservation) clone() Reservation {
+	out := Reservation{Job: r.Job, Pods: maps.Clone(r.Pods), Devices: make(map[string][]structured.DeviceID, len(r.Devices))}
+	for n, ids := range r.Devices {
+		out.Devices[n] = slices.Clone(ids)
+	}
+	return out
+}
+
+// ConflictError is returned when a reservation would take a device that
+// another job already holds.
+type ConflictError struct {
+	Job, Holder string
+	Device      structured.DeviceID
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("reserve for job %s: device %s is held by job %s", e.Job, e.Device, e.Holder)
+}
+
+// Reservations are the devices held by plans whose pods are not yet
+// bound. They count as allocated for every other job's plan, and no device
+// is ever held twice. Safe for concurrent use.
+type Reservations struct {
+	mu    sync.RWMutex
+	jobs  map[string]Reservation
+	owner map[structured.DeviceID]string
+}
+
+// NewReservations returns an empty set.
+func NewReservations() *Reservations {
+	return &Reservations{jobs: map[string]Reservation{}, owner: map[structured.DeviceID]string{}}
+}
+
+// Add records r, replacing the job's earlier reservation. It fails,
+// changing nothing, when another job holds one of the devices.
+func (rs *Reservations) Add(r Reservation) error {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for _, ids := range r.Devices {
+		for _, id := range ids {
+			if holder, ok := rs.owner[id]; ok && holder != r.Job {
+				return &ConflictError{Job: r.Job, Holder: holder, Device: id}
+			}
+		}
+	}
+	rs.removeLocked(r.Job)
+	r = r.clone()
+	rs.jobs[r.Job] = r
+	for _, ids := range r.Devices {
+		for _, id := range ids {
+			rs.owner[id] = r.Job
+		}
+	}
+	return nil
+}
+
+// Remove drops the job's reservation, e.g. once its pods are bound and
+// their claims allocated, or when the plan is abandoned.
+func (rs *Reservations) Remove(job string) bool {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.removeLocked(job)
+}
+
+func (rs *Reservations) removeLocked(job string) bool {
+	r, ok := rs.jobs[job]
+	if !ok {
+		return false
+	}
+	for _, ids := range r.Devices {
+		for _, id := range ids {
+			delete(rs.owner, id)
+		}
+	}
+	delete(rs.jobs, job)
+	return true
+}
+
+// Get returns a copy of the job's reservation.
+func (rs *Reservations) Get(job string) (Reservation, bool) {
+	rs.mu.RLock()
+	defer rs.mu.RUnlock()
+	r, ok := rs.jobs[job]
+	if !ok {
+		return Reservation{}, false
+	}
+	return r.clone(), true
+}
+
+// Jobs lists the jobs holding reservations, sorted.
+func (rs *Reservations) Jobs() []string {
+	rs.mu.RLock()
+	defer rs.mu.RUnlock()
+	return slices.Sorted(maps.Keys(rs.jobs))
+}
+
+// each calls fn for every held device except the job's own. A nil set
+// holds nothing.
+func (rs *Reservations) each(except string, fn func(structured.DeviceID)) {
+	if rs == nil {
+		return
+	}
+	rs.mu.RLock()
+	defer rs.mu.RUnlock()
+	for id, job := range rs.owner {
+		if job != except {
+			fn(id)
+		}
+	}
+}
