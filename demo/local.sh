@@ -18,7 +18,8 @@ start=$(date +%s)
 section "Starting the local cluster ($(basename "$TOPOLOGY"))"
 "$GPUTOPO_BIN/localcluster" down --dir "$CLUSTER_DIR" >/dev/null 2>&1 || true
 "$GPUTOPO_BIN/localcluster" up --topology "$TOPOLOGY" --dir "$CLUSTER_DIR" \
-  --plugin-bin "$GPUTOPO_BIN/gputopo-kubelet-plugin"
+  --plugin-bin "$GPUTOPO_BIN/gputopo-kubelet-plugin" \
+  --controller-bin "$GPUTOPO_BIN/gputopo-controller" --manifest deployments/admission
 
 section "Nodes and where they sit in the network"
 kubectl get nodes -L fabric.topograph.run/tier-2,fabric.topograph.run/tier-1,gputopo.dev/profile
@@ -37,7 +38,14 @@ kubectl wait --for=condition=Ready pod/nvlink-quad pod/nvlink-pair --timeout=120
 kubectl wait --for=condition=Ready pod -l job-name=train-2x8 --timeout=120s >/dev/null
 
 section "Where each pod landed"
-kubectl get pods -o custom-columns='POD:.metadata.name,STATUS:.status.phase,NODE:.spec.nodeName'
+printf '%-24s %-9s %-14s %-8s %s\n' POD STATUS NODE LEAF SPINE
+kubectl get pods -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase} {.spec.nodeName}{"\n"}{end}' |
+while read -r pod phase node; do
+  read -r leaf spine < <(kubectl get node "$node" -o jsonpath='{.metadata.labels.fabric\.topograph\.run/tier-1} {.metadata.labels.fabric\.topograph\.run/tier-2}{"\n"}')
+  printf '%-24s %-9s %-14s %-8s %s\n' "$pod" "$phase" "$node" "$leaf" "$spine"
+done
+section "Why the Job's pods are where they are (gputopo explain train-2x8)"
+"$GPUTOPO_BIN/gputopo" explain train-2x8
 section "What each claim was allocated"
 kubectl get resourceclaims -o custom-columns='CLAIM:.metadata.name,POOL:.status.allocation.devices.results[0].pool,DEVICES:.status.allocation.devices.results[*].device'
 

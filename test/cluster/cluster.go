@@ -33,6 +33,13 @@ type Config struct {
 	PluginBin string
 	// PluginArgs are appended to the plugin's command line on real nodes.
 	PluginArgs []string
+	// ControllerBin is the gputopo controller; it runs once the nodes are
+	// ready when set. ControllerArgs are appended to its command line.
+	ControllerBin  string
+	ControllerArgs []string
+	// Manifests are applied (server-side) once the control plane is up and
+	// before the controller starts, e.g. admission policies.
+	Manifests []string
 	// FeatureGates are added to DefaultFeatureGates.
 	FeatureGates map[string]bool
 	// Progress receives progress lines; os.Stderr if nil.
@@ -127,6 +134,11 @@ func newCluster(cfg Config) (*Cluster, error) {
 			return nil, fmt.Errorf("find Kubernetes binaries (run `localcluster build`): %w", err)
 		}
 	}
+	if cfg.ControllerBin != "" {
+		if cfg.ControllerBin, err = filepath.Abs(cfg.ControllerBin); err != nil {
+			return nil, fmt.Errorf("resolve controller binary: %w", err)
+		}
+	}
 	if cfg.PluginBin != "" {
 		if cfg.PluginBin, err = filepath.Abs(cfg.PluginBin); err != nil {
 			return nil, fmt.Errorf("resolve plugin binary: %w", err)
@@ -195,6 +207,14 @@ func (c *Cluster) start(ctx context.Context) error {
 	c.progress("created %d fake nodes", len(c.order)-len(real))
 	if err := c.waitNodes(ctx); err != nil {
 		return err
+	}
+	if err := c.applyManifests(ctx); err != nil {
+		return err
+	}
+	if c.cfg.ControllerBin != "" {
+		if err := c.StartController(); err != nil {
+			return err
+		}
 	}
 	if err := c.writeReady(); err != nil {
 		return err

@@ -33,17 +33,19 @@ const registrationDelay = 1500 * time.Millisecond
 // ReadyInfo is the content of DIR/ready, written once the cluster is usable.
 // PIDs are those at start; DIR/run/NAME.pid always has the current ones.
 type ReadyInfo struct {
-	Dir           string         `json:"dir"`
-	Kubeconfig    string         `json:"kubeconfig"`
-	Server        string         `json:"server"`
-	SupervisorPID int            `json:"supervisorPID"`
-	PIDs          map[string]int `json:"pids"`
-	Ports         Ports          `json:"ports"`
-	Nodes         []NodeInfo     `json:"nodes"`
-	BinDir        string         `json:"binDir"`
-	PluginBin     string         `json:"pluginBin,omitempty"`
-	PluginArgs    []string       `json:"pluginArgs,omitempty"`
-	StartSeconds  float64        `json:"startSeconds"`
+	Dir            string         `json:"dir"`
+	Kubeconfig     string         `json:"kubeconfig"`
+	Server         string         `json:"server"`
+	SupervisorPID  int            `json:"supervisorPID"`
+	PIDs           map[string]int `json:"pids"`
+	Ports          Ports          `json:"ports"`
+	Nodes          []NodeInfo     `json:"nodes"`
+	BinDir         string         `json:"binDir"`
+	PluginBin      string         `json:"pluginBin,omitempty"`
+	PluginArgs     []string       `json:"pluginArgs,omitempty"`
+	ControllerBin  string         `json:"controllerBin,omitempty"`
+	ControllerArgs []string       `json:"controllerArgs,omitempty"`
+	StartSeconds   float64        `json:"startSeconds"`
 }
 
 func (c *Cluster) writeReady() error {
@@ -51,6 +53,7 @@ func (c *Cluster) writeReady() error {
 		Dir: c.dir, Kubeconfig: c.Kubeconfig(), Server: c.server, SupervisorPID: os.Getpid(),
 		PIDs: map[string]int{}, Ports: c.ports, Nodes: c.Nodes(), BinDir: c.cfg.BinDir,
 		PluginBin: c.cfg.PluginBin, PluginArgs: c.cfg.PluginArgs,
+		ControllerBin: c.cfg.ControllerBin, ControllerArgs: c.cfg.ControllerArgs,
 		StartSeconds: time.Since(c.started).Seconds(),
 	}
 	c.mu.Lock()
@@ -102,7 +105,8 @@ func Attach(dir string) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{
-		cfg: Config{Dir: info.Dir, BinDir: info.BinDir, PluginBin: info.PluginBin, PluginArgs: info.PluginArgs, Progress: os.Stderr},
+		cfg: Config{Dir: info.Dir, BinDir: info.BinDir, PluginBin: info.PluginBin, PluginArgs: info.PluginArgs,
+			ControllerBin: info.ControllerBin, ControllerArgs: info.ControllerArgs, Progress: os.Stderr},
 		dir: info.Dir, ports: info.Ports, server: info.Server, started: time.Now(),
 		procs: map[string]*proc{}, nodes: map[string]*nodeState{},
 	}

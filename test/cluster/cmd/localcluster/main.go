@@ -79,6 +79,9 @@ func runUp(ctx context.Context, args []string) error {
 	dir := fs.String("dir", "", "cluster directory")
 	pluginBin := fs.String("plugin-bin", "", "gputopo kubelet plugin binary; none started if empty")
 	binDir := fs.String("bin-dir", cluster.DefaultBinDir(), "Kubernetes binaries (env GPUTOPO_K8S_BIN)")
+	controllerBin := fs.String("controller-bin", "", "gputopo controller binary; none started if empty")
+	var manifests stringList
+	fs.Var(&manifests, "manifest", "file or directory applied before the controller starts (repeatable)")
 	foreground := fs.Bool("foreground", false, "supervise in this process instead of daemonizing")
 	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait for the cluster to be ready")
 	fs.Parse(args)
@@ -93,7 +96,13 @@ func runUp(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg := cluster.Config{Dir: absDir, BinDir: *binDir, Nodes: nodes, PluginBin: *pluginBin, Timeout: *timeout}
+	for i, m := range manifests {
+		if manifests[i], err = filepath.Abs(m); err != nil {
+			return fmt.Errorf("resolve --manifest: %w", err)
+		}
+	}
+	cfg := cluster.Config{Dir: absDir, BinDir: *binDir, Nodes: nodes, PluginBin: *pluginBin, Timeout: *timeout,
+		ControllerBin: *controllerBin, Manifests: manifests}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -232,3 +241,9 @@ func runPlugin(args []string) error {
 	}
 	return fmt.Errorf("unknown plugin action %q: want start, stop, kill or restart", args[0])
 }
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
