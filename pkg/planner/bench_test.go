@@ -16,8 +16,13 @@ import (
 // 32,000 GPUs. In 60% of the leaves one to four nodes have one to eight
 // GPUs in use, so best fit has partly used leaves to prefer and the
 // adjacent-leaf search has gaps to skip.
-var bigCluster = sync.OnceValues(func() ([]planner.NodeInfo, devicefit.Allocated) {
-	b := makeCluster().Spines(10, 50, 8, "dgx-h100")
+var bigCluster = sync.OnceValues(func() ([]planner.NodeInfo, devicefit.Allocated) { return big("dgx-h100") })
+
+// bigPCIeCluster is the same with hgx-pcie-pairs nodes: no NVLink quad.
+var bigPCIeCluster = sync.OnceValues(func() ([]planner.NodeInfo, devicefit.Allocated) { return big("hgx-pcie-pairs") })
+
+func big(profile string) ([]planner.NodeInfo, devicefit.Allocated) {
+	b := makeCluster().Spines(10, 50, 8, profile)
 	infos := b.Infos(benchTB{})
 	r := rand.New(rand.NewPCG(1, 2))
 	used := allocated()
@@ -31,14 +36,14 @@ var bigCluster = sync.OnceValues(func() ([]planner.NodeInfo, devicefit.Allocated
 		}
 	}
 	return infos, used.Obj()
-})
+}
 
 // benchTB lets the builders run outside a test; they only fail on broken
 // built-in specs.
 type benchTB struct{ testing.TB }
 
-func (benchTB) Helper()             {}
-func (benchTB) Fatal(args ...any)   { panic(fmt.Sprint(args...)) }
+func (benchTB) Helper()               {}
+func (benchTB) Fatal(args ...any)     { panic(fmt.Sprint(args...)) }
 func (benchTB) Fatalf(string, ...any) { panic("bench setup failed") }
 
 // BenchmarkPlan16Pods4000Nodes plans a 16-pod job on bigCluster. The
@@ -58,10 +63,10 @@ func BenchmarkPlan16Pods4000Nodes(b *testing.B) {
 		// Two adjacent leaves with every node free.
 		"auto/gpu-8-node": {job: makeJob(b, "j").Pods(16, "gpu-8-node").Obj()},
 		// One leaf: 8 nodes with two quads each.
-		"auto/gpu-4-nvlink": {job: makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()},
+		"auto/gpu-4-nvlink":      {job: makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()},
 		"auto/gpu-1/distributed": {job: makeJob(b, "j").Pods(16, "gpu-1").Strategy(planner.StrategyDistributed).Obj()},
-		"mixed/consolidated": {job: makeJob(b, "j").Pods(8, "gpu-4-nvlink").Pods(8, "gpu-2-nvlink-pair").Strategy(planner.StrategyConsolidated).Obj()},
-		"none/gpu-8-node":    {job: makeJob(b, "j").Pods(16, "gpu-8-node").Placement(planner.PlacementNone).Obj()},
+		"mixed/consolidated":     {job: makeJob(b, "j").Pods(8, "gpu-4-nvlink").Pods(8, "gpu-2-nvlink-pair").Strategy(planner.StrategyConsolidated).Obj()},
+		"none/gpu-8-node":        {job: makeJob(b, "j").Pods(16, "gpu-8-node").Placement(planner.PlacementNone).Obj()},
 		// 16 whole nodes never fit an 8-node leaf: the refusal path.
 		"same-leaf/refused": {job: makeJob(b, "j").Pods(16, "gpu-8-node").Placement(planner.PlacementSameLeaf).Obj(), refused: true},
 	} {
@@ -74,6 +79,27 @@ func BenchmarkPlan16Pods4000Nodes(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkPlanRefused4000Nodes is the worst case for the pre-filter:
+// every node has enough free GPUs by count, none has a quad, so only the
+// allocator can say no, on every node, at every size up to the whole
+// cluster.
+func BenchmarkPlanRefused4000Nodes(b *testing.B) {
+	infos, used := bigPCIeCluster()
+	c, err := planner.NewCluster(infos, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	snap := planner.NewSnapshot(c, used)
+	p := newPlanner(b)
+	job := makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()
+	for b.Loop() {
+		var u *planner.Unschedulable
+		if _, err := p.Plan(context.Background(), snap, nil, job); !errors.As(err, &u) {
+			b.Fatalf("want a refusal, got %v", err)
+		}
 	}
 }
 

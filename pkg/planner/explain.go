@@ -156,6 +156,7 @@ func (st *state) makePlan(c *candidate, a *attempt, allocs map[string][]resource
 		leaves[st.c.nodes[n].leaf] = true
 	}
 	p.Reasons = append(p.Reasons, fmt.Sprintf("strategy %s: %s on %s in %s", st.job.Strategy, pods(a.placed), plural(a.nodes, "node"), plural(len(leaves), "leaf")))
+	p.AllocatorRuns = st.f.runs
 	return p
 }
 

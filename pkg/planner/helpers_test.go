@@ -218,7 +218,9 @@ func project(p *planner.Plan) *placed {
 	return &placed{Domain: p.Domain, Assignments: p.Assignments, Fallback: p.Fallback}
 }
 
-func leaf(name string) planner.Domain { return planner.Domain{Level: planner.LevelLeaf, Names: []string{name}} }
+func leaf(name string) planner.Domain {
+	return planner.Domain{Level: planner.LevelLeaf, Names: []string{name}}
+}
 
 func leaves(names ...string) planner.Domain {
 	return planner.Domain{Level: planner.LevelLeaves, Names: names}

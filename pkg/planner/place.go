@@ -15,7 +15,7 @@ type attempt struct {
 	podsOn   map[int]int    // pods of the job on a node, pinned ones included
 	podsLeaf map[*leaf]int
 	mine     map[int]int // pods of this attempt on a node
-	assign   []int // by pod index; -1 while unplaced
+	assign   []int       // by pod index; -1 while unplaced
 	placed   int
 	nodes    int // nodes the attempt used
 }
@@ -88,29 +88,27 @@ func (a *attempt) take(pod, n int, pos []int) {
 //
 // Topology order breaks ties, so plans are deterministic.
 func (st *state) sortNodes(a *attempt, order []int) {
-	type key struct{ k1, k2, k3, k4 int }
-	keys := make(map[int]key, len(order))
-	for _, n := range order {
+	type keyed struct{ k1, k2, k3, n int }
+	keys := make([]keyed, len(order))
+	for i, n := range order {
 		nd := st.c.nodes[n]
 		used := st.f.used(n, a.extra[n])
 		free := nd.healthy.free(used)
-		var k key
 		switch st.job.Strategy {
 		case StrategyConsolidated:
-			k = key{free, 0, 0, n}
+			keys[i] = keyed{free, 0, 0, n}
 		case StrategyDistributed:
-			k = key{a.podsOn[n], a.podsLeaf[nd.leaf], free, n}
+			keys[i] = keyed{a.podsOn[n], a.podsLeaf[nd.leaf], free, n}
 		default:
 			empty := 0
 			if used.count() == 0 {
 				empty = 1
 			}
-			k = key{a.podsOn[n], empty, free, n}
+			keys[i] = keyed{a.podsOn[n], empty, free, n}
 		}
-		keys[n] = k
 	}
-	sort.Slice(order, func(i, j int) bool {
-		x, y := keys[order[i]], keys[order[j]]
+	sort.Slice(keys, func(i, j int) bool {
+		x, y := keys[i], keys[j]
 		switch {
 		case x.k1 != y.k1:
 			return x.k1 < y.k1
@@ -119,8 +117,11 @@ func (st *state) sortNodes(a *attempt, order []int) {
 		case x.k3 != y.k3:
 			return x.k3 < y.k3
 		}
-		return x.k4 < y.k4
+		return x.n < y.n
 	})
+	for i, k := range keys {
+		order[i] = k.n
+	}
 }
 
 // verify allocates every pod once more, with its own claims, on its node
@@ -136,6 +137,7 @@ func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, 
 		results := []resourceapi.AllocationResult{}
 		if len(pod.Claims) > 0 {
 			var err error
+			st.f.runs++
 			results, err = st.f.eval.Allocate(st.f.ctx, nd.obj, nd.slices, nd.allocated(st.f.base[n], byNode[n]), pod.Claims)
 			if err != nil {
 				if ctxErr := st.f.ctx.Err(); ctxErr != nil {

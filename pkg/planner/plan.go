@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 
@@ -199,7 +200,7 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 	sort.SliceStable(st.podOrder, func(a, b int) bool {
 		return st.f.shapes[st.podShape[st.podOrder[a]]].need > st.f.shapes[st.podShape[st.podOrder[b]]].need
 	})
-	for _, pod := range slices.Sorted(mapsKeys(job.Pinned)) {
+	for _, pod := range slices.Sorted(maps.Keys(job.Pinned)) {
 		i, ok := c.byName[job.Pinned[pod]]
 		if !ok {
 			return nil, bad("pinned pod %s is on node %s, which is not in the cluster", pod, job.Pinned[pod])
@@ -313,14 +314,4 @@ func (st *state) totalNeed() int {
 		t += s.need * s.pods
 	}
 	return t
-}
-
-func mapsKeys(m map[string]string) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }

@@ -14,20 +14,20 @@ import (
 
 // fourLeaves is the topology most cases use:
 //
-//	                        spine-0
-//	     +------------+------------+------------+
-//	   leaf-0       leaf-1       leaf-2       leaf-3
-//	 l0n0..l0n3   l1n0..l1n3   l2n0..l2n3   l3n0..l3n3
+//	                       spine-0
+//	    +------------+------------+------------+
+//	  leaf-0       leaf-1       leaf-2       leaf-3
+//	l0n0..l0n3   l1n0..l1n3   l2n0..l2n3   l3n0..l3n3
 //
 // Every node is a dgx-h100: 8 GPUs on NVSwitch, two aligned NVLink quads.
 func fourLeaves() *clusterBuilder { return makeCluster().Spines(1, 4, 4, "dgx-h100") }
 
 // twoSpines:
 //
-//	          spine-0                         spine-1
-//	     +------+------+                 +------+------+
-//	   leaf-0        leaf-1            leaf-2        leaf-3
-//	 l0n0,l0n1     l1n0,l1n1         l2n0,l2n1     l3n0,l3n1
+//	         spine-0                         spine-1
+//	    +------+------+                 +------+------+
+//	  leaf-0        leaf-1            leaf-2        leaf-3
+//	l0n0,l0n1     l1n0,l1n1         l2n0,l2n1     l3n0,l3n1
 func twoSpines() *clusterBuilder { return makeCluster().Spines(2, 2, 2, "dgx-h100") }
 
 func TestPlan(t *testing.T) {

@@ -93,13 +93,13 @@ func TestJobsInARowNeverCollide(t *testing.T) {
 // A group of eight 8-GPU pods ran on leaf-1 and leaf-2; one pod is being
 // replaced. The other seven are pinned:
 //
-//	                        spine-0
-//	     +------------+------------+------------+
-//	   leaf-0       leaf-1       leaf-2       leaf-3
-//	   (free)     l1n0 job       l2n0 job      (free)
-//	              l1n1 job       l2n1 job
-//	              l1n2 job       l2n2 job
-//	              l1n3 job       l2n3 free/other
+//	                     spine-0
+//	  +------------+------------+------------+
+//	leaf-0       leaf-1       leaf-2       leaf-3
+//	(free)     l1n0 job       l2n0 job      (free)
+//	           l1n1 job       l2n1 job
+//	           l1n2 job       l2n2 job
+//	           l1n3 job       l2n3 free/other
 func TestReplacementKeepsTheDomain(t *testing.T) {
 	group := []string{"l1n0", "l1n1", "l1n2", "l1n3", "l2n0", "l2n1", "l2n2"}
 	c := fourLeaves().Obj(t)
@@ -156,5 +156,45 @@ func TestReplacementKeepsTheDomain(t *testing.T) {
 			plan, err := newPlanner(t).Plan(context.Background(), planner.NewSnapshot(c, alloc), nil, tc.job(t))
 			checkPlan(t, plan, err, tc.want, tc.wantErr)
 		})
+	}
+}
+
+// Plans share the cluster, the snapshot and the reservations, and only
+// read them: the same job planned from many goroutines at once gets the
+// same plan as alone. Run with -race.
+func TestConcurrentPlans(t *testing.T) {
+	c := fourLeaves().Obj(t)
+	p := newPlanner(t)
+	snap := planner.NewSnapshot(c, allocated().Nodes("l1n0").GPUs("l2n1", 0, 1).Obj())
+	res := planner.NewReservations()
+	jobs := []planner.Job{
+		makeJob(t, "a").Pods(3, "gpu-8-node").Obj(),
+		makeJob(t, "b").Pods(4, "gpu-4-nvlink").Strategy(planner.StrategyDistributed).Obj(),
+		makeJob(t, "c").Pods(2, "gpu-2-nvlink-pair").Pods(2, "gpu-1").Strategy(planner.StrategyConsolidated).Obj(),
+	}
+	want := make([]map[string]string, len(jobs))
+	for i, j := range jobs {
+		plan, err := p.Plan(context.Background(), snap, res, j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[i] = plan.Assignments
+	}
+	errs := make(chan error, 4*len(jobs))
+	for range 4 {
+		for i, j := range jobs {
+			go func() {
+				plan, err := p.Plan(context.Background(), snap, res, j)
+				if err == nil && !cmp.Equal(want[i], plan.Assignments) {
+					err = errors.New("job " + j.Key + " planned differently: " + cmp.Diff(want[i], plan.Assignments))
+				}
+				errs <- err
+			}()
+		}
+	}
+	for range 4 * len(jobs) {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -69,7 +69,7 @@ func (s *Snapshot) withReservations(res *Reservations, except string) []bitset {
 // node of each pod and the devices of each node.
 type Reservation struct {
 	Job     string
-	Pods    map[string]string                 // pod → node
+	Pods    map[string]string                // pod → node
 	Devices map[string][]structured.DeviceID // node → devices
 }
 

@@ -10,13 +10,13 @@ import (
 
 // oneSpineTwoLeaves, with l0n0 half used and l0n1 three-quarters used:
 //
-//	                 spine-0
-//	          +---------+---------+
-//	        leaf-0              leaf-1
-//	 l0n0 [####....]         l1n0 [........]
-//	 l0n1 [######..]         l1n1 [........]
-//	 l0n2 [........]         l1n2 [........]
-//	 l0n3 [........]         l1n3 [........]
+//	                spine-0
+//	         +---------+---------+
+//	       leaf-0              leaf-1
+//	l0n0 [####....]         l1n0 [........]
+//	l0n1 [######..]         l1n1 [........]
+//	l0n2 [........]         l1n2 [........]
+//	l0n3 [........]         l1n3 [........]
 //
 // (dgx-h100 nodes; # is a GPU in use.)
 func oneSpineTwoLeaves() (*clusterBuilder, *usage) {
@@ -25,11 +25,11 @@ func oneSpineTwoLeaves() (*clusterBuilder, *usage) {
 
 // mixedQuads puts NVLink quads in only some nodes of leaf-1:
 //
-//	                          spine-0
-//	          +------------------+------------------+
-//	        leaf-0                                leaf-1
-//	 l0n0..l0n3 hgx-pcie-pairs        l1n0 dgx1-v100, l1n1 dgx-h100,
-//	 (NVLink pairs, no quad)          l1n2, l1n3 hgx-pcie-pairs
+//	                         spine-0
+//	         +------------------+------------------+
+//	       leaf-0                                leaf-1
+//	l0n0..l0n3 hgx-pcie-pairs        l1n0 dgx1-v100, l1n1 dgx-h100,
+//	(NVLink pairs, no quad)          l1n2, l1n3 hgx-pcie-pairs
 func mixedQuads() *clusterBuilder {
 	return makeCluster().
 		Leaf("spine-0", 0, "hgx-pcie-pairs", 4).

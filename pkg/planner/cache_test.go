@@ -1,0 +1,51 @@
+package planner_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/gputopo/gputopo/pkg/planner"
+)
+
+// Nodes that are alike share allocator answers. Three leaves of
+// hgx-pcie-pairs and one of dgx-h100:
+//
+//	                         spine-0
+//	    +--------------+--------------+--------------+
+//	  leaf-0         leaf-1         leaf-2         leaf-3
+//	4 x pcie-pairs 4 x pcie-pairs 4 x pcie-pairs  4 x dgx-h100
+//
+// Quads fit only leaf-3. The twelve pcie nodes cost one allocator run, not
+// twelve, and the four h100 nodes three (two quads, then no more).
+func TestAlikeNodesShareAllocatorRuns(t *testing.T) {
+	c := makeCluster().
+		Leaf("spine-0", 0, "hgx-pcie-pairs", 4).Leaf("spine-0", 1, "hgx-pcie-pairs", 4).
+		Leaf("spine-0", 2, "hgx-pcie-pairs", 4).Leaf("spine-0", 3, "dgx-h100", 4).Obj(t)
+	plan, err := newPlanner(t).Plan(context.Background(), planner.NewSnapshot(c, nil), nil, makeJob(t, "j").Pods(4, "gpu-4-nvlink").Obj())
+	checkPlan(t, plan, err, &placed{Domain: leaf("leaf-3"), Assignments: assign("l3n0", "l3n1", "l3n2", "l3n3")}, nil)
+	// 1 (pcie) + 3 (h100) + 4 final checks.
+	if plan.AllocatorRuns > 8 {
+		t.Errorf("%d allocator runs, want at most 8", plan.AllocatorRuns)
+	}
+}
+
+// A claim whose selector reads the leaf attribute must not share answers
+// between nodes of different leaves, however alike they are otherwise.
+//
+//	       spine-0
+//	  +------+-------+
+//	leaf-0         leaf-1
+//	 l0n0        l1n0, l1n1      (dgx-h100)
+func TestClaimsReadingALeafDoNotShare(t *testing.T) {
+	c := makeCluster().Leaf("spine-0", 0, "dgx-h100", 1).Leaf("spine-0", 1, "dgx-h100", 2).Obj(t)
+	p := newPlanner(t)
+	none := func(n int) planner.Job {
+		return makeJob(t, "j").Pods(n, "gpu-4-leaf").Placement(planner.PlacementNone).Strategy(planner.StrategyDistributed).Obj()
+	}
+	plan, err := p.Plan(context.Background(), planner.NewSnapshot(c, nil), nil, none(2))
+	checkPlan(t, plan, err, &placed{Domain: planner.Domain{Level: planner.LevelCluster}, Assignments: assign("l0n0", "l0n0")}, nil)
+
+	_, err = p.Plan(context.Background(), planner.NewSnapshot(c, nil), nil, none(3))
+	checkPlan(t, nil, err, nil, &planner.Unschedulable{Job: "j", Reason: "the whole cluster cannot hold 3 pods (4 GPUs each)",
+		Best: "the whole cluster holds 2 (1 node with room for a pod)", BestDomain: planner.Domain{Level: planner.LevelCluster}, BestPods: 2})
+}
