@@ -71,6 +71,7 @@ func newRoot() *cobra.Command {
 	}
 	explain.Flags().StringVarP(&namespace, "namespace", "n", "default", "Namespace of the Job (or of the gputopo.dev/group pods)")
 	root.AddCommand(explain)
+	root.AddCommand(newSimulateCmd())
 	return root
 }
 

@@ -1,0 +1,49 @@
+package simulate
+
+import (
+	"fmt"
+	"io/fs"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"sigs.k8s.io/yaml"
+
+	specs "github.com/gputopo/gputopo/demo/specs"
+	"github.com/gputopo/gputopo/pkg/devicefit"
+)
+
+// claims makes each pod's ResourceClaim from the demo's gpu-1 template,
+// the one users apply, with the count set to the pod's GPUs: any N GPUs
+// of the gputopo DeviceClass on one node.
+type claims struct {
+	class *resourceapi.DeviceClass
+	tmpl  *resourceapi.ResourceClaimTemplate
+}
+
+func loadClaims() (*claims, error) {
+	var c claims
+	for file, obj := range map[string]any{"deviceclass.yaml": &c.class, "claims/gpu-1.yaml": &c.tmpl} {
+		data, err := fs.ReadFile(specs.FS, file)
+		if err != nil {
+			return nil, fmt.Errorf("read demo spec %s: %w", file, err)
+		}
+		if err := yaml.UnmarshalStrict(data, obj); err != nil {
+			return nil, fmt.Errorf("decode demo spec %s: %w", file, err)
+		}
+	}
+	if len(c.tmpl.Spec.Spec.Devices.Requests) != 1 || c.tmpl.Spec.Spec.Devices.Requests[0].Exactly == nil {
+		return nil, fmt.Errorf("demo claim template gpu-1 must have exactly one request of an exact count")
+	}
+	c.tmpl.Namespace = "sim"
+	return &c, nil
+}
+
+func (c *claims) evaluator() *devicefit.Evaluator {
+	return devicefit.NewEvaluator(devicefit.NewClasses(c.class))
+}
+
+// claim is the claim of one pod asking for gpus GPUs.
+func (c *claims) claim(name string, gpus int) *resourceapi.ResourceClaim {
+	tmpl := c.tmpl.DeepCopy()
+	tmpl.Spec.Spec.Devices.Requests[0].Exactly.Count = int64(gpus)
+	return devicefit.ClaimFromTemplate(tmpl, name)
+}

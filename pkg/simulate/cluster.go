@@ -1,0 +1,248 @@
+package simulate
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gputopo/gputopo/pkg/gpu/sim"
+	"github.com/gputopo/gputopo/pkg/planner"
+	"github.com/gputopo/gputopo/pkg/slices"
+	"github.com/gputopo/gputopo/pkg/topology"
+)
+
+// Topology is the YAML form of a generated cluster, the shape of
+// test/cluster/topologies/*.yaml: spines × leavesPerSpine × nodesPerLeaf
+// nodes, profiles assigned round-robin. RealNodes is accepted so those
+// files load unchanged; the simulator has no kubelets and ignores it.
+type Topology struct {
+	Spines         int      `json:"spines"`
+	LeavesPerSpine int      `json:"leavesPerSpine"`
+	NodesPerLeaf   int      `json:"nodesPerLeaf"`
+	Profiles       []string `json:"profiles"`
+	RealNodes      int      `json:"realNodes,omitempty"`
+	NamePrefix     string   `json:"namePrefix,omitempty"`
+}
+
+// NodeSpec is one simulated node and its place in the network.
+type NodeSpec struct {
+	Name, Leaf, Spine string
+	Profile           *sim.Profile
+}
+
+// Grouping says how nodes of a flat node list are cabled: consecutive
+// nodes of the list share a leaf, consecutive leaves a spine.
+type Grouping struct {
+	NodesPerLeaf   int
+	LeavesPerSpine int
+}
+
+// DefaultGrouping is 16 nodes per leaf and 8 leaves per spine, a common
+// rail-less fat-tree size.
+func DefaultGrouping() Grouping { return Grouping{NodesPerLeaf: 16, LeavesPerSpine: 8} }
+
+// Cluster is a simulated cluster: the planner's tree, and the nodes'
+// objects and slices for the baseline, which allocates on its own.
+type Cluster struct {
+	Planner *planner.Cluster
+	Nodes   []SimNode // in the order they were given
+	GPUs    int
+	// NodesPerLeaf is the size of the largest leaf: the size rule asks
+	// for ceil(pods / NodesPerLeaf) adjacent leaves.
+	NodesPerLeaf int
+	Leaves       int
+	Spines       int
+	byName       map[string]int
+}
+
+// SimNode is one node of a Cluster.
+type SimNode struct {
+	Name, Leaf, Spine string
+	LeafPos           int // position of the leaf under its spine
+	GPUs              int
+	Obj               *v1.Node
+	Slices            []*resourceapi.ResourceSlice
+}
+
+// LoadCluster reads a cluster file: an Alibaba node list (.csv, grouped
+// into leaves and spines by g) or a YAML Topology.
+func LoadCluster(file string, g Grouping) (*Cluster, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("read cluster file: %w", err)
+	}
+	var specs []NodeSpec
+	if strings.EqualFold(filepath.Ext(file), ".csv") {
+		specs, err = ParseAlibabaNodes(bytes.NewReader(data), file, g)
+	} else {
+		specs, err = ParseTopology(data, filepath.Dir(file))
+		if err != nil {
+			err = fmt.Errorf("cluster %s: %w", file, err)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	c, err := NewCluster(specs)
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s: %w", file, err)
+	}
+	return c, nil
+}
+
+// ParseTopology expands a YAML Topology. A profile is a built-in name or
+// a profile file, relative to dir.
+func ParseTopology(data []byte, dir string) ([]NodeSpec, error) {
+	var t Topology
+	if err := yaml.UnmarshalStrict(data, &t); err != nil {
+		return nil, fmt.Errorf("decode cluster topology: %w", err)
+	}
+	if t.Spines < 1 || t.LeavesPerSpine < 1 || t.NodesPerLeaf < 1 {
+		return nil, fmt.Errorf("cluster topology: spines, leavesPerSpine and nodesPerLeaf must all be at least 1")
+	}
+	if len(t.Profiles) == 0 {
+		return nil, fmt.Errorf("cluster topology: profiles must list at least one profile")
+	}
+	profiles := make([]*sim.Profile, len(t.Profiles))
+	for i, name := range t.Profiles {
+		p, err := loadProfile(name, dir)
+		if err != nil {
+			return nil, fmt.Errorf("cluster topology: %w", err)
+		}
+		profiles[i] = p
+	}
+	prefix := t.NamePrefix
+	if prefix == "" {
+		prefix = "gpu"
+	}
+	var out []NodeSpec
+	for s := range t.Spines {
+		for l := range t.LeavesPerSpine {
+			leaf := s*t.LeavesPerSpine + l
+			for n := range t.NodesPerLeaf {
+				out = append(out, NodeSpec{
+					Name:    fmt.Sprintf("%s-s%d-l%d-n%d", prefix, s, leaf, n),
+					Leaf:    fmt.Sprintf("leaf-%d", leaf),
+					Spine:   fmt.Sprintf("spine-%d", s),
+					Profile: profiles[len(out)%len(profiles)],
+				})
+			}
+		}
+	}
+	return out, nil
+}
+
+func loadProfile(name, dir string) (*sim.Profile, error) {
+	if !strings.ContainsAny(name, "/.") {
+		return sim.LoadBuiltin(name)
+	}
+	if !filepath.IsAbs(name) {
+		name = filepath.Join(dir, name)
+	}
+	return sim.LoadFile(name)
+}
+
+// NewCluster renders every node's ResourceSlices with the kubelet
+// plugin's slice generator and builds the planner's tree.
+func NewCluster(specs []NodeSpec) (*Cluster, error) {
+	c := &Cluster{byName: map[string]int{}}
+	infos := make([]planner.NodeInfo, 0, len(specs))
+	leafSize := map[string]int{}
+	leafPos := map[string]int{}
+	spineLeaves := map[string]int{}
+	spines := map[string]bool{}
+	for _, s := range specs {
+		if s.Profile == nil {
+			return nil, fmt.Errorf("node %s has no GPU profile", s.Name)
+		}
+		if _, dup := c.byName[s.Name]; dup {
+			return nil, fmt.Errorf("node %s is listed twice", s.Name)
+		}
+		labels := map[string]string{topology.LabelProfile: s.Profile.Name}
+		if s.Leaf != "" {
+			labels[topology.LabelTopographLeaf] = s.Leaf
+		}
+		if s.Spine != "" {
+			labels[topology.LabelTopographSpine] = s.Spine
+		}
+		res, err := slices.Build(s.Profile.Inventory(s.Name), slices.Node{Name: s.Name, Labels: labels}, slices.DefaultConfig(), nil)
+		if err != nil {
+			return nil, fmt.Errorf("build ResourceSlices of node %s: %w", s.Name, err)
+		}
+		objs := slices.Objects(s.Name, res)
+		if s.Leaf != "" {
+			if _, seen := leafPos[s.Leaf]; !seen {
+				leafPos[s.Leaf] = spineLeaves[s.Spine]
+				spineLeaves[s.Spine]++
+			}
+			leafSize[s.Leaf]++
+			c.NodesPerLeaf = max(c.NodesPerLeaf, leafSize[s.Leaf])
+		}
+		if s.Spine != "" {
+			spines[s.Spine] = true
+		}
+		c.byName[s.Name] = len(c.Nodes)
+		c.Nodes = append(c.Nodes, SimNode{
+			Name: s.Name, Leaf: s.Leaf, Spine: s.Spine, LeafPos: leafPos[s.Leaf], GPUs: s.Profile.GPUs,
+			Obj:    &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.Name, Labels: labels}},
+			Slices: objs,
+		})
+		c.GPUs += s.Profile.GPUs
+		infos = append(infos, planner.NodeInfo{Name: s.Name, Leaf: s.Leaf, Spine: s.Spine, Labels: labels, Slices: objs})
+	}
+	// Leaves are adjacent in the order the nodes list them, which is how
+	// both the generator and the node-list grouping number them.
+	order := map[string][]string{}
+	for _, n := range c.Nodes {
+		if n.Leaf != "" && n.Spine != "" && (len(order[n.Spine]) == 0 || order[n.Spine][len(order[n.Spine])-1] != n.Leaf) {
+			order[n.Spine] = append(order[n.Spine], n.Leaf)
+		}
+	}
+	for s, leaves := range order {
+		if len(leaves) != spineLeaves[s] {
+			return nil, fmt.Errorf("the nodes of a leaf of spine %s are not listed together", s)
+		}
+	}
+	pc, err := planner.NewCluster(infos, order)
+	if err != nil {
+		return nil, fmt.Errorf("build planner cluster: %w", err)
+	}
+	c.Planner, c.Leaves, c.Spines = pc, len(leafSize), len(spines)
+	return c, nil
+}
+
+// Node returns the index of the named node.
+func (c *Cluster) Node(name string) (int, bool) {
+	i, ok := c.byName[name]
+	return i, ok
+}
+
+// leafSpan is how many adjacent leaves the nodes cover, from the first to
+// the last under one spine; ok is false when they are under different
+// spines or some node has no leaf.
+func (c *Cluster) leafSpan(nodes []int) (span int, ok bool) {
+	lo, hi := -1, -1
+	spine := ""
+	for i, n := range nodes {
+		nd := c.Nodes[n]
+		if nd.Leaf == "" || (i > 0 && nd.Spine != spine) || (nd.Spine == "" && c.Nodes[nodes[0]].Leaf != nd.Leaf) {
+			return 0, false
+		}
+		spine = nd.Spine
+		if lo < 0 || nd.LeafPos < lo {
+			lo = nd.LeafPos
+		}
+		hi = max(hi, nd.LeafPos)
+	}
+	if lo < 0 {
+		return 0, false
+	}
+	return hi - lo + 1, true
+}

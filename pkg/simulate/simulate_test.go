@@ -1,0 +1,249 @@
+package simulate_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gputopo/gputopo/pkg/simulate"
+)
+
+// smallCluster is one spine over two leaves of two dgx-h100 nodes:
+//
+//	spine-0
+//	├── leaf-0: gpu-s0-l0-n0, gpu-s0-l0-n1
+//	└── leaf-1: gpu-s0-l1-n0, gpu-s0-l1-n1
+func smallCluster(t testing.TB) *simulate.Cluster {
+	t.Helper()
+	specs, err := simulate.ParseTopology([]byte("spines: 1\nleavesPerSpine: 2\nnodesPerLeaf: 2\nprofiles: [dgx-h100]\n"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := simulate.NewCluster(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func run(t *testing.T, c *simulate.Cluster, tr *simulate.Trace, opt simulate.Options) *simulate.Result {
+	t.Helper()
+	res, err := simulate.Run(context.Background(), c, simulate.Fixed(tr), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// A whole-node job takes the first node; then a two-node job fits in
+// leaf-1 as a whole. First fit takes the next two nodes by name, one in
+// each leaf.
+func TestGputopoKeepsJobsInOneLeaf(t *testing.T) {
+	c := smallCluster(t)
+	tr, err := simulate.ParseJobs(strings.NewReader("single,1,8\npair,2,8\n"), "jobs.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, c, tr, simulate.Options{})
+	type view struct {
+		Placed, MultiNodePlaced, SameDomain int
+		SameDomainRatio, AllocationRatio    float64
+	}
+	got := map[string]view{}
+	for _, m := range []simulate.Metrics{res.Metrics, res.Baseline} {
+		got[m.Scheduler] = view{m.Placed, m.MultiNodePlaced, m.SameDomain, m.SameDomainRatio, m.AllocationRatio}
+	}
+	want := map[string]view{
+		"gputopo":  {Placed: 2, MultiNodePlaced: 1, SameDomain: 1, SameDomainRatio: 1, AllocationRatio: 0.75},
+		"baseline": {Placed: 2, MultiNodePlaced: 1, SameDomain: 0, SameDomainRatio: 0, AllocationRatio: 0.75},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("metrics (-want +got):\n%s", diff)
+	}
+}
+
+// Jobs are all or nothing for both: the baseline rolls back a job whose
+// pods do not all fit and says it partly fitted.
+func TestRefusalsAreAllOrNothing(t *testing.T) {
+	c := smallCluster(t)
+	tr, err := simulate.ParseJobs(strings.NewReader("a,3,8\nhuge,2,8\nsmall,1,4\n"), "jobs.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, c, tr, simulate.Options{})
+	for _, m := range []simulate.Metrics{res.Metrics, res.Baseline} {
+		if m.Placed != 2 || m.Refused != 1 || m.AllocatedGPUs != 28 {
+			t.Errorf("%s: placed %d, refused %d, %v GPUs allocated; want 2, 1, 28", m.Scheduler, m.Placed, m.Refused, m.AllocatedGPUs)
+		}
+	}
+	if res.Baseline.PartialJobs != 1 || res.PartialJobs != 0 {
+		t.Errorf("partial jobs: baseline %d, gputopo %d; want 1 and 0", res.Baseline.PartialJobs, res.PartialJobs)
+	}
+}
+
+func TestSharedPodsAreRoundedUp(t *testing.T) {
+	c := smallCluster(t)
+	in := alibabaHeader +
+		"p0,1,1,1,500,,,,,,\n" +
+		"p1,1,1,1,250,,,,,,\n" +
+		"p2,1,1,1,1000,,,,,,\n" +
+		"p3,1,1,0,0,,,,,,\n" +
+		"p4,1,1,1,250,,,,,,\n"
+	tr, err := simulate.ParseAlibabaPods(strings.NewReader(in), "pods.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, c, tr, simulate.Options{})
+	if res.SharedPodsRoundedUp != 3 {
+		t.Errorf("shared pods rounded up: %d, want 3", res.SharedPodsRoundedUp)
+	}
+	for _, m := range []simulate.Metrics{res.Metrics, res.Baseline} {
+		if m.AllocatedGPUs != 4 || m.AllocationRatio != 4.0/32 || m.MilliAllocationRatio != 2.0/32 {
+			t.Errorf("%s: %v GPUs, ratio %v, milli ratio %v; want 4, 1/8, 1/16", m.Scheduler, m.AllocatedGPUs, m.AllocationRatio, m.MilliAllocationRatio)
+		}
+	}
+}
+
+// At demand 1 the cluster's 32 GPUs are requested exactly: four
+// whole-node pods, then the fifth never arrives.
+func TestDemandCutoff(t *testing.T) {
+	c := smallCluster(t)
+	res := run(t, c, trace(8, 8, 8, 8, 8), simulate.Options{Demand: 1})
+	if res.Trace.Arrived != 4 || res.Jobs != 4 || res.Placed != 4 || res.AllocationRatio != 1 || res.Fragmentation != 0 {
+		t.Errorf("arrived %d, jobs %d, placed %d, ratio %v, fragmentation %v; want 4, 4, 4, 1, 0",
+			res.Trace.Arrived, res.Jobs, res.Placed, res.AllocationRatio, res.Fragmentation)
+	}
+}
+
+func TestTimedReplayReleasesDevices(t *testing.T) {
+	c := smallCluster(t)
+	// Each job needs the whole cluster; each arrives after the previous
+	// one left.
+	tr, err := simulate.ParseJobs(strings.NewReader("a,4,8,0,10\nb,4,8,10,10\nc,4,8,15,10\n"), "jobs.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, c, tr, simulate.Options{})
+	for _, m := range []simulate.Metrics{res.Metrics, res.Baseline} {
+		if m.Placed != 2 || m.Refused != 1 || m.AllocationRatio != 1 {
+			t.Errorf("%s: placed %d, refused %d, time-mean ratio %v; want 2, 1, 1", m.Scheduler, m.Placed, m.Refused, m.AllocationRatio)
+		}
+	}
+}
+
+func TestParseAlibabaNodes(t *testing.T) {
+	in := "sn,cpu_milli,memory_mib,gpu,model\n" +
+		"openb-node-0,64000,262144,2,P100\n" +
+		"openb-node-1,64000,262144,0,\n" +
+		"openb-node-2,96000,786432,8,G2\n" +
+		"openb-node-3,96000,786432,8,G2\n"
+	specs, err := simulate.ParseAlibabaNodes(strings.NewReader(in), "nodes.csv", simulate.Grouping{NodesPerLeaf: 2, LeavesPerSpine: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct{ Name, Leaf, Spine, Profile string }
+	var got []row
+	for _, s := range specs {
+		got = append(got, row{s.Name, s.Leaf, s.Spine, s.Profile.Name})
+	}
+	want := []row{
+		{"openb-node-0", "leaf-0", "spine-0", "alibaba-p100-2g"},
+		{"openb-node-2", "leaf-0", "spine-0", "alibaba-g2-8g"},
+		{"openb-node-3", "leaf-1", "spine-1", "alibaba-g2-8g"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("nodes (-want +got):\n%s", diff)
+	}
+	c, err := simulate.NewCluster(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.GPUs != 18 || c.Leaves != 2 || c.Spines != 2 {
+		t.Errorf("cluster: %d GPUs, %d leaves, %d spines; want 18, 2, 2", c.GPUs, c.Leaves, c.Spines)
+	}
+	_, err = simulate.ParseAlibabaNodes(strings.NewReader("sn,gpu,model\nn0,two,T4\n"), "nodes.csv", simulate.DefaultGrouping())
+	if err == nil || !strings.Contains(err.Error(), "nodes.csv:2") {
+		t.Errorf("bad GPU count: got %v, want an error naming nodes.csv:2", err)
+	}
+}
+
+func TestParsePublished(t *testing.T) {
+	in := "workload,sc_policy,tune,seed,total_gpus,0,1,2\n" +
+		"w,05-BestFit,0.02,42,6212,0,50.0,90.0\n" +
+		"w,05-BestFit,0.02,43,6212,0,50.0,92.0\n" +
+		"w,06-FGD,0.02,42,6212,0,50.0,95.0\n" +
+		"other,06-FGD,0.02,42,6212,0,50.0,10.0\n"
+	got, err := simulate.ParsePublished(strings.NewReader(in), "allo.csv", "w", 0.02)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []simulate.Published{{Policy: "05-BestFit", AllocationRatio: 0.91, Seeds: 2}, {Policy: "06-FGD", AllocationRatio: 0.95, Seeds: 1}}
+	if diff := cmp.Diff(want, got, cmpApprox); diff != "" {
+		t.Errorf("published (-want +got):\n%s", diff)
+	}
+}
+
+var cmpApprox = cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })
+
+// sharedData is the perf-anchor data beside the repository, or "" when
+// this checkout has none.
+func sharedData(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
+	}
+	data := filepath.Join(dir, "..", "shared", "data")
+	if _, err := os.Stat(filepath.Join(data, "alibaba-gpu-v2023")); err != nil {
+		return ""
+	}
+	return data
+}
+
+// Many jobs exercise the placer's folding of reservations into
+// snapshots, with departures from both.
+func TestLongReplays(t *testing.T) {
+	c := smallCluster(t)
+	var static, timed strings.Builder
+	for i := range 150 {
+		fmt.Fprintf(&static, "s%d,1,1\n", i)
+		fmt.Fprintf(&timed, "t%d,1,8,%d,3.5\n", i, i)
+	}
+	tests := map[string]struct {
+		in            string
+		placed, ratio float64
+	}{
+		"static: fills every GPU":    {static.String(), 32, 1},
+		"timed: four jobs at a time": {timed.String(), 150, 3.5 / 4},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tr, err := simulate.ParseJobs(strings.NewReader(tc.in), "jobs.csv")
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := run(t, c, tr, simulate.Options{})
+			for _, m := range []simulate.Metrics{res.Metrics, res.Baseline} {
+				if float64(m.Placed) != tc.placed || math.Abs(m.AllocationRatio-tc.ratio) > 0.01 {
+					t.Errorf("%s: placed %d, ratio %v; want %v, %v", m.Scheduler, m.Placed, m.AllocationRatio, tc.placed, tc.ratio)
+				}
+			}
+		})
+	}
+}

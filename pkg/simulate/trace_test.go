@@ -1,0 +1,213 @@
+package simulate_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gputopo/gputopo/pkg/simulate"
+)
+
+const alibabaHeader = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+
+func TestParseAlibabaPods(t *testing.T) {
+	in := alibabaHeader +
+		"p0,12000,16384,1,1000,,LS,Running,0,1,0\n" +
+		"p1,6000,12288,1,460,,LS,Running,0,1,0\n" + // a share: rounded up
+		"p2,4000,1024,0,0,,BE,Running,0,1,0\n" + // no GPU: skipped
+		"p3,64000,1024,8,1000,,LS,Running,0,1,0\n"
+	tr, err := simulate.ParseAlibabaPods(strings.NewReader(in), "pods.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &simulate.Trace{
+		Format: simulate.FormatAlibaba, Source: "pods.csv", SharedRoundedUp: 1, SkippedNoGPU: 1,
+		Jobs: []simulate.Job{
+			{Name: "p0", Pods: 1, GPUsPerPod: 1, MilliGPU: 1000},
+			{Name: "p1", Pods: 1, GPUsPerPod: 1, MilliGPU: 460, Shared: true},
+			{Name: "p3", Pods: 1, GPUsPerPod: 8, MilliGPU: 8000},
+		},
+	}
+	if diff := cmp.Diff(want, tr); diff != "" {
+		t.Errorf("trace (-want +got):\n%s", diff)
+	}
+}
+
+func TestParseErrorsNameTheLine(t *testing.T) {
+	jobsHeader := "name,pods,gpus_per_pod,arrival_s,duration_s\n"
+	tests := map[string]struct {
+		parse func(string) error
+		in    string
+		line  int
+		has   string
+	}{
+		"alibaba: num_gpu not a number": {alibaba, alibabaHeader + "p0,1,1,1,1000\np1,1,1,x,1000\n", 3, "num_gpu"},
+		"alibaba: no share of zero":     {alibaba, alibabaHeader + "p0,1,1,1,0\n", 2, "gpu_milli"},
+		"alibaba: share of 2 GPUs":      {alibaba, alibabaHeader + "p0,1,1,2,500\n", 2, "share"},
+		"alibaba: too many GPUs":        {alibaba, alibabaHeader + "p0,1,1,65,1000\n", 2, "out of range"},
+		"alibaba: duplicate pod":        {alibaba, alibabaHeader + "p0,1,1,1,1000\np0,1,1,1,1000\n", 3, "line 2"},
+		"alibaba: missing column":       {alibaba, "name,cpu_milli,num_gpu\np0,1,1\n", 1, "gpu_milli"},
+		"alibaba: short row":            {alibaba, alibabaHeader + "p0,1,1,1\n", 2, "missing"},
+		"alibaba: bad quoting":          {alibaba, alibabaHeader + "p0,1,1,1,1000\n\"p1,1,1,1,1000\n", 3, ""},
+		"alibaba: empty file":           {alibaba, "", 1, "empty"},
+		"jobs: zero pods":               {jobs, jobsHeader + "a,2,8,0,10\nb,0,8,0,10\n", 3, "pods"},
+		"jobs: gpus not a number":       {jobs, "a,2,eight\n", 1, "gpus_per_pod"},
+		"jobs: times on some rows":      {jobs, "# comment\na,2,8\nb,2,8,0,10\n", 3, "every row"},
+		"jobs: four fields":             {jobs, "a,2,8,0\n", 1, "got 4"},
+		"jobs: negative arrival":        {jobs, "a,2,8,-1,10\n", 1, "arrival_s"},
+		"jobs: zero duration":           {jobs, "a,2,8,1,0\n", 1, "duration_s"},
+		"jobs: duplicate":               {jobs, "a,1,1\nb,1,1\na,1,1\n", 3, "listed twice"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			err := tc.parse(tc.in)
+			var le *simulate.LineError
+			if !errors.As(err, &le) {
+				t.Fatalf("want a *LineError, got %v", err)
+			}
+			if le.Line != tc.line || le.File != "trace.csv" {
+				t.Errorf("error at %s:%d, want trace.csv:%d (%v)", le.File, le.Line, tc.line, err)
+			}
+			if !strings.Contains(err.Error(), tc.has) {
+				t.Errorf("error %q does not mention %q", err, tc.has)
+			}
+		})
+	}
+}
+
+func alibaba(in string) error {
+	_, err := simulate.ParseAlibabaPods(strings.NewReader(in), "trace.csv")
+	return err
+}
+
+func jobs(in string) error {
+	_, err := simulate.ParseJobs(strings.NewReader(in), "trace.csv")
+	return err
+}
+
+func TestParseJobs(t *testing.T) {
+	tests := map[string]struct {
+		in   string
+		want *simulate.Trace
+	}{
+		"static with header": {
+			in: "name,pods,gpus_per_pod\ntrain,4,8\neval,1,2\n",
+			want: &simulate.Trace{Format: simulate.FormatJobs, Source: "t.csv", Jobs: []simulate.Job{
+				{Name: "train", Pods: 4, GPUsPerPod: 8, MilliGPU: 8000},
+				{Name: "eval", Pods: 1, GPUsPerPod: 2, MilliGPU: 2000},
+			}},
+		},
+		"timed, sorted by arrival": {
+			in: "late,2,8,30,60\nearly,1,1,0.5,10\n",
+			want: &simulate.Trace{Format: simulate.FormatJobs, Source: "t.csv", Timed: true, Jobs: []simulate.Job{
+				{Name: "early", Pods: 1, GPUsPerPod: 1, MilliGPU: 1000, Arrival: 500 * time.Millisecond, Duration: 10 * time.Second},
+				{Name: "late", Pods: 2, GPUsPerPod: 8, MilliGPU: 8000, Arrival: 30 * time.Second, Duration: time.Minute},
+			}},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tr, err := simulate.ParseJobs(strings.NewReader(tc.in), "t.csv")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, tr); diff != "" {
+				t.Errorf("trace (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestStaticArrivals(t *testing.T) {
+	fours := trace(4, 4, 4, 4, 4)
+	tests := map[string]struct {
+		tr      *simulate.Trace
+		gpus    int
+		demand  float64
+		seed    uint64
+		inflate bool
+		names   []string
+		sampled int
+		cut     int
+	}{
+		"demand cuts the trace":          {tr: fours, gpus: 16, demand: 1, names: []string{"j0", "j1", "j2", "j3"}, cut: 1},
+		"never past the demand":          {tr: fours, gpus: 16, demand: 0.9, names: []string{"j0", "j1", "j2"}, cut: 2},
+		"demand 0 takes the whole trace": {tr: fours, gpus: 4, names: []string{"j0", "j1", "j2", "j3", "j4"}},
+		"short trace without inflation":  {tr: trace(1, 1), gpus: 10, demand: 1, names: []string{"j0", "j1"}},
+		"short trace inflated": {tr: trace(1, 1), gpus: 5, demand: 1, inflate: true, sampled: 3,
+			names: []string{"j0", "j1", "j0-tuned-0", "j0-tuned-1", "j0-tuned-2"}},
+		"shuffled by seed":  {tr: fours, gpus: 16, demand: 1, seed: 7, names: []string{"j0", "j1", "j4", "j2"}, cut: 1},
+		"first job too big": {tr: trace(8), gpus: 4, demand: 1, cut: 1},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			a, err := simulate.StaticArrivals(tc.tr, tc.gpus, tc.demand, tc.seed, tc.inflate)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			requested := 0
+			for _, j := range a.Jobs {
+				names = append(names, j.Name)
+				requested += j.GPUs()
+			}
+			if diff := cmp.Diff(tc.names, names); diff != "" {
+				t.Errorf("arrivals (-want +got):\n%s", diff)
+			}
+			if a.Sampled != tc.sampled || a.Cut != tc.cut || a.RequestedGPUs != requested {
+				t.Errorf("sampled %d, cut %d, requested %d; want %d, %d, %d", a.Sampled, a.Cut, a.RequestedGPUs, tc.sampled, tc.cut, requested)
+			}
+		})
+	}
+}
+
+// trace is a static trace of one-pod jobs j0, j1, ... of the given GPUs.
+func trace(gpus ...int) *simulate.Trace {
+	tr := &simulate.Trace{Format: simulate.FormatJobs, Source: "test"}
+	for i, g := range gpus {
+		tr.Jobs = append(tr.Jobs, simulate.Job{Name: "j" + string(rune('0'+i)), Pods: 1, GPUsPerPod: g, MilliGPU: 1000 * g})
+	}
+	return tr
+}
+
+func TestGeneratePhilly(t *testing.T) {
+	cfg := simulate.DefaultPhilly(256)
+	cfg.Jobs = 2000
+	a, err := simulate.GeneratePhilly(cfg, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := simulate.GeneratePhilly(cfg, 3)
+	if diff := cmp.Diff(a, b); diff != "" {
+		t.Fatalf("same seed, different traces:\n%s", diff)
+	}
+	multi, byGPUs := 0, map[int]int{}
+	for i, j := range a.Jobs {
+		if i > 0 && j.Arrival < a.Jobs[i-1].Arrival {
+			t.Fatalf("job %d arrives before job %d", i, i-1)
+		}
+		if j.Pods > 1 {
+			multi++
+			if j.GPUsPerPod != 8 || j.GPUs() < 16 || j.GPUs() > 64 {
+				t.Errorf("multi-node job %+v is not 2-8 pods of 8 GPUs", j)
+			}
+			continue
+		}
+		byGPUs[j.GPUsPerPod]++
+	}
+	single := float64(len(a.Jobs) - multi)
+	if f := float64(multi) / float64(len(a.Jobs)); f < 0.07 || f > 0.13 {
+		t.Errorf("multi-node fraction %.3f, want about 0.10", f)
+	}
+	for gpus, share := range map[int]float64{1: 0.70, 2: 0.10, 4: 0.15, 8: 0.05} {
+		if got := float64(byGPUs[gpus]) / single; got < share-0.04 || got > share+0.04 {
+			t.Errorf("%d-GPU jobs: share %.3f, want about %.2f", gpus, got, share)
+		}
+	}
+	if _, err := simulate.GeneratePhilly(simulate.PhillyConfig{Jobs: 0, Load: 1, ClusterGPUs: 8}, 1); err == nil {
+		t.Error("zero jobs: want an error")
+	}
+}
