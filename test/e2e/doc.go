@@ -1,0 +1,20 @@
+// Package e2e is gputopo's end-to-end suite. It starts one local Kubernetes
+// 1.37 cluster (test/cluster) with real kubelets on a fake container runtime,
+// the real gputopo kubelet plugin on each of them, and kubelet-less fake
+// nodes, then drives the driver through the API as a user would: the claim
+// templates of demo/specs, pods, node labels and the simulated GPUs' health
+// file.
+//
+// Run it with `make e2e`, or:
+//
+//	make build && cd test/e2e && GPUTOPO_BIN=$PWD/../../bin go test -count=1 -v -timeout 30m ./...
+//
+// GPUTOPO_BIN is the directory holding gputopo-kubelet-plugin (../../bin by
+// default); the Kubernetes binaries come from $GPUTOPO_K8S_BIN or
+// ~/.cache/gputopo/k8s-v1.37.1/bin (`make k8s-binaries`).
+//
+// The suite starts one cluster in a fresh directory under $TMPDIR
+// (gte2e*) and removes it when every test passed. On a failure it keeps
+// it, prints its path and the tails of the scheduler's, kubelets' and
+// plugins' logs; GPUTOPO_E2E_KEEP=1 keeps it after a pass too.
+package e2e
