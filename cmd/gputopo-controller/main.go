@@ -8,31 +8,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
-	"k8s.io/component-base/logs"
-	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/gputopo/gputopo/pkg/command"
 	"github.com/gputopo/gputopo/pkg/controller"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(); err != nil && !errors.Is(err, command.ErrHelp) {
 		fmt.Fprintf(os.Stderr, "gputopo-controller: %v\n", err)
 		os.Exit(1)
 	}
@@ -55,44 +46,19 @@ func run() error {
 	fs.DurationVar(&retry, "retry-interval", 30*time.Second, "How often groups that did not fit are planned again.")
 	fs.StringSliceVar(&nl.Leaf, "leaf-labels", nl.Leaf, "Node labels naming the leaf switch, first present wins.")
 	fs.StringSliceVar(&nl.Spine, "spine-labels", nl.Spine, "Node labels naming the spine switch, first present wins.")
-	logConfig := logsapi.NewLoggingConfiguration()
-	logsapi.AddFlags(logConfig, fs)
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
+	flush, err := command.Parse(fs, os.Args[1:], func() error { return nl.Validate() })
+	if err != nil {
 		return err
 	}
-	if err := nl.Validate(); err != nil {
-		return err
-	}
-	if err := logsapi.ValidateAndApply(logConfig, nil); err != nil {
-		return err
-	}
-	defer logs.FlushLogs()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer flush()
+	ctx, stop := command.Context()
 	defer stop()
-	ctx = klog.NewContext(ctx, klog.Background())
-
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	client, err := command.Client(kubeconfig)
 	if err != nil {
-		return fmt.Errorf("load kubeconfig %q: %w", kubeconfig, err)
+		return err
 	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("create Kubernetes client: %w", err)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if metricsAddr != "" {
-		srv := &http.Server{Addr: metricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				klog.FromContext(ctx).Error(err, "Metrics server stopped", "address", metricsAddr)
-			}
-		}()
-		defer func() { _ = srv.Close() }()
-	}
+	reg := command.Registry()
+	defer command.ServeMetrics(ctx, metricsAddr, reg)()
 	ctrl, err := controller.New(controller.Config{Client: client, Network: nl, Metrics: controller.NewMetrics(reg), RetryInterval: retry})
 	if err != nil {
 		return err

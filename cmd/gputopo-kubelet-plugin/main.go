@@ -4,31 +4,19 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/component-base/logs"
-	logsapi "k8s.io/component-base/logs/api/v1"
-	"k8s.io/klog/v2"
 
+	"github.com/gputopo/gputopo/pkg/command"
 	"github.com/gputopo/gputopo/pkg/kubeletplugin"
 	"github.com/gputopo/gputopo/pkg/slices"
 )
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(); err != nil && !errors.Is(err, command.ErrHelp) {
 		fmt.Fprintf(os.Stderr, "gputopo-kubelet-plugin: %v\n", err)
 		os.Exit(1)
 	}
@@ -36,27 +24,15 @@ func main() {
 
 func run() error {
 	opts := kubeletplugin.NewOptions()
-	logConfig := logsapi.NewLoggingConfiguration()
 	fs := pflag.NewFlagSet("gputopo-kubelet-plugin", pflag.ContinueOnError)
 	opts.AddFlags(fs)
-	logsapi.AddFlags(logConfig, fs)
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
+	flush, err := command.Parse(fs, os.Args[1:], opts.Validate)
+	if err != nil {
 		return err
 	}
-	if err := opts.Validate(); err != nil {
-		return err
-	}
-	if err := logsapi.ValidateAndApply(logConfig, nil); err != nil {
-		return err
-	}
-	defer logs.FlushLogs()
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer flush()
+	ctx, stop := command.Context()
 	defer stop()
-	ctx = klog.NewContext(ctx, klog.Background())
 
 	backend, err := opts.NewBackend()
 	if err != nil {
@@ -71,28 +47,12 @@ func run() error {
 		return kubeletplugin.PrintResourceSlices(os.Stdout, inv, slices.Node{Name: opts.NodeName, Labels: opts.NodeLabels}, opts.SliceConfig())
 	}
 
-	restConfig, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
+	client, err := command.Client(opts.Kubeconfig)
 	if err != nil {
-		return fmt.Errorf("load kubeconfig %q: %w", opts.Kubeconfig, err)
+		return err
 	}
-	client, err := kubernetes.NewForConfig(restConfig)
-	if err != nil {
-		return fmt.Errorf("create Kubernetes client: %w", err)
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := kubeletplugin.NewMetrics(reg)
-	if opts.MetricsAddress != "" {
-		srv := &http.Server{Addr: opts.MetricsAddress, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				klog.FromContext(ctx).Error(err, "Metrics server stopped", "address", opts.MetricsAddress)
-			}
-		}()
-		defer func() { _ = srv.Close() }()
-	}
-
+	reg := command.Registry()
+	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg)()
 	return kubeletplugin.Run(ctx, kubeletplugin.Config{
 		NodeName:     opts.NodeName,
 		KubeClient:   client,
@@ -101,6 +61,6 @@ func run() error {
 		CDIRoot:      opts.CDIRoot,
 		RegistrarDir: opts.RegistrarDir,
 		PluginDir:    opts.PluginDir(),
-		Metrics:      metrics,
+		Metrics:      kubeletplugin.NewMetrics(reg),
 	})
 }

@@ -154,7 +154,9 @@ func NewCluster(infos []NodeInfo, leafOrder map[string][]string) (*Cluster, erro
 		real = append(real, s)
 		c.spineByN[name] = s
 	}
-	sort.Slice(c.spines, func(a, b int) bool { return natLess(c.spines[a].leaves[0].name, c.spines[b].leaves[0].name) })
+	sort.Slice(c.spines, func(a, b int) bool {
+		return topology.NaturalLess(c.spines[a].leaves[0].name, c.spines[b].leaves[0].name)
+	})
 	c.spines = append(real, c.spines...)
 
 	for si, s := range c.spines {
@@ -287,7 +289,7 @@ func (c *Cluster) Leaves(spineName string) []string {
 
 func sortedNodes(in []*NodeInfo) []*NodeInfo {
 	out := slices.Clone(in)
-	sort.Slice(out, func(a, b int) bool { return natLess(out[a].Name, out[b].Name) })
+	sort.Slice(out, func(a, b int) bool { return topology.NaturalLess(out[a].Name, out[b].Name) })
 	return out
 }
 
@@ -296,50 +298,6 @@ func sortedNat(set map[string]bool) []string {
 	for k := range set {
 		out = append(out, k)
 	}
-	sort.Slice(out, func(a, b int) bool { return natLess(out[a], out[b]) })
+	sort.Slice(out, func(a, b int) bool { return topology.NaturalLess(out[a], out[b]) })
 	return out
-}
-
-// natLess orders names the way people number racks: digit runs compare as
-// numbers, so leaf-2 comes before leaf-10. Names equal as numbers ("a01",
-// "a1") fall back to byte order so sorting stays deterministic.
-func natLess(a, b string) bool {
-	x, y := a, b
-	for x != "" && y != "" {
-		dx, dy := digits(x), digits(y)
-		if dx > 0 && dy > 0 {
-			nx, ny := trimZeros(x[:dx]), trimZeros(y[:dy])
-			if len(nx) != len(ny) {
-				return len(nx) < len(ny)
-			}
-			if nx != ny {
-				return nx < ny
-			}
-			x, y = x[dx:], y[dy:]
-			continue
-		}
-		if x[0] != y[0] {
-			return x[0] < y[0]
-		}
-		x, y = x[1:], y[1:]
-	}
-	if len(x) != len(y) {
-		return len(x) < len(y)
-	}
-	return a < b
-}
-
-func digits(s string) int {
-	i := 0
-	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-		i++
-	}
-	return i
-}
-
-func trimZeros(s string) string {
-	for len(s) > 1 && s[0] == '0' {
-		s = s[1:]
-	}
-	return s
 }

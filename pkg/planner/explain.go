@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 // levelFailure is why no domain of one size could hold the job, and which
@@ -66,7 +68,7 @@ func (st *state) failLevel(lv level, cands []*candidate) (levelFailure, error) {
 		if x.c.free != y.c.free {
 			return x.c.free < y.c.free
 		}
-		return natLess(x.c.key, y.c.key)
+		return topology.NaturalLess(x.c.key, y.c.key)
 	})
 	room := 0
 	for _, sc := range order {

@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
+	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 // Planner plans jobs with the scheduler's allocator. It keeps nothing
@@ -279,7 +280,7 @@ func (st *state) pick(cands []*candidate, lv level) (*Plan, error) {
 		if feasible[a].free != feasible[b].free {
 			return feasible[a].free < feasible[b].free
 		}
-		return natLess(feasible[a].key, feasible[b].key)
+		return topology.NaturalLess(feasible[a].key, feasible[b].key)
 	})
 	for _, c := range feasible {
 		out, err := st.evaluate(c)

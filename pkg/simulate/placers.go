@@ -11,6 +11,7 @@ import (
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/planner"
+	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 // placer is one scheduler under test. It places every pod of a job or
@@ -189,7 +190,7 @@ func newBaseline(c *Cluster, cl *claims) *baselinePlacer {
 		b.used[i] = devicefit.Allocated{}
 		b.free[i] = n.GPUs
 	}
-	sort.SliceStable(b.order, func(x, y int) bool { return natLess(c.Nodes[b.order[x]].Name, c.Nodes[b.order[y]].Name) })
+	sort.SliceStable(b.order, func(x, y int) bool { return topology.NaturalLess(c.Nodes[b.order[x]].Name, c.Nodes[b.order[y]].Name) })
 	return b
 }
 
@@ -269,42 +270,3 @@ func (b *baselinePlacer) release(key string) {
 }
 
 func (b *baselinePlacer) usage() planner.Usage { return planner.Measure(b.snap, b.res) }
-
-// natLess orders names as people number racks: digit runs compare as
-// numbers, so n2 comes before n10.
-func natLess(a, b string) bool {
-	for a != "" && b != "" {
-		da, db := digitRun(a), digitRun(b)
-		if da > 0 && db > 0 {
-			x, y := trimZeros(a[:da]), trimZeros(b[:db])
-			if len(x) != len(y) {
-				return len(x) < len(y)
-			}
-			if x != y {
-				return x < y
-			}
-			a, b = a[da:], b[db:]
-			continue
-		}
-		if a[0] != b[0] {
-			return a[0] < b[0]
-		}
-		a, b = a[1:], b[1:]
-	}
-	return len(a) < len(b)
-}
-
-func digitRun(s string) int {
-	i := 0
-	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-		i++
-	}
-	return i
-}
-
-func trimZeros(s string) string {
-	for len(s) > 1 && s[0] == '0' {
-		s = s[1:]
-	}
-	return s
-}
