@@ -87,8 +87,8 @@ func TestDemoTopology(t *testing.T) {
 			real++
 		}
 	}
-	if len(nodes) != 8 || real != 3 || len(profiles) != 3 {
-		t.Errorf("demo topology: %d nodes, %d real, profiles %v; want 8 nodes, 3 real, 3 profiles", len(nodes), real, profiles)
+	if len(nodes) != 8 || real != 8 || len(profiles) != 3 {
+		t.Errorf("demo topology: %d nodes, %d real, profiles %v; want 8 nodes, all real, 3 profiles", len(nodes), real, profiles)
 	}
 }
 
