@@ -10,7 +10,7 @@ TOPOLOGY    ?= $(CURDIR)/test/cluster/topologies/demo-topology.yaml
 LOCALCLUSTER := $(BIN)/localcluster
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build test unit e2e lint demo demo-down bench k8s-binaries clean
+.PHONY: all build test unit e2e chart lint demo demo-down bench k8s-binaries image verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
@@ -26,9 +26,9 @@ FORCE:
 k8s-binaries: $(LOCALCLUSTER)
 	$(LOCALCLUSTER) build
 
-# Everything CI runs: formatting and vet, unit tests, then the end-to-end
-# suite on a real local cluster.
-test: lint unit e2e
+# Everything CI runs: formatting and vet, unit tests, the end-to-end suite
+# on a real local cluster, and the Helm chart rendered and installed there.
+test: lint unit e2e chart
 
 unit:
 	$(GO) test ./...
@@ -36,7 +36,23 @@ unit:
 
 e2e: build k8s-binaries
 	mkdir -p _output
-	cd test/e2e && GPUTOPO_BIN=$(BIN) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v ./... 2>&1 | tee $(CURDIR)/_output/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
+	cd test/e2e && GPUTOPO_BIN=$(BIN) $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./... 2>&1 | tee $(CURDIR)/_output/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
+
+# The Helm chart: lint and template checks, then an install into the local
+# cluster with the plugin and controller running on the chart's RBAC.
+chart: verify-chart verify-chart-cluster
+
+verify-chart:
+	hack/verify-chart.sh
+
+verify-chart-cluster: build k8s-binaries
+	hack/verify-chart-cluster.sh
+
+image:
+	hack/build-image.sh
+
+lint-dockerfile:
+	hack/lint-dockerfile.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

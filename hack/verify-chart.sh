@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Checks the Helm chart deployments/helm/gputopo without a cluster:
+#   1. its admission policies are deployments/admission/*.yaml verbatim,
+#   2. `helm lint --strict` with default, sim and per-node-sim values,
+#   3. `helm template` for several value sets; every rendered object must
+#      decode strictly into the Kubernetes 1.37 Go types (hack/chartcheck)
+#      and each case renders the expected objects,
+#   4. values the chart must refuse are refused.
+# Rendered manifests are left in _output/chart/ for inspection.
+#
+# helm comes from $HELM, else hack/install-helm.sh builds it (once; several
+# minutes cold). Needs only Go.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CHART=deployments/helm/gputopo
+OUT=_output/chart
+KUBE_VERSION="${KUBE_VERSION:-1.37.1}"
+HELM="${HELM:-$(hack/install-helm.sh)}"
+mkdir -p "$OUT"
+rm -f "$OUT"/*.yaml
+fail=0
+step() { printf '\n== %s\n' "$*"; }
+
+step "admission policies match deployments/admission"
+if diff -r deployments/admission "$CHART/files/admission"; then
+  echo "identical"
+else
+  echo "FAIL: run: cp deployments/admission/*.yaml $CHART/files/admission/"
+  fail=1
+fi
+
+step "go build hack/chartcheck"
+CHECK="$OUT/chartcheck"
+go build -o "$CHECK" ./hack/chartcheck
+
+SIM=(--set backend=sim --set sim.profile=dgx-h100)
+PER_NODE=(--set backend=sim --set-json 'sim.nodeProfiles=["dgx-h100","dgx1-v100","hgx-pcie-pairs"]')
+
+step "helm lint --strict"
+for name in default sim per-node; do
+  case "$name" in
+    default) args=() ;;
+    sim) args=("${SIM[@]}") ;;
+    per-node) args=("${PER_NODE[@]}") ;;
+  esac
+  if ! "$HELM" lint --strict --quiet --kube-version "$KUBE_VERSION" "$CHART" "${args[@]}"; then
+    echo "FAIL: helm lint ($name)"
+    fail=1
+  else
+    echo "ok: lint $name"
+  fi
+done
+
+# render NAME EXPECT ARGS...: helm template into $OUT/NAME.yaml, then check it.
+render() {
+  local name=$1 expect=$2
+  shift 2
+  if ! "$HELM" template gputopo "$CHART" --namespace gputopo --kube-version "$KUBE_VERSION" "$@" >"$OUT/$name.yaml"; then
+    echo "FAIL: helm template ($name)"
+    fail=1
+    return
+  fi
+  printf '%-12s ' "$name:"
+  if ! "$CHECK" -expect "$expect" "$OUT/$name.yaml"; then
+    echo "FAIL: rendered objects ($name)"
+    fail=1
+  fi
+}
+# must FILE PATTERN MESSAGE / mustnot FILE PATTERN MESSAGE: grep assertions.
+must() { grep -Eq -- "$2" "$OUT/$1.yaml" || { echo "FAIL: $1: $3"; fail=1; }; }
+mustnot() { ! grep -Eq -- "$2" "$OUT/$1.yaml" || { echo "FAIL: $1: $3"; fail=1; }; }
+
+step "helm template (Kubernetes $KUBE_VERSION) + strict decoding"
+BASE="ServiceAccount=2,ClusterRole=2,ClusterRoleBinding=2,Role=1,RoleBinding=1,Deployment=1,PodDisruptionBudget=1,Service=2,DeviceClass=1"
+POLICIES="ValidatingAdmissionPolicy=2,ValidatingAdmissionPolicyBinding=2,MutatingAdmissionPolicy=1,MutatingAdmissionPolicyBinding=1"
+render default "$BASE,$POLICIES,DaemonSet=1,ServiceMonitor=0"
+must default 'privileged: true' "nvml plugin must run privileged"
+must default 'path: /dev$' "nvml plugin must mount /dev"
+must default -- '--nvml-library-path=/driver-root/usr/lib/' "nvml plugin must get the library path"
+must default 'leader-elect=true' "controller must use leader election"
+mustnot default 'extendedResourceName' "extendedResourceName must be off by default"
+
+render sim "$BASE,$POLICIES,DaemonSet=1" "${SIM[@]}"
+must sim -- '--profile=dgx-h100' "sim plugin must get --profile"
+mustnot sim 'privileged: true' "sim plugin must not run privileged"
+mustnot sim 'path: /dev$' "sim plugin must not mount /dev"
+
+render per-node "$BASE,$POLICIES,DaemonSet=3" "${PER_NODE[@]}"
+must per-node 'gputopo.dev/profile: dgx1-v100' "per-node DaemonSet must select nodes by gputopo.dev/profile"
+must per-node -- '--profile=hgx-pcie-pairs' "per-node DaemonSet must pass its profile"
+
+render everything "$BASE,$POLICIES,DaemonSet=1,ServiceMonitor=1" \
+  --set metrics.serviceMonitor.enabled=true --set deviceClass.extendedResource.enabled=true \
+  --set-json 'topology.leafLabels=["example.com/leaf"]' --set topology.tierLabelPrefix= \
+  --set kubeletPlugin.numaNodeList=true --set nvml.driverRoot=/run/nvidia/driver
+must everything 'extendedResourceName: gputopo.dev/gpu' "extendedResourceName toggle"
+must everything -- '--leaf-labels=example.com/leaf' "leaf labels must reach the plugin and controller"
+must everything -- '--tier-label-prefix=$' "an empty tier prefix must be passed through"
+must everything 'path: /run/nvidia/driver' "driverRoot must be mounted"
+
+render minimal "ServiceAccount=1,ClusterRole=1,ClusterRoleBinding=1,Deployment=1,Service=1,DaemonSet=0,DeviceClass=0,ValidatingAdmissionPolicy=0,MutatingAdmissionPolicy=0,PodDisruptionBudget=0,Role=0" \
+  --set kubeletPlugin.enabled=false --set deviceClass.create=false \
+  --set admission.placementValidation.enabled=false --set admission.schedulingGate.enabled=false \
+  --set controller.replicas=1 --set controller.leaderElection=false
+mustnot minimal 'leader-elect=true' "leader election off"
+
+step "values the chart must refuse"
+refuse() {
+  local why=$1
+  shift
+  if "$HELM" template gputopo "$CHART" --kube-version "$KUBE_VERSION" "$@" >/dev/null 2>"$OUT/refused.err"; then
+    echo "FAIL: accepted: $why"
+    fail=1
+  else
+    echo "ok: refused: $why: $(grep -m1 -E "chart requires|at '/|Error: [^v]" "$OUT/refused.err" | sed 's/^[ -]*//' | cut -c1-110)"
+  fi
+}
+refuse "sim without a profile" --set backend=sim
+refuse "sim with profile and nodeProfiles" --set backend=sim --set sim.profile=dgx-h100 --set-json 'sim.nodeProfiles=["pcie-only"]'
+refuse "unknown backend" --set backend=cuda
+refuse "two replicas without leader election" --set controller.leaderElection=false
+refuse "a misspelt value" --set kubeletPlugin.nodeSelecter.a=b
+refuse "Kubernetes older than 1.34" --kube-version 1.33.0
+
+if [ "$fail" -ne 0 ]; then
+  printf '\nverify-chart: FAILED\n'
+  exit 1
+fi
+printf '\nverify-chart: OK (manifests in %s)\n' "$OUT"
