@@ -35,6 +35,8 @@ func run() error {
 		kubeconfig, metricsAddr, leaseNS, identity string
 		leaderElect                                bool
 		retry                                      time.Duration
+		qps                                        float32
+		burst                                      int
 	)
 	host, _ := os.Hostname()
 	fs := pflag.NewFlagSet("gputopo-controller", pflag.ContinueOnError)
@@ -44,6 +46,8 @@ func run() error {
 	fs.StringVar(&leaseNS, "leader-election-namespace", envOr("POD_NAMESPACE", "kube-system"), "Namespace of the leader Lease.")
 	fs.StringVar(&identity, "leader-election-identity", envOr("POD_NAME", host), "This replica's name in the Lease.")
 	fs.DurationVar(&retry, "retry-interval", 30*time.Second, "How often groups that did not fit are planned again.")
+	fs.Float32Var(&qps, "kube-api-qps", 50, "Requests per second to the API server; placing a pod costs about two.")
+	fs.IntVar(&burst, "kube-api-burst", 100, "Burst of requests to the API server, so a large group is pinned and released at once.")
 	fs.StringSliceVar(&nl.Leaf, "leaf-labels", nl.Leaf, "Node labels naming the leaf switch, first present wins.")
 	fs.StringSliceVar(&nl.Spine, "spine-labels", nl.Spine, "Node labels naming the spine switch, first present wins.")
 	flush, err := command.Parse(fs, os.Args[1:], func() error { return nl.Validate() })
@@ -53,7 +57,7 @@ func run() error {
 	defer flush()
 	ctx, stop := command.Context()
 	defer stop()
-	client, err := command.Client(kubeconfig)
+	client, err := command.Client(kubeconfig, qps, burst)
 	if err != nil {
 		return err
 	}

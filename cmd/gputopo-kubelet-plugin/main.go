@@ -47,7 +47,7 @@ func run() error {
 		return kubeletplugin.PrintResourceSlices(os.Stdout, inv, slices.Node{Name: opts.NodeName, Labels: opts.NodeLabels}, opts.SliceConfig())
 	}
 
-	client, err := command.Client(opts.Kubeconfig)
+	client, err := command.Client(opts.Kubeconfig, 0, 0)
 	if err != nil {
 		return err
 	}

@@ -52,12 +52,14 @@ func Context() (context.Context, context.CancelFunc) {
 }
 
 // Client builds a clientset from a kubeconfig file, or from the in-cluster
-// configuration when the path is empty.
-func Client(kubeconfig string) (kubernetes.Interface, error) {
+// configuration when the path is empty. qps and burst limit requests to the
+// API server; zero keeps client-go's defaults (5 and 10).
+func Client(kubeconfig string, qps float32, burst int) (kubernetes.Interface, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("load kubeconfig %q: %w", kubeconfig, err)
 	}
+	cfg.QPS, cfg.Burst = qps, burst
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create Kubernetes client: %w", err)

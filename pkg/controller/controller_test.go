@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
@@ -22,6 +23,7 @@ import (
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 	specs "github.com/gputopo/gputopo/demo/specs"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
+	"github.com/gputopo/gputopo/pkg/planner"
 	"github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -356,5 +358,35 @@ func TestBadAnnotationIsReported(t *testing.T) {
 	p := h.pod("j-0")
 	if !hasGate(p) || p.Annotations[placement.AnnotationStatus] == "" {
 		t.Errorf("bad annotation: gated=%v status=%q", hasGate(p), p.Annotations[placement.AnnotationStatus])
+	}
+}
+
+func TestInflightReservationOfDeletedPodsIsDropped(t *testing.T) {
+	h := newHarness(t)
+	h.c.inflight["default/job/gone"] = planner.Reservation{
+		Job: "default/job/gone", Pods: map[string]string{"gone-0": "n0"},
+		Devices: map[string][]structured.DeviceID{"n0": {structured.MakeDeviceID(topology.DriverName, "n0", "gpu-0")}},
+	}
+	res, err := h.c.reservations(h.ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if jobs := res.Jobs(); len(jobs) != 0 {
+		t.Errorf("reservations of vanished pods still held: %v", jobs)
+	}
+	if _, ok := h.c.inflight["default/job/gone"]; ok {
+		t.Error("in-flight entry not dropped")
+	}
+}
+
+func TestPodsOfDeletedJobAreNotPlanned(t *testing.T) {
+	// The Job is gone; its pods are being deleted one by one and must not
+	// be planned as a smaller group.
+	h := newHarness(t, jobPod("j", 0, "gpu-8-node", nil), jobPod("j", 1, "gpu-8-node", nil))
+	h.sync("default/job/j", 2)
+	for _, name := range []string{"j-0", "j-1"} {
+		if p := h.pod(name); !hasGate(p) || pinnedNode(p) != "" {
+			t.Errorf("%s of a deleted Job was placed", name)
+		}
 	}
 }

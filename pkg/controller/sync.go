@@ -45,6 +45,9 @@ type group struct {
 	pinned  []*v1.Pod // gated and pinned by an earlier sync
 	placed  []*v1.Pod // ungated: bound or on their way
 	subject runtime.Object
+	// gone is set when the group's Job is deleted: its remaining pods are
+	// on their way out and must not be planned as a smaller group.
+	gone bool
 }
 
 func (c *Controller) loadGroup(key string) (*group, error) {
@@ -77,11 +80,14 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 	switch kind {
 	case "job":
 		job, err := c.jobs.Jobs(ns).Get(name)
-		if apierrors.IsNotFound(err) {
-			g.size = len(all)
-		} else if err != nil {
+		switch {
+		case apierrors.IsNotFound(err):
+			g.gone = true
+		case err != nil:
 			return nil, err
-		} else {
+		case job.DeletionTimestamp != nil:
+			g.gone = true
+		default:
 			g.size, g.subject = jobSize(job), job
 		}
 	case "group":
@@ -104,8 +110,11 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	if len(g.gated) == 0 && len(g.pinned) == 0 {
+	if g.gone || (len(g.gated) == 0 && len(g.pinned) == 0) {
 		c.setPending(key, false)
+		c.mu.Lock()
+		delete(c.inflight, key)
+		c.mu.Unlock()
 		return nil
 	}
 	first := append(slices.Clone(g.gated), g.pinned...)[0]
@@ -201,6 +210,16 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		node := plan.Assignments[p.Name]
 		np, err := c.pin(ctx, p, node, domain, devicesOf(plan.Allocations[p.Name]))
 		if err != nil {
+			// Pods pinned so far keep their annotations, which hold their
+			// devices; the next sync finishes or re-plans the group.
+			c.mu.Lock()
+			delete(c.inflight, key)
+			c.mu.Unlock()
+			if apierrors.IsNotFound(err) {
+				logger.Info("Pod vanished while the group was being placed; planning again", "pod", p.Name)
+				c.queue.Add(key)
+				return nil
+			}
 			return fmt.Errorf("pin pod %s to %s: %w", p.Name, node, err)
 		}
 		pinned = append(pinned, np)
@@ -258,11 +277,18 @@ func (c *Controller) setStatus(ctx context.Context, pods []*v1.Pod, msg string) 
 // allows while the pod is gated, and records the plan on the pod.
 func (c *Controller) pin(ctx context.Context, p *v1.Pod, node, domain string, devices []structured.DeviceID) (*v1.Pod, error) {
 	var out *v1.Pod
+	np := p.DeepCopy()
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		np, err := c.cfg.Client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
+		// The informer's copy is usually current: one request per pod.
+		// After a conflict, read the pod again.
+		if np == nil {
+			fresh, err := c.cfg.Client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			np = fresh
 		}
+		defer func() { np = nil }()
 		if np.UID != p.UID || !hasGate(np) {
 			return fmt.Errorf("pod %s changed while being placed", p.Name)
 		}
@@ -271,7 +297,8 @@ func (c *Controller) pin(ctx context.Context, p *v1.Pod, node, domain string, de
 		np.Annotations[placement.AnnotationDomain] = domain
 		np.Annotations[AnnotationDevices] = encodeDevices(devices)
 		delete(np.Annotations, placement.AnnotationStatus)
-		out, err = c.cfg.Client.CoreV1().Pods(np.Namespace).Update(ctx, np, metav1.UpdateOptions{})
+		updated, err := c.cfg.Client.CoreV1().Pods(np.Namespace).Update(ctx, np, metav1.UpdateOptions{})
+		out = updated
 		return err
 	})
 	return out, err
@@ -304,7 +331,7 @@ var ungatePatch = []byte(`{"spec":{"schedulingGates":[{"$patch":"delete","name":
 // ungate removes the gputopo gate from pods that are already pinned.
 func (c *Controller) ungate(ctx context.Context, pods []*v1.Pod) error {
 	for _, p := range pods {
-		if _, err := c.cfg.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, ungatePatch, metav1.PatchOptions{}); err != nil {
+		if _, err := c.cfg.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, ungatePatch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("remove scheduling gate of pod %s: %w", p.Name, err)
 		}
 	}
@@ -371,14 +398,23 @@ func (c *Controller) reservations(ctx context.Context, except string) (*planner.
 		return nil, err
 	}
 	byJob := map[string]*planner.Reservation{}
-	seen := map[string]bool{}
+	// settled: the informer shows the pod's reserved devices, or shows the
+	// pod finished; a pod it does not show at all is gone.
+	settled, present := map[string]bool{}, map[string]bool{}
 	for _, p := range pods {
 		devs := p.Annotations[AnnotationDevices]
 		key, ok := groupKey(p)
-		if !ok || devs == "" {
+		if !ok {
 			continue
 		}
-		seen[key+"|"+p.Name] = true
+		present[key+"|"+p.Name] = true
+		if devs == "" && active(p) {
+			continue
+		}
+		settled[key+"|"+p.Name] = true
+		if devs == "" {
+			continue
+		}
 		if !active(p) || key == except || c.claimsAllocated(p) {
 			continue
 		}
@@ -393,11 +429,12 @@ func (c *Controller) reservations(ctx context.Context, except string) (*planner.
 	}
 	c.mu.Lock()
 	for job, r := range c.inflight {
-		visible := true
+		done := true
 		for pod := range r.Pods {
-			visible = visible && seen[job+"|"+pod]
+			id := job + "|" + pod
+			done = done && (settled[id] || !present[id])
 		}
-		if visible {
+		if done {
 			delete(c.inflight, job)
 			continue
 		}

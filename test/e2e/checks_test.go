@@ -19,6 +19,7 @@ import (
 
 	"github.com/gputopo/gputopo/pkg/topology"
 	cluster "github.com/gputopo/gputopo/test/cluster"
+	"github.com/gputopo/gputopo/test/e2e/framework"
 )
 
 // profileShape is what a simulated profile must publish: how many GPUs and
@@ -203,7 +204,7 @@ var quantities = cmp.Comparer(func(a, b resource.Quantity) bool { return a.Cmp(b
 // waitLeaf waits until every device of the node publishes leaf and spine.
 func waitLeaf(t *testing.T, node, leaf, spine string) {
 	t.Helper()
-	eventually(t, waitLong, fmt.Sprintf("the slices of %s to say leaf=%s", node, leaf), func() (bool, string) {
+	framework.Eventually(t, waitLong, fmt.Sprintf("the slices of %s to say leaf=%s", node, leaf), func() (bool, string) {
 		slices, err := nodeSlices(context.Background(), node)
 		if err != nil || len(slices) == 0 {
 			return false, fmt.Sprintf("slices: %d, %v", len(slices), err)
@@ -221,7 +222,7 @@ func waitLeaf(t *testing.T, node, leaf, spine string) {
 // taint (NoSchedule, value = reason) and no other device has a taint.
 func waitTaints(t *testing.T, node string, want map[string]string) {
 	t.Helper()
-	eventually(t, waitLong, fmt.Sprintf("devices of %s to be tainted exactly %v", node, want), func() (bool, string) {
+	framework.Eventually(t, waitLong, fmt.Sprintf("devices of %s to be tainted exactly %v", node, want), func() (bool, string) {
 		slices, err := nodeSlices(context.Background(), node)
 		if err != nil || len(slices) == 0 {
 			return false, fmt.Sprintf("slices: %d, %v", len(slices), err)

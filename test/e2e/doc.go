@@ -1,20 +1,27 @@
-// Package e2e is gputopo's end-to-end suite. It starts one local Kubernetes
-// 1.37 cluster (test/cluster) with real kubelets on a fake container runtime,
-// the real gputopo kubelet plugin on each of them, and kubelet-less fake
-// nodes, then drives the driver through the API as a user would: the claim
-// templates of demo/specs, pods, node labels and the simulated GPUs' health
-// file.
+// Package e2e is gputopo's end-to-end suite of the kubelet plugin. It
+// starts one local Kubernetes 1.37 cluster (test/cluster) with real kubelets
+// on a fake container runtime, the real gputopo kubelet plugin on each of
+// them, and kubelet-less fake nodes, then drives the driver through the API
+// as a user would: the claim templates of demo/specs, pods, node labels and
+// the simulated GPUs' health file.
 //
 // Run it with `make e2e`, or:
 //
-//	make build && cd test/e2e && GPUTOPO_BIN=$PWD/../../bin go test -count=1 -v -timeout 30m ./...
+//	make build && cd test/e2e && GPUTOPO_BIN=$PWD/../../bin go test -count=1 -v -timeout 30m -p 1 ./...
 //
-// GPUTOPO_BIN is the directory holding gputopo-kubelet-plugin (../../bin by
-// default); the Kubernetes binaries come from $GPUTOPO_K8S_BIN or
-// ~/.cache/gputopo/k8s-v1.37.1/bin (`make k8s-binaries`).
+// GPUTOPO_BIN is the directory holding gputopo-kubelet-plugin and
+// gputopo-controller (the repository's bin/ by default); the Kubernetes
+// binaries come from $GPUTOPO_K8S_BIN or ~/.cache/gputopo/k8s-v1.37.1/bin
+// (`make k8s-binaries`).
 //
 // The suite starts one cluster in a fresh directory under $TMPDIR
 // (gte2e*) and removes it when every test passed. On a failure it keeps
 // it, prints its path and the tails of the scheduler's, kubelets' and
 // plugins' logs; GPUTOPO_E2E_KEEP=1 keeps it after a pass too.
+//
+// The controller's suite is test/e2e/placement, with its own cluster of 32
+// nodes; what both share (starting the cluster, polling, the plugin's state
+// on a node) is in test/e2e/framework. `go test ./...` runs both; a lock
+// file ($TMPDIR/gputopo-e2e.lock) makes the second wait for the first
+// cluster to stop, and `make e2e` runs the packages one at a time (-p 1).
 package e2e

@@ -22,6 +22,7 @@ import (
 
 	"github.com/gputopo/gputopo/pkg/checkpoint"
 	"github.com/gputopo/gputopo/pkg/topology"
+	"github.com/gputopo/gputopo/test/e2e/framework"
 )
 
 // TestSlicesPublished checks every node's ResourceSlices as the API serves
@@ -120,7 +121,7 @@ func TestContiguousClaims(t *testing.T) {
 			// It stays that way.
 			time.Sleep(3 * time.Second)
 			if p := getPod(t, "contig-pending"); p.Spec.NodeName != "" || p.Status.Phase != corev1.PodPending {
-				t.Errorf("pod later: %s", podState(p))
+				t.Errorf("pod later: %s", framework.PodState(p))
 			}
 			if c, err := podClaim(getPod(t, "contig-pending")); err != nil {
 				t.Error(err)
@@ -166,7 +167,7 @@ func TestUnprepare(t *testing.T) {
 	uid := string(p.claim.UID)
 
 	deletePod(t, "unprepare") // grace period 0; waits for the claim to go
-	eventually(t, waitLong, "the CDI spec and checkpoint entry of claim "+uid+" to go", func() (bool, string) {
+	framework.Eventually(t, waitLong, "the CDI spec and checkpoint entry of claim "+uid+" to go", func() (bool, string) {
 		_, err := os.Stat(p.specPath)
 		if !errors.Is(err, os.ErrNotExist) {
 			return false, "CDI spec " + p.specPath + " still exists"
@@ -239,12 +240,12 @@ func TestPluginCrashRestart(t *testing.T) {
 		t.Errorf("CDI spec %s changed across the crash:\n%s", old.specPath, cmp.Diff(string(specBefore), string(spec)))
 	}
 	if p := getPod(t, "crash-old"); p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].RestartCount != 0 {
-		t.Errorf("pod crash-old after the crash: %s", podState(p))
+		t.Errorf("pod crash-old after the crash: %s", framework.PodState(p))
 	}
 
 	// The restarted plugin republishes the same devices.
 	want := sliceContent(slicesBefore)
-	eventually(t, waitLong, "the restarted plugin to republish the slices of "+n, func() (bool, string) {
+	framework.Eventually(t, waitLong, "the restarted plugin to republish the slices of "+n, func() (bool, string) {
 		now, err := nodeSlices(context.Background(), n)
 		if err != nil {
 			return false, err.Error()

@@ -3,10 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -26,13 +23,13 @@ import (
 	"github.com/gputopo/gputopo/pkg/checkpoint"
 	"github.com/gputopo/gputopo/pkg/topology"
 	cluster "github.com/gputopo/gputopo/test/cluster"
+	"github.com/gputopo/gputopo/test/e2e/framework"
 )
 
 // Timeouts: the machine is slow and the kubelet polls, so waits are generous.
 const (
 	waitShort = 60 * time.Second
 	waitLong  = 90 * time.Second
-	pollEvery = 250 * time.Millisecond
 )
 
 // cdiKind is the CDI kind of gputopo's devices: gputopo.dev/gpu=<claimUID>-gpu-N.
@@ -44,25 +41,6 @@ func ctxFor(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// eventually polls cond until it reports done or timeout passes, then fails
-// the test with what cond said last. cond may fail the test itself.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (done bool, state string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var state string
-	for {
-		var done bool
-		done, state = cond()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last state: %s", timeout, what, state)
-		}
-		time.Sleep(pollEvery)
-	}
 }
 
 // node returns the first node of the suite's topology with profile, real
@@ -93,7 +71,7 @@ func dumpOnFailure(t *testing.T, nodes ...string) {
 			}
 		}
 		for _, p := range procs {
-			t.Logf("----- %s (tail) -----\n%s", lc.LogPath(p), tail(lc.LogPath(p), 30))
+			t.Logf("----- %s (tail) -----\n%s", lc.LogPath(p), framework.Tail(lc.LogPath(p), 30))
 		}
 	})
 }
@@ -142,13 +120,13 @@ func getPod(t *testing.T, name string) *corev1.Pod {
 func waitRunning(t *testing.T, name string) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
-	eventually(t, waitLong, "pod "+name+" to be Running", func() (bool, string) {
+	framework.Eventually(t, waitLong, "pod "+name+" to be Running", func() (bool, string) {
 		p, err := client.CoreV1().Pods(namespace).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		pod = p
-		return p.Status.Phase == corev1.PodRunning, podState(p)
+		return p.Status.Phase == corev1.PodRunning, framework.PodState(p)
 	})
 	return pod
 }
@@ -158,13 +136,13 @@ func waitRunning(t *testing.T, name string) *corev1.Pod {
 func waitAllocated(t *testing.T, name, node string) *resourcev1.ResourceClaim {
 	t.Helper()
 	var claim *resourcev1.ResourceClaim
-	eventually(t, waitLong, "pod "+name+" to be bound with its claim allocated", func() (bool, string) {
+	framework.Eventually(t, waitLong, "pod "+name+" to be bound with its claim allocated", func() (bool, string) {
 		p, err := client.CoreV1().Pods(namespace).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		if p.Spec.NodeName == "" {
-			return false, podState(p)
+			return false, framework.PodState(p)
 		}
 		if p.Spec.NodeName != node {
 			t.Fatalf("pod %s is bound to %s, want %s", name, p.Spec.NodeName, node)
@@ -181,12 +159,7 @@ func waitAllocated(t *testing.T, name, node string) *resourcev1.ResourceClaim {
 
 // podClaim returns the claim generated for the pod's one resource claim.
 func podClaim(p *corev1.Pod) (*resourcev1.ResourceClaim, error) {
-	for _, s := range p.Status.ResourceClaimStatuses {
-		if s.Name == "gpus" && s.ResourceClaimName != nil {
-			return client.ResourceV1().ResourceClaims(namespace).Get(context.Background(), *s.ResourceClaimName, metav1.GetOptions{})
-		}
-	}
-	return nil, fmt.Errorf("pod %s has no generated claim yet", p.Name)
+	return framework.PodClaim(context.Background(), client, p, "gpus")
 }
 
 // waitUnschedulable waits until the scheduler has declared the pod
@@ -194,7 +167,7 @@ func podClaim(p *corev1.Pod) (*resourcev1.ResourceClaim, error) {
 // event, and returns both messages.
 func waitUnschedulable(t *testing.T, name string) (condition, event string) {
 	t.Helper()
-	eventually(t, waitLong, "pod "+name+" to be reported unschedulable", func() (bool, string) {
+	framework.Eventually(t, waitLong, "pod "+name+" to be reported unschedulable", func() (bool, string) {
 		p, err := client.CoreV1().Pods(namespace).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
@@ -209,7 +182,7 @@ func waitUnschedulable(t *testing.T, name string) (condition, event string) {
 			}
 		}
 		if condition == "" {
-			return false, podState(p)
+			return false, framework.PodState(p)
 		}
 		events, err := client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{
 			FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": name, "involvedObject.uid": string(p.UID), "reason": "FailedScheduling"}.String(),
@@ -224,21 +197,6 @@ func waitUnschedulable(t *testing.T, name string) (condition, event string) {
 		return true, ""
 	})
 	return condition, event
-}
-
-func podState(p *corev1.Pod) string {
-	s := fmt.Sprintf("phase=%s node=%q", p.Status.Phase, p.Spec.NodeName)
-	for _, c := range p.Status.Conditions {
-		if c.Status != corev1.ConditionTrue {
-			s += fmt.Sprintf("; %s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message)
-		}
-	}
-	for _, cs := range p.Status.ContainerStatuses {
-		if w := cs.State.Waiting; w != nil {
-			s += fmt.Sprintf("; container %s waiting: %s %s", cs.Name, w.Reason, w.Message)
-		}
-	}
-	return s
 }
 
 // deletePod deletes a pod with grace period 0 (pods on fake nodes would
@@ -264,14 +222,14 @@ func deletePod(t *testing.T, name string) {
 		t.Errorf("delete pod %s: %v", name, err)
 		return
 	}
-	eventually(t, waitLong, "pod "+name+" to be deleted", func() (bool, string) {
+	framework.Eventually(t, waitLong, "pod "+name+" to be deleted", func() (bool, string) {
 		_, err := client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), fmt.Sprintf("get: %v", err)
 	})
 	if claim == nil {
 		return
 	}
-	eventually(t, waitLong, "claim "+claim.Name+" of deleted pod "+name+" to be deleted", func() (bool, string) {
+	framework.Eventually(t, waitLong, "claim "+claim.Name+" of deleted pod "+name+" to be deleted", func() (bool, string) {
 		c, err := client.ResourceV1().ResourceClaims(namespace).Get(ctx, claim.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || (err == nil && c.UID != claim.UID) {
 			return true, ""
@@ -287,26 +245,12 @@ func deletePod(t *testing.T, name string) {
 // checkpoint entry and no CDI spec mentions it.
 func waitUnprepared(t *testing.T, node, claimUID string) {
 	t.Helper()
-	eventually(t, waitLong, "claim "+claimUID+" to be unprepared on "+node, func() (bool, string) {
-		cp := loadCheckpoint(t, node)
-		if c, ok := cp.Claims[claimUID]; ok {
-			return false, fmt.Sprintf("checkpoint still has the claim in state %s", c.State)
-		}
-		if path, _, err := findCDISpec(node, claimUID); err == nil || !errors.Is(err, os.ErrNotExist) {
-			return false, fmt.Sprintf("CDI spec %s still there (%v)", path, err)
-		}
-		return true, ""
+	framework.Eventually(t, waitLong, "claim "+claimUID+" to be unprepared on "+node, func() (bool, string) {
+		return framework.Unprepared(lc, node, claimUID)
 	})
 }
 
-func isReal(node string) bool {
-	for _, n := range lc.Nodes() {
-		if n.Name == node {
-			return n.Real
-		}
-	}
-	return false
-}
+func isReal(node string) bool { return suite.IsReal(node) }
 
 // allocatedDevices returns the device names allocated to a claim, sorted
 // by index, after checking that they are all gputopo devices of node.
@@ -446,59 +390,18 @@ func uuidsOf(t *testing.T, devices map[string]resourcev1.Device, names []string)
 
 // ---- plugin state on a real node ----
 
-func checkpointPath(node string) string {
-	_, dir := lc.PluginDirs(node)
-	return filepath.Join(dir, "checkpoint.json")
-}
-
 func loadCheckpoint(t *testing.T, node string) *checkpoint.Checkpoint {
 	t.Helper()
-	cp, err := checkpoint.NewStore(checkpointPath(node)).Load()
+	cp, err := framework.LoadCheckpoint(lc, node)
 	if err != nil {
-		t.Fatalf("load checkpoint of %s: %v", node, err)
+		t.Fatal(err)
 	}
 	return cp
 }
 
-// findCDISpec finds the CDI spec file in the node's CDI directory that
-// defines devices of a claim (named <claimUID>-...). It fails with an error
-// wrapping os.ErrNotExist when there is none.
+// findCDISpec finds the CDI spec of a claim on a real node.
 func findCDISpec(node, claimUID string) (string, *cdispec.Spec, error) {
-	cdiDir, _ := lc.PluginDirs(node)
-	files, err := os.ReadDir(cdiDir)
-	if err != nil {
-		return "", nil, err
-	}
-	var found []string
-	var spec *cdispec.Spec
-	for _, f := range files {
-		if f.IsDir() || !(strings.HasSuffix(f.Name(), ".json") || strings.HasSuffix(f.Name(), ".yaml")) {
-			continue
-		}
-		path := filepath.Join(cdiDir, f.Name())
-		data, err := os.ReadFile(path)
-		if errors.Is(err, os.ErrNotExist) {
-			continue // removed meanwhile
-		}
-		if err != nil {
-			return "", nil, err
-		}
-		var s cdispec.Spec
-		if err := json.Unmarshal(data, &s); err != nil {
-			return path, nil, fmt.Errorf("decode CDI spec %s: %w", path, err)
-		}
-		if slices.ContainsFunc(s.Devices, func(d cdispec.Device) bool { return strings.HasPrefix(d.Name, claimUID+"-") }) {
-			found = append(found, path)
-			spec = &s
-		}
-	}
-	switch len(found) {
-	case 0:
-		return "", nil, fmt.Errorf("no CDI spec in %s for claim %s: %w", cdiDir, claimUID, os.ErrNotExist)
-	case 1:
-		return found[0], spec, nil
-	}
-	return "", nil, fmt.Errorf("claim %s has %d CDI specs: %v", claimUID, len(found), found)
+	return framework.FindCDISpec(lc, node, claimUID)
 }
 
 // envOf returns the value of a variable in a list of KEY=VALUE and how
