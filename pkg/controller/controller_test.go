@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"testing"
 	"time"
 
@@ -18,7 +17,6 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/yaml"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 	specs "github.com/gputopo/gputopo/demo/specs"
@@ -52,25 +50,18 @@ func testObjects(t *testing.T) []any {
 			objs = append(objs, s)
 		}
 	}
-	for _, f := range []string{"deviceclass.yaml", "claims/gpu-8-node.yaml", "claims/gpu-4-nvlink.yaml"} {
-		data, err := fs.ReadFile(specs.FS, f)
+	dc, err := specs.DeviceClass()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs = append(objs, dc)
+	for _, name := range []string{"gpu-8-node", "gpu-4-nvlink"} {
+		tmpl, err := specs.ClaimTemplate(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f == "deviceclass.yaml" {
-			var dc resourceapi.DeviceClass
-			if err := yaml.Unmarshal(data, &dc); err != nil {
-				t.Fatal(err)
-			}
-			objs = append(objs, &dc)
-			continue
-		}
-		var tmpl resourceapi.ResourceClaimTemplate
-		if err := yaml.Unmarshal(data, &tmpl); err != nil {
-			t.Fatal(err)
-		}
 		tmpl.Namespace = "default"
-		objs = append(objs, &tmpl)
+		objs = append(objs, tmpl)
 	}
 	return objs
 }

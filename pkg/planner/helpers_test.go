@@ -2,13 +2,11 @@ package planner_test
 
 import (
 	"fmt"
-	"io/fs"
 	"sync"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/structured"
-	"sigs.k8s.io/yaml"
 
 	specs "github.com/gputopo/gputopo/demo/specs"
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -21,15 +19,11 @@ import (
 // loadSpec decodes a demo manifest, the same file users apply.
 func loadSpec[T any](t testing.TB, name string) *T {
 	t.Helper()
-	data, err := fs.ReadFile(specs.FS, name)
+	obj, err := specs.Load[T](name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var obj T
-	if err := yaml.UnmarshalStrict(data, &obj); err != nil {
-		t.Fatalf("decode %s: %v", name, err)
-	}
-	return &obj
+	return obj
 }
 
 func newPlanner(t testing.TB) *planner.Planner {

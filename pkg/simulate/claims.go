@@ -2,10 +2,8 @@ package simulate
 
 import (
 	"fmt"
-	"io/fs"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"sigs.k8s.io/yaml"
 
 	specs "github.com/gputopo/gputopo/demo/specs"
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -21,14 +19,12 @@ type claims struct {
 
 func loadClaims() (*claims, error) {
 	var c claims
-	for file, obj := range map[string]any{"deviceclass.yaml": &c.class, "claims/gpu-1.yaml": &c.tmpl} {
-		data, err := fs.ReadFile(specs.FS, file)
-		if err != nil {
-			return nil, fmt.Errorf("read demo spec %s: %w", file, err)
-		}
-		if err := yaml.UnmarshalStrict(data, obj); err != nil {
-			return nil, fmt.Errorf("decode demo spec %s: %w", file, err)
-		}
+	var err error
+	if c.class, err = specs.DeviceClass(); err != nil {
+		return nil, err
+	}
+	if c.tmpl, err = specs.ClaimTemplate("gpu-1"); err != nil {
+		return nil, err
 	}
 	if len(c.tmpl.Spec.Spec.Devices.Requests) != 1 || c.tmpl.Spec.Spec.Devices.Requests[0].Exactly == nil {
 		return nil, fmt.Errorf("demo claim template gpu-1 must have exactly one request of an exact count")

@@ -3,7 +3,6 @@ package slices_test
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"sort"
 	"strings"
 	"testing"
@@ -12,7 +11,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
 	specs "github.com/gputopo/gputopo/demo/specs"
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -24,15 +22,11 @@ import (
 // loadSpec decodes a demo manifest, the same file users apply.
 func loadSpec[T any](t testing.TB, name string) *T {
 	t.Helper()
-	data, err := fs.ReadFile(specs.FS, name)
+	obj, err := specs.Load[T](name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var obj T
-	if err := yaml.UnmarshalStrict(data, &obj); err != nil {
-		t.Fatalf("decode %s: %v", name, err)
-	}
-	return &obj
+	return obj
 }
 
 type fixture struct {
