@@ -174,6 +174,31 @@ can "$PA" no update nodes
 can "$PA" no list pods -A
 can "$PA" no list secrets -A
 
+step "the installed DaemonSet and Deployment run the binaries as built here"
+# The chart's pod specs must stay in step with the binaries: every arg must
+# parse, and every directory the plugin is pointed at must be mounted.
+mapfile -t ds_args < <(kubectl -n "$NS" get daemonsets -o jsonpath='{range .items[0].spec.template.spec.containers[0].args[*]}{@}{"\n"}{end}')
+mapfile -t ds_mounts < <(kubectl -n "$NS" get daemonsets -o jsonpath='{range .items[0].spec.template.spec.containers[0].volumeMounts[*]}{.mountPath}{"\n"}{end}')
+if NODE_NAME="$NODE_A" "$WORK/bin/gputopo-kubelet-plugin" "${ds_args[@]}" --print-resource-slices >/dev/null 2>"$WORK/ds-args.err"; then
+  ok "the plugin accepts the DaemonSet's args: ${ds_args[*]}"
+else
+  bad "the plugin rejects the DaemonSet's args: $(cat "$WORK/ds-args.err")"
+fi
+for arg in "${ds_args[@]}"; do
+  case "$arg" in
+  --kubelet-registrar-directory-path=* | --cdi-root=*) dir=${arg#*=} ;;
+  --kubelet-plugins-directory-path=*) dir=${arg#*=}/gpu.gputopo.dev ;;
+  *) continue ;;
+  esac
+  if printf '%s\n' "${ds_mounts[@]}" | grep -qxF "$dir"; then ok "$dir is mounted from the host"; else bad "$dir is used by the plugin but not mounted (mounts: ${ds_mounts[*]})"; fi
+done
+mapfile -t ctl_args < <(kubectl -n "$NS" get deployments -o jsonpath='{range .items[0].spec.template.spec.containers[0].args[*]}{@}{"\n"}{end}')
+if "$WORK/bin/gputopo-controller" "${ctl_args[@]}" --help >/dev/null 2>"$WORK/ctl-args.err"; then
+  ok "the controller accepts the Deployment's args: ${ctl_args[*]}"
+else
+  bad "the controller rejects the Deployment's args: $(cat "$WORK/ctl-args.err")"
+fi
+
 step "kubelet plugin binary, with the token of the plugin pod on $NODE_A"
 mkdir -p "$WORK/node-a/registry" "$WORK/node-a/plugins" "$WORK/node-a/cdi"
 "$WORK/bin/gputopo-kubelet-plugin" --kubeconfig "$PA" --backend=sim --profile=dgx-h100 --node-name="$NODE_A" \
