@@ -9,6 +9,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -116,8 +117,8 @@ func New(cfg Config) (*Controller, error) {
 		h   cache.ResourceEventHandler
 	}{
 		{podInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onPod, UpdateFunc: func(_, o any) { c.onPod(o) }, DeleteFunc: c.onPod}},
-		{f.Core().V1().Nodes().Informer(), c.topologyChanged()},
-		{f.Resource().V1().ResourceSlices().Informer(), c.topologyChanged()},
+		{f.Core().V1().Nodes().Informer(), c.topologyChanged(nodeMoved)},
+		{f.Resource().V1().ResourceSlices().Informer(), c.topologyChanged(nil)},
 		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaim, UpdateFunc: func(_, o any) { c.onClaim(o) }, DeleteFunc: c.onClaim}},
 		{f.Batch().V1().Jobs().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onJob, UpdateFunc: func(_, o any) { c.onJob(o) }}},
 		{f.Resource().V1().ResourceClaimTemplates().Informer(), cache.ResourceEventHandlerFuncs{}},
@@ -183,14 +184,36 @@ func (c *Controller) onJob(obj any) {
 	}
 }
 
-func (c *Controller) topologyChanged() cache.ResourceEventHandler {
+// topologyChanged marks the static tree stale. relevant, when set, skips
+// updates that cannot change the tree, such as node status heartbeats, so
+// a large cluster is not rebuilt for every plan.
+func (c *Controller) topologyChanged(relevant func(old, cur any) bool) cache.ResourceEventHandler {
 	mark := func(any) {
 		c.mu.Lock()
 		c.clusterDirty = true
 		c.mu.Unlock()
 		c.requeuePending()
 	}
-	return cache.ResourceEventHandlerFuncs{AddFunc: mark, UpdateFunc: func(_, o any) { mark(o) }, DeleteFunc: mark}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: mark,
+		UpdateFunc: func(old, cur any) {
+			if relevant == nil || relevant(old, cur) {
+				mark(cur)
+			}
+		},
+		DeleteFunc: mark,
+	}
+}
+
+// nodeMoved reports node updates the planner sees: labels (the network
+// tree) and whether the node takes new pods.
+func nodeMoved(old, cur any) bool {
+	o, ok1 := old.(*v1.Node)
+	n, ok2 := cur.(*v1.Node)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return o.Spec.Unschedulable != n.Spec.Unschedulable || !maps.Equal(o.Labels, n.Labels)
 }
 
 // requeuePending retries every group still waiting for room.

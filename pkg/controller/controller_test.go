@@ -381,3 +381,21 @@ func TestPodsOfDeletedJobAreNotPlanned(t *testing.T) {
 		}
 	}
 }
+
+func TestNodeMovedIgnoresStatusUpdates(t *testing.T) {
+	base := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{topology.LabelTopographLeaf: "leaf-0"}}}
+	status := base.DeepCopy()
+	status.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}
+	relabelled := base.DeepCopy()
+	relabelled.Labels[topology.LabelTopographLeaf] = "leaf-1"
+	cordoned := base.DeepCopy()
+	cordoned.Spec.Unschedulable = true
+	for name, tc := range map[string]struct {
+		cur  *v1.Node
+		want bool
+	}{"status": {status, false}, "relabelled": {relabelled, true}, "cordoned": {cordoned, true}} {
+		if got := nodeMoved(base, tc.cur); got != tc.want {
+			t.Errorf("%s: nodeMoved = %v, want %v", name, got, tc.want)
+		}
+	}
+}
