@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"slices"
 	"strconv"
 	"strings"
@@ -58,17 +59,25 @@ func openCSV(r io.Reader, name string, required ...string) (*csvFile, error) {
 	return f, nil
 }
 
-// next returns the next row and its line, or io.EOF.
-func (f *csvFile) next() ([]string, int, error) {
-	rec, err := f.r.Read()
-	if err == io.EOF {
-		return nil, 0, io.EOF
+// rows yields each row with its line. A read error ends the rows and is
+// left in *errp.
+func (f *csvFile) rows(errp *error) iter.Seq2[[]string, int] {
+	return func(yield func([]string, int) bool) {
+		for {
+			rec, err := f.r.Read()
+			if err == io.EOF {
+				return
+			}
+			if err != nil {
+				*errp = f.wrap(err, 0) // a csv.ParseError knows its line
+				return
+			}
+			line, _ := f.r.FieldPos(0)
+			if !yield(rec, line) {
+				return
+			}
+		}
 	}
-	if err != nil {
-		return nil, 0, f.wrap(err, 0) // a csv.ParseError knows its line
-	}
-	line, _ := f.r.FieldPos(0)
-	return rec, line, nil
 }
 
 func (f *csvFile) wrap(err error, line int) error {
@@ -119,14 +128,8 @@ func ParseAlibabaNodes(r io.Reader, name string, g Grouping) ([]NodeSpec, error)
 	}
 	profiles := map[string]*sim.Profile{}
 	var out []NodeSpec
-	for {
-		rec, line, err := f.next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
+	var readErr error
+	for rec, line := range f.rows(&readErr) {
 		bad := func(err error) error { return &LineError{File: name, Line: line, Err: err} }
 		sn := f.str(rec, "sn")
 		if sn == "" {
@@ -155,6 +158,9 @@ func ParseAlibabaNodes(r io.Reader, name string, g Grouping) ([]NodeSpec, error)
 			Spine:   fmt.Sprintf("spine-%d", leaf/g.LeavesPerSpine),
 			Profile: p,
 		})
+	}
+	if readErr != nil {
+		return nil, readErr
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%s lists no node with GPUs", name)
@@ -230,14 +236,8 @@ func ParseAlibabaPods(r io.Reader, name string) (*Trace, error) {
 	}
 	tr := &Trace{Format: FormatAlibaba, Source: name}
 	seen := map[string]int{}
-	for {
-		rec, line, err := f.next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
+	var readErr error
+	for rec, line := range f.rows(&readErr) {
 		bad := func(err error) error { return &LineError{File: name, Line: line, Err: err} }
 		pod := f.str(rec, "name")
 		if pod == "" {
@@ -268,6 +268,9 @@ func ParseAlibabaPods(r io.Reader, name string) (*Trace, error) {
 			tr.SharedRoundedUp++
 		}
 		tr.Jobs = append(tr.Jobs, j)
+	}
+	if readErr != nil {
+		return nil, readErr
 	}
 	if len(tr.Jobs) == 0 {
 		return nil, fmt.Errorf("%s lists no pod with GPUs", name)

@@ -58,14 +58,8 @@ func ParsePublished(r io.Reader, name, workload string, demand float64) ([]Publi
 	}
 	sums := map[string]float64{}
 	counts := map[string]int{}
-	for {
-		rec, line, err := f.next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
+	var readErr error
+	for rec, line := range f.rows(&readErr) {
 		if f.str(rec, "workload") != workload {
 			continue
 		}
@@ -83,6 +77,9 @@ func ParsePublished(r io.Reader, name, workload string, demand float64) ([]Publi
 		p := f.str(rec, "sc_policy")
 		sums[p] += v
 		counts[p]++
+	}
+	if readErr != nil {
+		return nil, readErr
 	}
 	out := make([]Published, 0, len(sums))
 	for p, s := range sums {

@@ -90,14 +90,8 @@ func ParseJobs(r io.Reader, name string) (*Trace, error) {
 	tr := &Trace{Format: FormatJobs, Source: name}
 	seen := map[string]int{}
 	fields := 0
-	for {
-		rec, line, err := f.next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
+	var readErr error
+	for rec, line := range f.rows(&readErr) {
 		bad := func(format string, args ...any) error {
 			return &LineError{File: name, Line: line, Err: fmt.Errorf(format, args...)}
 		}
@@ -112,6 +106,7 @@ func ParseJobs(r io.Reader, name string) (*Trace, error) {
 		}
 		fields = len(rec)
 		j := Job{Name: strings.TrimSpace(rec[0])}
+		var err error
 		if j.Name == "" {
 			return nil, bad("name is empty")
 		}
@@ -136,6 +131,9 @@ func ParseJobs(r io.Reader, name string) (*Trace, error) {
 			}
 		}
 		tr.Jobs = append(tr.Jobs, j)
+	}
+	if readErr != nil {
+		return nil, readErr
 	}
 	if len(tr.Jobs) == 0 {
 		return nil, fmt.Errorf("%s lists no job", name)
