@@ -212,8 +212,8 @@ func TestTwoPodJobPinnedToOneLeafAndUngated(t *testing.T) {
 			t.Errorf("%s still gated", name)
 		}
 		n := pinnedNode(p)
-		if n == "" || p.Annotations[AnnotationNode] != n {
-			t.Fatalf("%s not pinned: affinity %q annotation %q", name, n, p.Annotations[AnnotationNode])
+		if n == "" || p.Annotations[placement.AnnotationNode] != n {
+			t.Fatalf("%s not pinned: affinity %q annotation %q", name, n, p.Annotations[placement.AnnotationNode])
 		}
 		nodes = append(nodes, n)
 	}
@@ -284,10 +284,10 @@ func TestConcurrentJobsNeverShareDevices(t *testing.T) {
 
 func TestRestartFinishesPinnedGroupWithoutReplanning(t *testing.T) {
 	// A controller pinned both pods and died before ungating them.
-	p0 := jobPod("j", 0, "gpu-8-node", map[string]string{AnnotationNode: "n3", placement.AnnotationDomain: "leaf:leaf-1",
-		AnnotationDevices: "gpu.gputopo.dev/n3/gpu-0"})
-	p1 := jobPod("j", 1, "gpu-8-node", map[string]string{AnnotationNode: "n2", placement.AnnotationDomain: "leaf:leaf-1",
-		AnnotationDevices: "gpu.gputopo.dev/n2/gpu-0"})
+	p0 := jobPod("j", 0, "gpu-8-node", map[string]string{placement.AnnotationNode: "n3", placement.AnnotationDomain: "leaf:leaf-1",
+		placement.AnnotationReservedDevices: "gpu.gputopo.dev/n3/gpu-0"})
+	p1 := jobPod("j", 1, "gpu-8-node", map[string]string{placement.AnnotationNode: "n2", placement.AnnotationDomain: "leaf:leaf-1",
+		placement.AnnotationReservedDevices: "gpu.gputopo.dev/n2/gpu-0"})
 	narrowToNode(p0, "n3")
 	narrowToNode(p1, "n2")
 	h := newHarness(t, job("j", 2), p0, p1)
@@ -309,20 +309,20 @@ func TestReservationsSurviveRestart(t *testing.T) {
 		p := jobPod("a", i, "gpu-8-node", nil)
 		p.Spec.SchedulingGates = nil
 		p.Spec.NodeName = n
-		p.Annotations[AnnotationNode] = n
-		p.Annotations[AnnotationDevices] = ""
+		p.Annotations[placement.AnnotationNode] = n
+		p.Annotations[placement.AnnotationReservedDevices] = ""
 		for d := range 8 {
 			sep := ","
 			if d == 0 {
 				sep = ""
 			}
-			p.Annotations[AnnotationDevices] += fmt.Sprintf("%sgpu.gputopo.dev/%s/gpu-%d", sep, n, d)
+			p.Annotations[placement.AnnotationReservedDevices] += fmt.Sprintf("%sgpu.gputopo.dev/%s/gpu-%d", sep, n, d)
 		}
 		objs = append(objs, p)
 	}
 	objs = append(objs, job("a", 3), job("b", 2), jobPod("b", 0, "gpu-8-node", nil), jobPod("b", 1, "gpu-8-node", nil))
 	h := newHarness(t, objs...)
-	h.waitSeen("a-2", AnnotationDevices)
+	h.waitSeen("a-2", placement.AnnotationReservedDevices)
 	h.sync("default/job/b", 2)
 	if n := pinnedNode(h.pod("b-0")); n != "" {
 		t.Errorf("b pinned to %s although only n3 is free", n)
@@ -332,7 +332,7 @@ func TestReservationsSurviveRestart(t *testing.T) {
 func TestReplacementReturnsToDomain(t *testing.T) {
 	// j-0 runs on n2 in leaf-1; j-1 was evicted and its replacement is
 	// gated. leaf-0 is emptier, but the group lives in leaf-1.
-	placed := jobPod("j", 0, "gpu-4-nvlink", map[string]string{placement.AnnotationDomain: "leaf:leaf-1", AnnotationNode: "n2"})
+	placed := jobPod("j", 0, "gpu-4-nvlink", map[string]string{placement.AnnotationDomain: "leaf:leaf-1", placement.AnnotationNode: "n2"})
 	placed.Spec.SchedulingGates = nil
 	placed.Spec.NodeName = "n2"
 	h := newHarness(t, job("j", 2), placed, jobPod("j", 1, "gpu-4-nvlink", nil))

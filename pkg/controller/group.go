@@ -13,15 +13,6 @@ import (
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 )
 
-// Controller-written pod annotations beyond those in the API package.
-const (
-	// AnnotationNode records the node a pod was pinned to.
-	AnnotationNode = placement.Prefix + "node"
-	// AnnotationDevices records the devices the plan holds for a pod until
-	// its claims are allocated, so a restarted controller keeps the hold.
-	AnnotationDevices = placement.Prefix + "reserved-devices"
-)
-
 // groupIndex indexes pods by their group key.
 const groupIndex = "gputopo-group"
 

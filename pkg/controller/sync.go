@@ -71,7 +71,7 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 		switch {
 		case !hasGate(p):
 			g.placed = append(g.placed, p)
-		case p.Annotations[AnnotationNode] != "":
+		case p.Annotations[placement.AnnotationNode] != "":
 			g.pinned = append(g.pinned, p)
 		default:
 			g.gated = append(g.gated, p)
@@ -156,13 +156,13 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 			// Devices planned for a placed pod whose claims are not yet
 			// allocated still belong to the group.
 			if !c.claimsAllocated(p) {
-				alloc.Insert(decodeDevices(p.Annotations[AnnotationDevices])...)
+				alloc.Insert(decodeDevices(p.Annotations[placement.AnnotationReservedDevices])...)
 			}
 		}
 	}
 	for _, p := range g.pinned {
-		job.Pinned[p.Name] = p.Annotations[AnnotationNode]
-		alloc.Insert(decodeDevices(p.Annotations[AnnotationDevices])...)
+		job.Pinned[p.Name] = p.Annotations[placement.AnnotationNode]
+		alloc.Insert(decodeDevices(p.Annotations[placement.AnnotationReservedDevices])...)
 	}
 	for _, p := range g.gated {
 		claims, err := c.podClaims(p)
@@ -293,9 +293,9 @@ func (c *Controller) pin(ctx context.Context, p *v1.Pod, node, domain string, de
 			return fmt.Errorf("pod %s changed while being placed", p.Name)
 		}
 		narrowToNode(np, node)
-		np.Annotations[AnnotationNode] = node
+		np.Annotations[placement.AnnotationNode] = node
 		np.Annotations[placement.AnnotationDomain] = domain
-		np.Annotations[AnnotationDevices] = encodeDevices(devices)
+		np.Annotations[placement.AnnotationReservedDevices] = encodeDevices(devices)
 		delete(np.Annotations, placement.AnnotationStatus)
 		updated, err := c.cfg.Client.CoreV1().Pods(np.Namespace).Update(ctx, np, metav1.UpdateOptions{})
 		out = updated
@@ -402,7 +402,7 @@ func (c *Controller) reservations(ctx context.Context, except string) (*planner.
 	// pod finished; a pod it does not show at all is gone.
 	settled, present := map[string]bool{}, map[string]bool{}
 	for _, p := range pods {
-		devs := p.Annotations[AnnotationDevices]
+		devs := p.Annotations[placement.AnnotationReservedDevices]
 		key, ok := groupKey(p)
 		if !ok {
 			continue
@@ -423,7 +423,7 @@ func (c *Controller) reservations(ctx context.Context, except string) (*planner.
 			r = &planner.Reservation{Job: key, Pods: map[string]string{}, Devices: map[string][]structured.DeviceID{}}
 			byJob[key] = r
 		}
-		node := p.Annotations[AnnotationNode]
+		node := p.Annotations[placement.AnnotationNode]
 		r.Pods[p.Name] = node
 		r.Devices[node] = append(r.Devices[node], decodeDevices(devs)...)
 	}
@@ -457,7 +457,7 @@ func nodeOf(p *v1.Pod) string {
 	if p.Spec.NodeName != "" {
 		return p.Spec.NodeName
 	}
-	return p.Annotations[AnnotationNode]
+	return p.Annotations[placement.AnnotationNode]
 }
 
 func devicesOf(results []resourceapi.AllocationResult) []structured.DeviceID {

@@ -42,7 +42,7 @@ func checkNodeSlices(t *testing.T, n cluster.NodeInfo) {
 	if !ok {
 		t.Fatalf("no expectations for profile %s", n.Profile)
 	}
-	node, err := client.CoreV1().Nodes().Get(ctxFor(t), n.Name, metav1.GetOptions{})
+	node, err := client.CoreV1().Nodes().Get(framework.Ctx(t), n.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func checkNodeSlices(t *testing.T, n cluster.NodeInfo) {
 	if wantLeaf == "" || wantSpine == "" {
 		t.Fatalf("node %s lacks leaf/spine labels: %v", n.Name, node.Labels)
 	}
-	slices, err := nodeSlices(ctxFor(t), n.Name)
+	slices, err := nodeSlices(framework.Ctx(t), n.Name)
 	if err != nil {
 		t.Fatal(err)
 	}

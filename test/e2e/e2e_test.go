@@ -207,7 +207,7 @@ func TestPluginCrashRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	ckBefore := loadCheckpoint(t, n).Claims[oldUID]
-	slicesBefore, err := nodeSlices(ctxFor(t), n)
+	slicesBefore, err := nodeSlices(framework.Ctx(t), n)
 	if err != nil || len(slicesBefore) == 0 {
 		t.Fatalf("slices of %s: %v, %v", n, slicesBefore, err)
 	}
@@ -219,7 +219,7 @@ func TestPluginCrashRestart(t *testing.T) {
 	// once a plugin has been gone for a while), so that what is there after
 	// the restart is what the new process published, not the old one's.
 	for _, s := range slicesBefore {
-		if err := client.ResourceV1().ResourceSlices().Delete(ctxFor(t), s.Name, metav1.DeleteOptions{}); err != nil {
+		if err := client.ResourceV1().ResourceSlices().Delete(framework.Ctx(t), s.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatalf("delete slice %s: %v", s.Name, err)
 		}
 	}
@@ -290,7 +290,7 @@ func TestPluginCrashRestart(t *testing.T) {
 func TestRelabelLeaf(t *testing.T) {
 	n := node(t, "dgx-h100", true).Name
 	dumpOnFailure(t, n)
-	nodeObj, err := client.CoreV1().Nodes().Get(ctxFor(t), n, metav1.GetOptions{})
+	nodeObj, err := client.CoreV1().Nodes().Get(framework.Ctx(t), n, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,14 +35,6 @@ const (
 // cdiKind is the CDI kind of gputopo's devices: gputopo.dev/gpu=<claimUID>-gpu-N.
 const cdiKind = "gputopo.dev/gpu"
 
-// ctxFor returns a context for API calls outside a wait.
-func ctxFor(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // node returns the first node of the suite's topology with profile, real
 // (with a kubelet and the plugin) or fake.
 func node(t *testing.T, profile string, real bool) cluster.NodeInfo {
@@ -99,7 +91,7 @@ func createPod(t *testing.T, name, node, tmpl string) *corev1.Pod {
 			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimTemplateName: ptr.To(tmpl)}},
 		},
 	}
-	created, err := client.CoreV1().Pods(namespace).Create(ctxFor(t), pod, metav1.CreateOptions{})
+	created, err := client.CoreV1().Pods(namespace).Create(framework.Ctx(t), pod, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create pod %s: %v", name, err)
 	}
@@ -109,7 +101,7 @@ func createPod(t *testing.T, name, node, tmpl string) *corev1.Pod {
 
 func getPod(t *testing.T, name string) *corev1.Pod {
 	t.Helper()
-	p, err := client.CoreV1().Pods(namespace).Get(ctxFor(t), name, metav1.GetOptions{})
+	p, err := client.CoreV1().Pods(namespace).Get(framework.Ctx(t), name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("get pod %s: %v", name, err)
 	}
@@ -332,7 +324,7 @@ func nodeSlices(ctx context.Context, node string) ([]resourcev1.ResourceSlice, e
 // nodeDevices returns the node's published devices by name.
 func nodeDevices(t *testing.T, node string) map[string]resourcev1.Device {
 	t.Helper()
-	slices, err := nodeSlices(ctxFor(t), node)
+	slices, err := nodeSlices(framework.Ctx(t), node)
 	if err != nil {
 		t.Fatalf("list ResourceSlices of %s: %v", node, err)
 	}
@@ -554,7 +546,7 @@ func setNodeLabel(t *testing.T, node, key, value string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.CoreV1().Nodes().Patch(ctxFor(t), node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := client.CoreV1().Nodes().Patch(framework.Ctx(t), node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatalf("label node %s %s=%s: %v", node, key, value, err)
 	}
 }

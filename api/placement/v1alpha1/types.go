@@ -33,6 +33,12 @@ const (
 	// AnnotationStatus is written on a waiting pod: why its group is not
 	// placed yet.
 	AnnotationStatus = Prefix + "status"
+	// AnnotationNode records the node a pod was pinned to.
+	AnnotationNode = Prefix + "node"
+	// AnnotationReservedDevices records the devices the plan holds for a
+	// pod until its claims are allocated, so a restarted controller keeps
+	// the hold.
+	AnnotationReservedDevices = Prefix + "reserved-devices"
 
 	// SchedulingGate keeps an opted-in pod out of the scheduler until the
 	// controller has planned and pinned its whole group.

@@ -64,3 +64,12 @@ func PodClaim(ctx context.Context, client kubernetes.Interface, p *corev1.Pod, n
 	}
 	return nil, fmt.Errorf("pod %s has no generated claim %q yet", p.Name, name)
 }
+
+// Ctx returns a context for API calls outside a wait, cancelled when the
+// test ends.
+func Ctx(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}

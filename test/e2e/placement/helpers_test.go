@@ -39,21 +39,8 @@ const (
 	stillGatedOK = 5 * time.Second // how long a waiting group is watched
 )
 
-// Annotations the controller writes (beyond those in the API package).
-const (
-	annNode    = placementapi.Prefix + "node"
-	annDevices = placementapi.Prefix + "reserved-devices"
-)
-
 // claimName is the pod-level name of every test pod's one claim.
 const claimName = "gpus"
-
-func ctxFor(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // ---- Jobs ----
 
@@ -94,7 +81,7 @@ func placed(p string) map[string]string {
 // pods and the tail of the controller's log.
 func createJob(t *testing.T, name string, pods int32, ann map[string]string) *batchv1.Job {
 	t.Helper()
-	job, err := client.BatchV1().Jobs(namespace).Create(ctxFor(t), newJob(name, pods, "gpu-8-node", ann), metav1.CreateOptions{})
+	job, err := client.BatchV1().Jobs(namespace).Create(framework.Ctx(t), newJob(name, pods, "gpu-8-node", ann), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create Job %s: %v", name, err)
 	}
@@ -222,7 +209,7 @@ func forceDeletePods(ctx context.Context, t *testing.T, selector string, note fu
 // --force` does.
 func forceDeletePod(t *testing.T, name string) {
 	t.Helper()
-	if err := client.CoreV1().Pods(namespace).Delete(ctxFor(t), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+	if err := client.CoreV1().Pods(namespace).Delete(framework.Ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatalf("force-delete pod %s: %v", name, err)
 	}
 }
@@ -322,8 +309,8 @@ func checkPlaced(t *testing.T, pods []corev1.Pod, claims map[string]*resourcev1.
 		}
 		pl.byNode[node] = p.Name
 		leaves[topo.leafOf[node]] = true
-		if got := p.Annotations[annNode]; got != node {
-			t.Errorf("pod %s is on %s but %s says %q", p.Name, node, annNode, got)
+		if got := p.Annotations[placementapi.AnnotationNode]; got != node {
+			t.Errorf("pod %s is on %s but %s says %q", p.Name, node, placementapi.AnnotationNode, got)
 		}
 		if pinned := pinnedNodes(p); !slices.Equal(pinned, []string{node}) {
 			t.Errorf("pod %s on %s: required node affinity pins it to %v, want exactly [%s]", p.Name, node, pinned, node)
@@ -351,10 +338,10 @@ func checkPlaced(t *testing.T, pods []corev1.Pod, claims map[string]*resourcev1.
 		if !slices.Equal(got, want) {
 			t.Errorf("claim %s of pod %s on %s got %v, want every GPU of the node %v", c.Name, p.Name, node, got, want)
 		}
-		reserved := strings.Split(p.Annotations[annDevices], ",")
+		reserved := strings.Split(p.Annotations[placementapi.AnnotationReservedDevices], ",")
 		slices.Sort(reserved)
 		if !slices.Equal(reserved, want) {
-			t.Errorf("pod %s: %s=%q, want the devices its claim got %v", p.Name, annDevices, p.Annotations[annDevices], want)
+			t.Errorf("pod %s: %s=%q, want the devices its claim got %v", p.Name, placementapi.AnnotationReservedDevices, p.Annotations[placementapi.AnnotationReservedDevices], want)
 		}
 		if !slices.ContainsFunc(c.Status.ReservedFor, func(r resourcev1.ResourceClaimConsumerReference) bool { return r.UID == p.UID }) {
 			t.Errorf("claim %s is not reserved for pod %s: %+v", c.Name, p.Name, c.Status.ReservedFor)

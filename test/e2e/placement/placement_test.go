@@ -36,7 +36,7 @@ func TestTwoPodJobOneLeaf(t *testing.T) {
 	// The nodes say so themselves.
 	var tier1 []string
 	for _, n := range pl.nodes {
-		node, err := client.CoreV1().Nodes().Get(ctxFor(t), n, metav1.GetOptions{})
+		node, err := client.CoreV1().Nodes().Get(framework.Ctx(t), n, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,7 +107,7 @@ func TestJobTooBigStaysGated(t *testing.T) {
 
 	check := func(when string) {
 		t.Helper()
-		pods, err := jobPods(ctxFor(t), "too-big")
+		pods, err := jobPods(framework.Ctx(t), "too-big")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,10 +123,10 @@ func TestJobTooBigStaysGated(t *testing.T) {
 				t.Errorf("%s: pod %s lost its %s gate: %s", when, p.Name, placementapi.SchedulingGate, framework.PodState(&p))
 			case !strings.Contains(status, "no leaf can hold 5 pods"):
 				t.Errorf("%s: pod %s has %s=%q, want the reason", when, p.Name, placementapi.AnnotationStatus, status)
-			case p.Annotations[annNode] != "" || pinnedNodes(&p) != nil:
-				t.Errorf("%s: waiting pod %s is pinned: %s=%q, affinity %v", when, p.Name, annNode, p.Annotations[annNode], pinnedNodes(&p))
+			case p.Annotations[placementapi.AnnotationNode] != "" || pinnedNodes(&p) != nil:
+				t.Errorf("%s: waiting pod %s is pinned: %s=%q, affinity %v", when, p.Name, placementapi.AnnotationNode, p.Annotations[placementapi.AnnotationNode], pinnedNodes(&p))
 			}
-			if c, err := framework.PodClaim(ctxFor(t), client, &p, claimName); err == nil && c.Status.Allocation != nil {
+			if c, err := framework.PodClaim(framework.Ctx(t), client, &p, claimName); err == nil && c.Status.Allocation != nil {
 				t.Errorf("%s: claim %s of waiting pod %s is allocated", when, c.Name, p.Name)
 			}
 		}
@@ -234,13 +234,13 @@ func TestControllerRestart(t *testing.T) {
 		return err == nil && len(pods) == 2, fmt.Sprintf("%d pods, %v", len(pods), err)
 	})
 	time.Sleep(stillGatedOK)
-	pods, err := jobPods(ctxFor(t), "restart-during")
+	pods, err := jobPods(framework.Ctx(t), "restart-during")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range pods {
-		if !hasGate(&p) || p.Spec.NodeName != "" || p.Annotations[annNode] != "" {
-			t.Errorf("pod %s created while no controller runs is not waiting at its gate: %s, %s=%q", p.Name, framework.PodState(&p), annNode, p.Annotations[annNode])
+		if !hasGate(&p) || p.Spec.NodeName != "" || p.Annotations[placementapi.AnnotationNode] != "" {
+			t.Errorf("pod %s created while no controller runs is not waiting at its gate: %s, %s=%q", p.Name, framework.PodState(&p), placementapi.AnnotationNode, p.Annotations[placementapi.AnnotationNode])
 		}
 	}
 
@@ -263,7 +263,7 @@ func TestControllerRestart(t *testing.T) {
 		case p.Spec.NodeName != b.Spec.NodeName:
 			t.Errorf("pod %s moved from %s to %s", p.Name, b.Spec.NodeName, p.Spec.NodeName)
 		}
-		for _, k := range []string{annNode, placementapi.AnnotationDomain, annDevices} {
+		for _, k := range []string{placementapi.AnnotationNode, placementapi.AnnotationDomain, placementapi.AnnotationReservedDevices} {
 			if p.Annotations[k] != b.Annotations[k] {
 				t.Errorf("pod %s: %s changed across the restart from %q to %q", p.Name, k, b.Annotations[k], p.Annotations[k])
 			}
@@ -313,7 +313,7 @@ func TestBadAnnotationRejected(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			name := "bad-" + tc.name
 			job := newJob(name, 2, "gpu-8-node", tc.ann)
-			_, err := client.BatchV1().Jobs(namespace).Create(ctxFor(t), job, metav1.CreateOptions{})
+			_, err := client.BatchV1().Jobs(namespace).Create(framework.Ctx(t), job, metav1.CreateOptions{})
 			if err == nil {
 				deleteJob(t, name)
 				t.Fatalf("Job with %v was admitted", tc.ann)
@@ -322,13 +322,13 @@ func TestBadAnnotationRejected(t *testing.T) {
 				t.Errorf("creating a Job with %v failed with %v (reason %s); want the gputopo-placement policy's %q", tc.ann, err, apierrors.ReasonForError(err), tc.want)
 			}
 			t.Logf("refused: %v", err)
-			if _, err := client.BatchV1().Jobs(namespace).Get(ctxFor(t), name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			if _, err := client.BatchV1().Jobs(namespace).Get(framework.Ctx(t), name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 				t.Errorf("Job %s exists after being refused (get: %v)", name, err)
 			}
 			// A bare pod with the same annotations is refused as well.
 			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Annotations: tc.ann}, Spec: job.Spec.Template.Spec}
-			if _, err := client.CoreV1().Pods(namespace).Create(ctxFor(t), pod, metav1.CreateOptions{}); err == nil {
-				_ = client.CoreV1().Pods(namespace).Delete(ctxFor(t), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+			if _, err := client.CoreV1().Pods(namespace).Create(framework.Ctx(t), pod, metav1.CreateOptions{}); err == nil {
+				_ = client.CoreV1().Pods(namespace).Delete(framework.Ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 				t.Errorf("pod with %v was admitted", tc.ann)
 			} else if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("creating a pod with %v failed with %v; want %q", tc.ann, err, tc.want)

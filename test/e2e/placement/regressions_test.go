@@ -141,7 +141,7 @@ func deleteWaitingJob(t *testing.T, name string) {
 			if !isPod {
 				continue
 			}
-			if n := p.Annotations[annNode]; n != "" {
+			if n := p.Annotations[placementapi.AnnotationNode]; n != "" {
 				t.Errorf("pod %s of the deleted Job %s was pinned to %s (domain %q)", p.Name, name, n, p.Annotations[placementapi.AnnotationDomain])
 			}
 			if !hasGate(p) {
