@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gputopo/gputopo/pkg/clustertopo"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
 )
 
@@ -154,8 +155,8 @@ func ParseAlibabaNodes(r io.Reader, name string, g Grouping) ([]NodeSpec, error)
 		leaf := len(out) / g.NodesPerLeaf
 		out = append(out, NodeSpec{
 			Name:    strings.ToLower(sn),
-			Leaf:    fmt.Sprintf("leaf-%d", leaf),
-			Spine:   fmt.Sprintf("spine-%d", leaf/g.LeavesPerSpine),
+			Leaf:    clustertopo.LeafName(leaf),
+			Spine:   clustertopo.SpineName(leaf / g.LeavesPerSpine),
 			Profile: p,
 		})
 	}

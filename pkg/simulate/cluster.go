@@ -10,26 +10,13 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
+	"github.com/gputopo/gputopo/pkg/clustertopo"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
 	"github.com/gputopo/gputopo/pkg/planner"
 	"github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
-
-// Topology is the YAML form of a generated cluster, the shape of
-// test/cluster/topologies/*.yaml: spines × leavesPerSpine × nodesPerLeaf
-// nodes, profiles assigned round-robin. RealNodes is accepted so those
-// files load unchanged; the simulator has no kubelets and ignores it.
-type Topology struct {
-	Spines         int      `json:"spines"`
-	LeavesPerSpine int      `json:"leavesPerSpine"`
-	NodesPerLeaf   int      `json:"nodesPerLeaf"`
-	Profiles       []string `json:"profiles"`
-	RealNodes      int      `json:"realNodes,omitempty"`
-	NamePrefix     string   `json:"namePrefix,omitempty"`
-}
 
 // NodeSpec is one simulated node and its place in the network.
 type NodeSpec struct {
@@ -72,7 +59,7 @@ type SimNode struct {
 }
 
 // LoadCluster reads a cluster file: an Alibaba node list (.csv, grouped
-// into leaves and spines by g) or a YAML Topology.
+// into leaves and spines by g) or a YAML cluster topology.
 func LoadCluster(file string, g Grouping) (*Cluster, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
@@ -97,44 +84,25 @@ func LoadCluster(file string, g Grouping) (*Cluster, error) {
 	return c, nil
 }
 
-// ParseTopology expands a YAML Topology. A profile is a built-in name or
-// a profile file, relative to dir.
+// ParseTopology expands a cluster topology (pkg/clustertopo, the format
+// of the local cluster's test/cluster/topologies) into simulated nodes. A
+// profile is a built-in name or a profile file, relative to dir.
 func ParseTopology(data []byte, dir string) ([]NodeSpec, error) {
-	var t Topology
-	if err := yaml.UnmarshalStrict(data, &t); err != nil {
-		return nil, fmt.Errorf("decode cluster topology: %w", err)
+	nodes, err := clustertopo.Parse(data)
+	if err != nil {
+		return nil, err
 	}
-	if t.Spines < 1 || t.LeavesPerSpine < 1 || t.NodesPerLeaf < 1 {
-		return nil, fmt.Errorf("cluster topology: spines, leavesPerSpine and nodesPerLeaf must all be at least 1")
-	}
-	if len(t.Profiles) == 0 {
-		return nil, fmt.Errorf("cluster topology: profiles must list at least one profile")
-	}
-	profiles := make([]*sim.Profile, len(t.Profiles))
-	for i, name := range t.Profiles {
-		p, err := loadProfile(name, dir)
-		if err != nil {
-			return nil, fmt.Errorf("cluster topology: %w", err)
-		}
-		profiles[i] = p
-	}
-	prefix := t.NamePrefix
-	if prefix == "" {
-		prefix = "gpu"
-	}
-	var out []NodeSpec
-	for s := range t.Spines {
-		for l := range t.LeavesPerSpine {
-			leaf := s*t.LeavesPerSpine + l
-			for n := range t.NodesPerLeaf {
-				out = append(out, NodeSpec{
-					Name:    fmt.Sprintf("%s-s%d-l%d-n%d", prefix, s, leaf, n),
-					Leaf:    fmt.Sprintf("leaf-%d", leaf),
-					Spine:   fmt.Sprintf("spine-%d", s),
-					Profile: profiles[len(out)%len(profiles)],
-				})
+	profiles := map[string]*sim.Profile{}
+	out := make([]NodeSpec, len(nodes))
+	for i, n := range nodes {
+		p := profiles[n.Profile]
+		if p == nil {
+			if p, err = loadProfile(n.Profile, dir); err != nil {
+				return nil, fmt.Errorf("node %s: %w", n.Name, err)
 			}
+			profiles[n.Profile] = p
 		}
+		out[i] = NodeSpec{Name: n.Name, Leaf: n.Leaf, Spine: n.Spine, Profile: p}
 	}
 	return out, nil
 }

@@ -2,12 +2,12 @@ package cluster
 
 import (
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
-	"sigs.k8s.io/yaml"
+
+	"github.com/gputopo/gputopo/pkg/clustertopo"
 )
 
 // Labels every node of a local cluster carries. The tier labels follow topograph's
@@ -20,33 +20,9 @@ const (
 	LabelFake = "localcluster.gputopo.dev/fake"
 )
 
-// Topology is the file format of --topology. Either the generator fields
-// (Spines, LeavesPerSpine, NodesPerLeaf, Profiles, RealNodes) or Nodes is set.
-type Topology struct {
-	Spines         int      `json:"spines,omitempty"`
-	LeavesPerSpine int      `json:"leavesPerSpine,omitempty"`
-	NodesPerLeaf   int      `json:"nodesPerLeaf,omitempty"`
-	Profiles       []string `json:"profiles,omitempty"`
-	// RealNodes is how many of the generated nodes, in spine→leaf→node order,
-	// get a real kubelet; the rest are fake.
-	RealNodes int `json:"realNodes,omitempty"`
-	// NamePrefix of generated node names; "gpu" when empty.
-	NamePrefix string     `json:"namePrefix,omitempty"`
-	Nodes      []NodeSpec `json:"nodes,omitempty"`
-}
-
-// NodeSpec is one node of the cluster.
-type NodeSpec struct {
-	Name    string `json:"name"`
-	Leaf    string `json:"leaf"`
-	Spine   string `json:"spine"`
-	Profile string `json:"profile"`
-	// Real nodes run a kubelet on the fake CRI and the gputopo plugin; fake
-	// nodes are Node objects whose ResourceSlices the harness publishes.
-	Real bool `json:"real,omitempty"`
-	// Labels are extra labels, added to the standard ones.
-	Labels map[string]string `json:"labels,omitempty"`
-}
+// NodeSpec is one node of the cluster, in the schema gputopo's simulator
+// reads too (pkg/clustertopo): the same files, the same node names.
+type NodeSpec clustertopo.Node
 
 // AllLabels returns the node's labels: the standard ones plus Labels.
 func (n NodeSpec) AllLabels() map[string]string {
@@ -78,88 +54,49 @@ func LabelString(labels map[string]string) string {
 
 // LoadTopology reads and expands a topology file.
 func LoadTopology(path string) ([]NodeSpec, error) {
-	data, err := os.ReadFile(path)
+	nodes, err := clustertopo.Load(path)
 	if err != nil {
-		return nil, fmt.Errorf("read topology file: %w", err)
+		return nil, err
 	}
-	nodes, err := ParseTopology(data)
-	if err != nil {
-		return nil, fmt.Errorf("parse topology file %s: %w", path, err)
-	}
-	return nodes, nil
+	return checked(nodes)
 }
 
 // ParseTopology parses a topology document and returns its nodes in order.
 func ParseTopology(data []byte) ([]NodeSpec, error) {
-	var t Topology
-	if err := yaml.UnmarshalStrict(data, &t); err != nil {
-		return nil, fmt.Errorf("decode topology: %w", err)
-	}
-	return t.Expand()
-}
-
-// Expand returns the nodes the topology describes, validated.
-func (t Topology) Expand() ([]NodeSpec, error) {
-	generated := t.Spines != 0 || t.LeavesPerSpine != 0 || t.NodesPerLeaf != 0
-	var nodes []NodeSpec
-	switch {
-	case generated && len(t.Nodes) > 0:
-		return nil, fmt.Errorf("set either spines/leavesPerSpine/nodesPerLeaf or nodes, not both")
-	case generated:
-		if t.Spines < 1 || t.LeavesPerSpine < 1 || t.NodesPerLeaf < 1 {
-			return nil, fmt.Errorf("spines, leavesPerSpine and nodesPerLeaf must all be at least 1")
-		}
-		if len(t.Profiles) == 0 {
-			return nil, fmt.Errorf("profiles must list at least one profile")
-		}
-		total := t.Spines * t.LeavesPerSpine * t.NodesPerLeaf
-		if t.RealNodes < 0 || t.RealNodes > total {
-			return nil, fmt.Errorf("realNodes %d out of range 0..%d", t.RealNodes, total)
-		}
-		prefix := t.NamePrefix
-		if prefix == "" {
-			prefix = "gpu"
-		}
-		for s := 0; s < t.Spines; s++ {
-			for l := 0; l < t.LeavesPerSpine; l++ {
-				leaf := s*t.LeavesPerSpine + l
-				for n := 0; n < t.NodesPerLeaf; n++ {
-					i := len(nodes)
-					nodes = append(nodes, NodeSpec{
-						Name:    fmt.Sprintf("%s-s%d-l%d-n%d", prefix, s, leaf, n),
-						Leaf:    fmt.Sprintf("leaf-%d", leaf),
-						Spine:   fmt.Sprintf("spine-%d", s),
-						Profile: t.Profiles[i%len(t.Profiles)],
-						Real:    i < t.RealNodes,
-					})
-				}
-			}
-		}
-	default:
-		if len(t.Nodes) == 0 {
-			return nil, fmt.Errorf("topology has no nodes")
-		}
-		nodes = append(nodes, t.Nodes...)
-	}
-	if err := validateNodes(nodes); err != nil {
+	nodes, err := clustertopo.Parse(data)
+	if err != nil {
 		return nil, err
 	}
-	return nodes, nil
+	return checked(nodes)
 }
 
-func validateNodes(nodes []NodeSpec) error {
-	seen := map[string]bool{}
+// checked converts the nodes and validates the labels the harness gives
+// them.
+func checked(nodes []clustertopo.Node) ([]NodeSpec, error) {
+	out := make([]NodeSpec, len(nodes))
 	for i, n := range nodes {
-		if errs := validation.IsDNS1123Subdomain(n.Name); len(errs) > 0 {
-			return fmt.Errorf("node %d: invalid name %q: %s", i, n.Name, strings.Join(errs, "; "))
-		}
-		if seen[n.Name] {
-			return fmt.Errorf("node %d: duplicate name %q", i, n.Name)
-		}
-		seen[n.Name] = true
-		if n.Profile == "" {
-			return fmt.Errorf("node %s: profile is required", n.Name)
-		}
+		out[i] = NodeSpec(n)
+	}
+	if err := validateNodes(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// validateNodes checks what the shared schema checks (names, profiles)
+// and the labels the harness gives each node.
+func validateNodes(nodes []NodeSpec) error {
+	if len(nodes) == 0 {
+		return nil // a control plane without nodes
+	}
+	t := clustertopo.Topology{Nodes: make([]clustertopo.Node, len(nodes))}
+	for i, n := range nodes {
+		t.Nodes[i] = clustertopo.Node(n)
+	}
+	if _, err := t.Expand(); err != nil {
+		return err
+	}
+	for _, n := range nodes {
 		for k, v := range n.AllLabels() {
 			if errs := validation.IsQualifiedName(k); len(errs) > 0 {
 				return fmt.Errorf("node %s: label key %q: %s", n.Name, k, strings.Join(errs, "; "))
