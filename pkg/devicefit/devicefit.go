@@ -26,6 +26,7 @@ func Features() structured.Features {
 		PrioritizedList:      true,
 		PartitionableDevices: true,
 		DeviceTaints:         true,
+		ConsumableCapacity:   true,
 	}
 }
 
@@ -112,6 +113,8 @@ func DeviceID(driver, pool, device string) structured.DeviceID {
 }
 
 // AddResults marks every device of the allocation results as allocated.
+// A share of a shared device marks the whole device: callers that only
+// track whole devices never over-book one. State keeps shares apart.
 func AddResults(allocated Allocated, results ...resourceapi.AllocationResult) {
 	for _, r := range results {
 		for _, d := range r.Devices.Results {
@@ -130,7 +133,7 @@ type Evaluator struct {
 // NewEvaluator returns an evaluator over classes with a CEL cache sized for
 // a handful of distinct selectors per job.
 func NewEvaluator(classes structured.DeviceClassLister) *Evaluator {
-	return &Evaluator{Classes: classes, Cache: cel.NewCache(256, cel.Features{})}
+	return &Evaluator{Classes: classes, Cache: cel.NewCache(256, cel.Features{EnableConsumableCapacity: Features().ConsumableCapacity})}
 }
 
 // Allocate returns one allocation result per claim when all claims fit on
@@ -138,7 +141,16 @@ func NewEvaluator(classes structured.DeviceClassLister) *Evaluator {
 // classes are broken (a bad CEL expression, an unknown class), not that
 // they do not fit.
 func (e *Evaluator) Allocate(ctx context.Context, node *v1.Node, slices []*resourceapi.ResourceSlice, allocated Allocated, claims []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
-	a, err := structured.NewAllocator(ctx, Features(), structured.AllocatedState{AllocatedDevices: allocated}, e.Classes, slices, e.Cache)
+	return e.AllocateOn(ctx, node, slices, structured.AllocatedState{AllocatedDevices: allocated}, claims)
+}
+
+// AllocateOn is Allocate on top of devices held whole and shares of
+// shared devices (see State).
+func (e *Evaluator) AllocateOn(ctx context.Context, node *v1.Node, slices []*resourceapi.ResourceSlice, state structured.AllocatedState, claims []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
+	if state.AllocatedDevices == nil {
+		state.AllocatedDevices = Allocated{}
+	}
+	a, err := structured.NewAllocator(ctx, Features(), state, e.Classes, slices, e.Cache)
 	if err != nil {
 		return nil, fmt.Errorf("create allocator: %w", err)
 	}

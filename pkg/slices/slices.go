@@ -32,6 +32,9 @@ type Config struct {
 	Network topology.NetworkLabels
 	// NUMAForm must match the cluster's DRAListTypeAttributes gate.
 	NUMAForm deviceattribute.AttributeForm
+	// Sharing selects the GPUs published for sharing; a node's
+	// LabelSharedGPUs label overrides it.
+	Sharing Sharing
 }
 
 // DefaultConfig reads the default network labels and publishes numaNode as
@@ -64,6 +67,10 @@ func Devices(inv *gpu.Inventory, node Node, cfg Config, unhealthy map[string]gpu
 		return nil, err
 	}
 	net := cfg.Network.Resolve(node.Labels)
+	sharing, err := cfg.Sharing.ForNode(node.Labels)
+	if err != nil {
+		return nil, err
+	}
 	order := make([]int, len(inv.Devices))
 	for i := range order {
 		order[i] = i
@@ -83,6 +90,9 @@ func Devices(inv *gpu.Inventory, node Node, cfg Config, unhealthy map[string]gpu
 			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 				topology.CapacityMemory: {Value: *resource.NewQuantity(d.MemoryBytes, resource.BinarySI)},
 			},
+		}
+		if sharing.Shares(d.Index) {
+			share(&dev, d.MemoryBytes)
 		}
 		if ev, bad := unhealthy[d.UUID]; bad {
 			dev.Taints = []resourceapi.DeviceTaint{{

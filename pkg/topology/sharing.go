@@ -1,0 +1,39 @@
+package topology
+
+// Names for shared GPUs. A GPU the plugin publishes for sharing is one
+// device with allowMultipleAllocations: claims draw consumable capacity
+// from it (DRA consumable capacity, KEP-5075) instead of taking it whole.
+const (
+	// CapacityMilliGPU is a shared GPU's compute, in thousandths of the
+	// GPU: 1000 in all. A claim that does not ask for it takes all 1000.
+	CapacityMilliGPU = "milliGPU"
+	// MilliPerGPU is a whole GPU in CapacityMilliGPU units.
+	MilliPerGPU = 1000
+	// ShareMinMilliGPU and ShareStepMilliGPU keep compute shares sensible:
+	// at least 1 % of the GPU, in steps of 1 % (MPS limits whole percents).
+	ShareMinMilliGPU  = 10
+	ShareStepMilliGPU = 10
+	// ShareMemoryStep is the granularity of memory shares. A claim that
+	// does not ask for memory reserves none (see README, shared GPUs).
+	ShareMemoryStep = 256 << 20
+
+	// LabelSharedGPUs on a node overrides the plugin's --shared-gpus for
+	// that node: "all", "none" or GPU indexes such as "0,1,4".
+	LabelSharedGPUs = "gputopo.dev/shared-gpus"
+)
+
+// Environment variables a container with a share of a GPU gets. For a
+// claim with shares of several GPUs the values are comma-separated, in the
+// order of NVIDIA_VISIBLE_DEVICES.
+const (
+	// EnvShareMilliGPU is the claim's compute share in thousandths.
+	EnvShareMilliGPU = "GPUTOPO_SHARE_MILLIGPU"
+	// EnvShareMemory is the memory the share may pin, in bytes: what the
+	// claim asked for, or its compute share of the GPU's memory.
+	EnvShareMemory = "GPUTOPO_SHARE_MEMORY_BYTES"
+	// EnvMPSActiveThreadPercentage and EnvMPSPinnedMemoryLimit are CUDA
+	// MPS client limits, set on real GPUs. They take effect only where an
+	// MPS control daemon serves the GPU.
+	EnvMPSActiveThreadPercentage = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+	EnvMPSPinnedMemoryLimit      = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+)
