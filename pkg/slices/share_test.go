@@ -91,13 +91,13 @@ func TestSharedGPUs(t *testing.T) {
 		templates        []string
 		want             map[string][]int
 	}{
-		"four quarters per GPU":     {"dgx-h100", "all", nil, repeat(40, "gpu-share-quarter"), map[string][]int{"gpu-share-quarter": each(all8, 4)}},
-		"two halves per GPU":        {"dgx-h100", "all", nil, repeat(20, "gpu-share-half"), map[string][]int{"gpu-share-half": each(all8, 2)}},
-		"20 GiB of an 80 GiB GPU":   {"dgx-h100", "all", nil, repeat(40, "gpu-share-20gi"), map[string][]int{"gpu-share-20gi": each(all8, 4)}},
-		"20 GiB of a 32 GiB GPU":    {"dgx1-v100", "all", nil, repeat(20, "gpu-share-20gi"), map[string][]int{"gpu-share-20gi": all8}},
-		"only the shared GPUs":      {"dgx-h100", "1,3", nil, repeat(20, "gpu-share-quarter"), map[string][]int{"gpu-share-quarter": each([]int{1, 3}, 4)}},
-		"no sharing, no shares":     {"dgx-h100", "none", nil, repeat(4, "gpu-share-quarter"), map[string][]int{}},
-		"node label overrides flag": {"dgx-h100", "none", map[string]string{topology.LabelSharedGPUs: "6"}, repeat(8, "gpu-share-half"), map[string][]int{"gpu-share-half": {6, 6}}},
+		"four quarters per GPU":                       {"dgx-h100", "all", nil, repeat(40, "gpu-share-quarter"), map[string][]int{"gpu-share-quarter": each(all8, 4)}},
+		"two halves per GPU":                          {"dgx-h100", "all", nil, repeat(20, "gpu-share-half"), map[string][]int{"gpu-share-half": each(all8, 2)}},
+		"20 GiB of an 80 GiB GPU":                     {"dgx-h100", "all", nil, repeat(40, "gpu-share-20gi"), map[string][]int{"gpu-share-20gi": each(all8, 4)}},
+		"20 GiB of a 32 GiB GPU":                      {"dgx1-v100", "all", nil, repeat(20, "gpu-share-20gi"), map[string][]int{"gpu-share-20gi": all8}},
+		"only the shared GPUs":                        {"dgx-h100", "1,3", nil, repeat(20, "gpu-share-quarter"), map[string][]int{"gpu-share-quarter": each([]int{1, 3}, 4)}},
+		"no sharing, no shares":                       {"dgx-h100", "none", nil, repeat(4, "gpu-share-quarter"), map[string][]int{}},
+		"node label overrides flag":                   {"dgx-h100", "none", map[string]string{topology.LabelSharedGPUs: "6"}, repeat(8, "gpu-share-half"), map[string][]int{"gpu-share-half": {6, 6}}},
 		"a whole-GPU claim takes all of a shared GPU": {"dgx-h100", "all", nil, repeat(10, "gpu-1"), map[string][]int{"gpu-1": all8}},
 		// A quarter on a GPU keeps every whole-GPU claim off it, and a GPU
 		// held whole takes no share: the fifth quarter goes to GPU 5, past
