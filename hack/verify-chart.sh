@@ -93,8 +93,9 @@ must per-node -- '--profile=hgx-pcie-pairs' "per-node DaemonSet must pass its pr
 render everything "$BASE,$POLICIES,DaemonSet=1,ServiceMonitor=1" \
   --set metrics.serviceMonitor.enabled=true --set deviceClass.extendedResource.enabled=true \
   --set-json 'topology.leafLabels=["example.com/leaf"]' --set topology.tierLabelPrefix= \
-  --set kubeletPlugin.numaNodeList=true --set nvml.driverRoot=/run/nvidia/driver
+  --set kubeletPlugin.numaNodeList=true --set nvml.driverRoot=/run/nvidia/driver --set kubeletPlugin.sharedGPUs=0\,1
 must everything 'extendedResourceName: gputopo.dev/gpu' "extendedResourceName toggle"
+must everything -- '--shared-gpus=0,1' "shared GPUs must reach the plugin"
 must everything -- '--leaf-labels=example.com/leaf' "leaf labels must reach the plugin and controller"
 must everything -- '--tier-label-prefix=$' "an empty tier prefix must be passed through"
 must everything 'path: /run/nvidia/driver' "driverRoot must be mounted"
@@ -121,6 +122,7 @@ refuse "sim with profile and nodeProfiles" --set backend=sim --set sim.profile=d
 refuse "unknown backend" --set backend=cuda
 refuse "two replicas without leader election" --set controller.leaderElection=false
 refuse "a misspelt value" --set kubeletPlugin.nodeSelecter.a=b
+refuse "shared GPUs that are not indexes" --set kubeletPlugin.sharedGPUs=half
 refuse "Kubernetes older than 1.34" --kube-version 1.33.0
 
 if [ "$fail" -ne 0 ]; then

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"maps"
 	"slices"
 )
 
@@ -52,6 +53,11 @@ type PreparedDevice struct {
 	// UUID is the GPU UUID.
 	UUID         string   `json:"uuid"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+	// ShareID is set when the claim holds a share of a shared device, not
+	// the whole device; Consumed is the capacity the share takes, by
+	// capacity name (see shares.go).
+	ShareID  string            `json:"shareID,omitempty"`
+	Consumed map[string]string `json:"consumed,omitempty"`
 }
 
 // ClaimState is the preparation record of one claim.
@@ -145,6 +151,7 @@ func (cp *Checkpoint) Clone() *Checkpoint {
 		c.Devices = slices.Clone(c.Devices)
 		for i := range c.Devices {
 			c.Devices[i].CDIDeviceIDs = slices.Clone(c.Devices[i].CDIDeviceIDs)
+			c.Devices[i].Consumed = maps.Clone(c.Devices[i].Consumed)
 		}
 		out.Claims[uid] = c
 	}

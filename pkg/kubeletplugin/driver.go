@@ -136,7 +136,12 @@ func (d *Driver) SetLabels(ctx context.Context, labels map[string]string) error 
 	defer d.mu.Unlock()
 	nl := d.cfg.Slices.Network
 	before, after := nl.Resolve(d.labels), nl.Resolve(labels)
+	sharingBefore := d.labels[topology.LabelSharedGPUs]
 	d.labels = maps.Clone(labels)
+	if sharingBefore != labels[topology.LabelSharedGPUs] {
+		klog.FromContext(ctx).Info("Node label changed which GPUs are shared; republishing", "label", topology.LabelSharedGPUs, "value", labels[topology.LabelSharedGPUs])
+		return d.publishLocked(ctx)
+	}
 	if equalPlacement(before, after) {
 		return nil
 	}

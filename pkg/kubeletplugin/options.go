@@ -36,6 +36,7 @@ type Options struct {
 	CliqueLabels    []string
 	TierLabelPrefix string
 	NUMAList        bool
+	SharedGPUs      string
 	PrintSlices     bool
 }
 
@@ -75,6 +76,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.CliqueLabels, "clique-labels", o.CliqueLabels, "Node labels naming the multi-node NVLink clique, first present wins.")
 	fs.StringVar(&o.TierLabelPrefix, "tier-label-prefix", o.TierLabelPrefix, "Label prefix of tiers above the spine (<prefix>3, ...) published as tier3, ...; empty disables.")
 	fs.BoolVar(&o.NUMAList, "numa-node-list", o.NUMAList, "Publish resource.kubernetes.io/numaNode as a list (needs the DRAListTypeAttributes feature gate in the cluster).")
+	fs.StringVar(&o.SharedGPUs, "shared-gpus", o.SharedGPUs, "GPUs published for sharing, with memory and milliGPU as DRA consumable capacity: all, none, or indexes like 0,1. A node's "+topology.LabelSharedGPUs+" label overrides it.")
 	fs.BoolVar(&o.PrintSlices, "print-resource-slices", o.PrintSlices, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
 }
 
@@ -102,6 +104,9 @@ func (o *Options) Validate() error {
 	if err := o.SliceConfig().Network.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if _, err := slices.ParseSharing(o.SharedGPUs); err != nil {
+		errs = append(errs, fmt.Errorf("--shared-gpus: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -112,6 +117,7 @@ func (o *Options) SliceConfig() slices.Config {
 	if o.NUMAList {
 		cfg.NUMAForm = deviceattribute.ListAttribute
 	}
+	cfg.Sharing, _ = slices.ParseSharing(o.SharedGPUs) // Validate reports a bad value
 	return cfg
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -132,13 +133,14 @@ func (s *state) prepareLocked(ctx context.Context, claim *resourceapi.ResourceCl
 		if !ok {
 			return nil, fmt.Errorf("%w: %s (pool %s)", ErrUnknownDevice, r.Device, r.Pool)
 		}
-		if owner, busy := s.cp.DeviceOwner(r.Pool, r.Device); busy && owner != uid {
-			return nil, fmt.Errorf("%w: %s is held by claim %s; unprepare that claim first", ErrDeviceInUse, r.Device, s.describe(owner))
+		pd := preparedDevice(r, g)
+		if err := s.checkHolders(uid, pd, g); err != nil {
+			return nil, err
 		}
 		if ev, bad := view.unhealthy[g.UUID]; bad && (r.AdminAccess == nil || !*r.AdminAccess) {
 			return nil, fmt.Errorf("%w: %s (%s): %s", ErrUnhealthyDevice, r.Device, g.UUID, ev.Reason)
 		}
-		c.Devices = append(c.Devices, checkpoint.PreparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device, UUID: g.UUID})
+		c.Devices = append(c.Devices, pd)
 		e := cdi.DeviceEdits{Name: r.Device, UUID: g.UUID}
 		if view.devRoot != "" {
 			e.DeviceNodes = []string{filepath.Join(view.devRoot, fmt.Sprintf("nvidia%d", g.Minor))}
@@ -151,6 +153,12 @@ func (s *state) prepareLocked(ctx context.Context, claim *resourceapi.ResourceCl
 		return nil, fmt.Errorf("no device of driver %s on node %s is allocated to this claim", topology.DriverName, s.node)
 	}
 
+	// A share's limits go to its containers; real GPUs get MPS limits.
+	shares, err := shareEnv(c.Devices, view.devices, view.devRoot != "")
+	if err != nil {
+		return nil, err
+	}
+
 	// Phase one: record the intent, so a crash after the CDI spec is
 	// written can be rolled back.
 	next := s.cp.Clone()
@@ -161,6 +169,7 @@ func (s *state) prepareLocked(ctx context.Context, claim *resourceapi.ResourceCl
 	s.cp = next
 
 	spec := cdi.ClaimSpec{ClaimUID: uid, Devices: edits, Env: placementEnv(s.node, domains, cliques, view.network)}
+	maps.Copy(spec.Env, shares)
 	if view.devRoot != "" {
 		for _, n := range []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"} {
 			spec.CommonDeviceNodes = append(spec.CommonDeviceNodes, filepath.Join(view.devRoot, n))
