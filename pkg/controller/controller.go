@@ -300,16 +300,16 @@ func (c *Controller) snapshotCluster() (*planner.Cluster, error) {
 	return cl, nil
 }
 
-// allocated lists every device held by an allocated claim.
-func (c *Controller) allocated() (devicefit.Allocated, error) {
+// allocated lists every device and share held by an allocated claim.
+func (c *Controller) allocated() (devicefit.State, error) {
 	claims, err := c.claims.List(everything)
 	if err != nil {
-		return nil, err
+		return devicefit.State{}, err
 	}
-	out := devicefit.Allocated{}
+	out := devicefit.NewState()
 	for _, cl := range claims {
 		if cl.Status.Allocation != nil {
-			devicefit.AddResults(out, *cl.Status.Allocation)
+			out.Add(*cl.Status.Allocation)
 		}
 	}
 	return out, nil
@@ -329,7 +329,7 @@ func (c *Controller) updateUsage(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	u := planner.Measure(planner.NewSnapshot(cl, alloc), res)
+	u := planner.Measure(planner.NewSnapshotFromState(cl, alloc), res)
 	c.cfg.Metrics.LeafUtilization.Reset()
 	for _, l := range u.Leaves {
 		c.cfg.Metrics.LeafUtilization.WithLabelValues(l.Spine, l.Leaf).Set(l.Utilization)

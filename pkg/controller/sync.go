@@ -156,13 +156,13 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 			// Devices planned for a placed pod whose claims are not yet
 			// allocated still belong to the group.
 			if !c.claimsAllocated(p) {
-				alloc.Insert(decodeDevices(p.Annotations[placement.AnnotationReservedDevices])...)
+				alloc.Devices.Insert(decodeDevices(p.Annotations[placement.AnnotationReservedDevices])...)
 			}
 		}
 	}
 	for _, p := range g.pinned {
 		job.Pinned[p.Name] = p.Annotations[placement.AnnotationNode]
-		alloc.Insert(decodeDevices(p.Annotations[placement.AnnotationReservedDevices])...)
+		alloc.Devices.Insert(decodeDevices(p.Annotations[placement.AnnotationReservedDevices])...)
 	}
 	for _, p := range g.gated {
 		claims, err := c.podClaims(p)
@@ -182,7 +182,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		return err
 	}
 	start := time.Now()
-	plan, err := c.planner.Plan(ctx, planner.NewSnapshot(cl, alloc), res, job)
+	plan, err := c.planner.Plan(ctx, planner.NewSnapshotFromState(cl, alloc), res, job)
 	c.cfg.Metrics.PlanDuration.Observe(time.Since(start).Seconds())
 	var unsched *planner.Unschedulable
 	var broken *planner.BrokenClaimError

@@ -40,7 +40,8 @@ type fitter struct {
 	eval     *devicefit.Evaluator
 	c        *Cluster
 	job      string
-	base     []bitset // in use before the plan, by node
+	base     []bitset      // in use before the plan, by node
+	shares   []*nodeShares // shares held before the plan, by node
 	shapes   []shape
 	values   []int // attributes the claims may read; nil: all of them
 	patterns []int // attributes the claims only compare between devices
@@ -223,7 +224,7 @@ func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
 	r := fitResult{ok: true}
 	if len(s.claims) > 0 {
 		f.runs++
-		results, err := f.eval.Allocate(f.ctx, nd.obj, nd.slices, nd.allocated(used, nil), s.claims)
+		results, err := f.eval.AllocateOn(f.ctx, nd.obj, nd.slices, f.state(n, used, nil), s.claims)
 		if err != nil {
 			if ctxErr := f.ctx.Err(); ctxErr != nil {
 				return fitResult{}, ctxErr
@@ -282,19 +283,6 @@ func (f *fitter) capacity(n, sh, limit int) (int, error) {
 	}
 	f.capMemo[key] = count
 	return count, nil
-}
-
-// allocated lists the node's devices in used, plus more, as the allocator
-// wants them.
-func (nd *node) allocated(used bitset, more []resourceapi.AllocationResult) devicefit.Allocated {
-	a := devicefit.Allocated{}
-	for i, id := range nd.devs {
-		if used.has(i) {
-			a.Insert(id)
-		}
-	}
-	devicefit.AddResults(a, more...)
-	return a
 }
 
 var errVerify = errors.New("the allocator no longer accepts the placement")

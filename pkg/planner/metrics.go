@@ -33,10 +33,11 @@ type Usage struct {
 	LeafFragmentation float64
 }
 
-// Measure computes GPU use and fragmentation. Reserved GPUs count as used.
+// Measure computes GPU use and fragmentation. Reserved GPUs count as used,
+// and so do shared GPUs with any share held.
 func Measure(snap *Snapshot, res *Reservations) Usage {
 	c := snap.cluster
-	used := snap.withReservations(res, "")
+	used := snap.usedOrShared(res)
 	var u Usage
 	var stranded, freeNodes, strandedNodes int
 	account := func(lu *LeafUsage, nodes []int) {

@@ -42,7 +42,7 @@ func (st *state) tryPlace(nodes []int) (*attempt, error) {
 		sh := st.podShape[p]
 		st.sortNodes(a, order)
 		for _, n := range order {
-			if !st.f.mayFit(n, sh, a.extra[n]) {
+			if !st.f.mayFit(n, sh, a.extra[n]) || (st.job.NodeFits != nil && !st.job.NodeFits(st.job.Pods[p].Name, st.c.nodes[n].name)) {
 				continue
 			}
 			r, err := st.f.fit(n, sh, a.extra[n])
@@ -138,7 +138,7 @@ func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, 
 		if len(pod.Claims) > 0 {
 			var err error
 			st.f.runs++
-			results, err = st.f.eval.Allocate(st.f.ctx, nd.obj, nd.slices, nd.allocated(st.f.base[n], byNode[n]), pod.Claims)
+			results, err = st.f.eval.AllocateOn(st.f.ctx, nd.obj, nd.slices, st.f.state(n, st.f.base[n], byNode[n]), pod.Claims)
 			if err != nil {
 				if ctxErr := st.f.ctx.Err(); ctxErr != nil {
 					return nil, ctxErr

@@ -15,11 +15,18 @@ import (
 // Planner plans jobs with the scheduler's allocator. It keeps nothing
 // between plans and is safe for concurrent use.
 type Planner struct {
-	eval *devicefit.Evaluator
+	eval     *devicefit.Evaluator
+	workload Workload // what fragmentation is measured against (fgd.go)
 }
 
 // New returns a planner that evaluates claims with eval.
-func New(eval *devicefit.Evaluator) *Planner { return &Planner{eval: eval} }
+func New(eval *devicefit.Evaluator, opts ...Option) *Planner {
+	p := &Planner{eval: eval}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
+}
 
 // state is everything one Plan call works on. Nothing in it is shared.
 type state struct {
@@ -38,6 +45,7 @@ type state struct {
 	outcomes map[string]*outcome
 	caps     []capTable // by shape
 	reasons  []string
+	workload Workload
 }
 
 type preference struct {
@@ -54,6 +62,9 @@ func (p *Planner) Plan(ctx context.Context, snap *Snapshot, res *Reservations, j
 	st, err := p.newState(ctx, snap, res, &job)
 	if err != nil {
 		return nil, err
+	}
+	if plan, ok, err := st.planOnePod(); ok || err != nil {
+		return plan, err
 	}
 	st.computeCounts()
 	st.initCaps()
@@ -171,8 +182,9 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 		return nil, bad("unknown strategy %q: use consolidated, balanced or distributed", job.Strategy)
 	}
 	c := snap.cluster
-	st := &state{c: c, job: job, n: len(job.Pods), outcomes: map[string]*outcome{}}
+	st := &state{c: c, job: job, n: len(job.Pods), outcomes: map[string]*outcome{}, workload: p.workload}
 	st.f = newFitter(ctx, p.eval, c, job.Key, snap.withReservations(res, job.Key))
+	st.f.shares = snap.sharesWithReservations(res, job.Key)
 	shapeIDs := map[string]int{}
 	seen := map[string]bool{}
 	for _, pod := range job.Pods {

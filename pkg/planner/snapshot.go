@@ -17,14 +17,16 @@ import (
 // plan works on its own copy of the nodes it touches.
 type Snapshot struct {
 	cluster *Cluster
-	used    []bitset // by node; nil where nothing is in use
+	used    []bitset      // by node; nil where nothing is in use
+	shares  []*nodeShares // by node; nil where no share is held
 }
 
 // NewSnapshot records which of the cluster's devices are allocated.
 // Devices the cluster does not know (other nodes, other slices) are
-// ignored.
+// ignored. A shared device in allocated counts as held whole; see
+// NewSnapshotFromState for shares.
 func NewSnapshot(c *Cluster, allocated devicefit.Allocated) *Snapshot {
-	s := &Snapshot{cluster: c, used: make([]bitset, len(c.nodes))}
+	s := &Snapshot{cluster: c, used: make([]bitset, len(c.nodes)), shares: make([]*nodeShares, len(c.nodes))}
 	for id := range allocated {
 		s.mark(s.used, id)
 	}
@@ -70,7 +72,10 @@ func (s *Snapshot) withReservations(res *Reservations, except string) []bitset {
 type Reservation struct {
 	Job     string
 	Pods    map[string]string                // pod → node
-	Devices map[string][]structured.DeviceID // node → devices
+	Devices map[string][]structured.DeviceID // node → devices held whole
+	// Shares are the shares of shared devices, by node. Several jobs may
+	// hold shares of one device; the allocator keeps them within it.
+	Shares map[string][]devicefit.Share
 }
 
 // Reservation is the hold the controller records before it pins the pods.
@@ -80,7 +85,15 @@ func (p *Plan) Reservation() Reservation {
 		node := p.Assignments[pod]
 		for _, res := range results {
 			for _, d := range res.Devices.Results {
-				r.Devices[node] = append(r.Devices[node], structured.MakeDeviceID(d.Driver, d.Pool, d.Device))
+				if d.ShareID == nil {
+					r.Devices[node] = append(r.Devices[node], structured.MakeDeviceID(d.Driver, d.Pool, d.Device))
+				}
+			}
+			if shares := devicefit.Shares(res); len(shares) > 0 {
+				if r.Shares == nil {
+					r.Shares = map[string][]devicefit.Share{}
+				}
+				r.Shares[node] = append(r.Shares[node], shares...)
 			}
 		}
 	}
@@ -94,6 +107,12 @@ func (r Reservation) clone() Reservation {
 	out := Reservation{Job: r.Job, Pods: maps.Clone(r.Pods), Devices: make(map[string][]structured.DeviceID, len(r.Devices))}
 	for n, ids := range r.Devices {
 		out.Devices[n] = slices.Clone(ids)
+	}
+	if r.Shares != nil {
+		out.Shares = make(map[string][]devicefit.Share, len(r.Shares))
+		for n, sh := range r.Shares {
+			out.Shares[n] = slices.Clone(sh)
+		}
 	}
 	return out
 }

@@ -99,6 +99,10 @@ type Job struct {
 	// Domain, when set, is the only domain the plan may use, e.g. the
 	// domain of a placed group whose pod is being replaced.
 	Domain *Domain
+	// NodeFits, when set, says whether a pod may go to a node at all for
+	// what the planner does not see from claims (CPU, memory, taints).
+	// The planner places no pod where it says no.
+	NodeFits func(pod, node string) bool
 }
 
 // Plan is where a job goes.

@@ -1,0 +1,196 @@
+package planner_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+
+	"github.com/gputopo/gputopo/pkg/devicefit"
+	"github.com/gputopo/gputopo/pkg/planner"
+	"github.com/gputopo/gputopo/pkg/topology"
+)
+
+// sharedCluster is one leaf of two dgx-h100 nodes whose GPUs are all
+// published for sharing:
+//
+//	leaf-0: l0n0, l0n1 (8 shared GPUs each)
+func sharedCluster(t testing.TB) *planner.Cluster {
+	t.Helper()
+	infos := makeCluster().Leaf("spine-0", 0, "dgx-h100", 2).Infos(t)
+	for _, in := range infos {
+		for _, sl := range in.Slices {
+			for i := range sl.Spec.Devices {
+				d := &sl.Spec.Devices[i]
+				d.AllowMultipleAllocations = ptr.To(true)
+				d.Capacity[topology.CapacityMilliGPU] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(topology.MilliPerGPU, resource.DecimalSI)}
+				mem := d.Capacity[topology.CapacityMemory]
+				mem.RequestPolicy = &resourceapi.CapacityRequestPolicy{Default: resource.NewQuantity(0, resource.BinarySI), ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: resource.NewQuantity(0, resource.BinarySI)}}
+				d.Capacity[topology.CapacityMemory] = mem
+			}
+		}
+	}
+	c, err := planner.NewCluster(infos, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// shareJob is a one-pod job asking for milli thousandths of a GPU.
+func shareJob(t testing.TB, key string, milli int64) planner.Job {
+	j := makeJob(t, key).Pods(1, "gpu-share-quarter").Obj()
+	j.Pods[0].Claims[0].Spec.Devices.Requests[0].Exactly.Capacity.Requests[topology.CapacityMilliGPU] = *resource.NewQuantity(milli, resource.DecimalSI)
+	return j
+}
+
+// where is "node/device" of each placed job, in order.
+type where []string
+
+// planAll plans the jobs one after the other, each holding what it got.
+func planAll(t *testing.T, p *planner.Planner, snap *planner.Snapshot, jobs ...planner.Job) where {
+	t.Helper()
+	res := planner.NewReservations()
+	var out where
+	for _, j := range jobs {
+		plan, err := p.Plan(context.Background(), snap, res, j)
+		if err != nil {
+			t.Fatalf("job %s: %v", j.Key, err)
+		}
+		if err := res.Add(plan.Reservation()); err != nil {
+			t.Fatalf("job %s: %v", j.Key, err)
+		}
+		for _, r := range plan.Allocations[j.Pods[0].Name] {
+			for _, d := range r.Devices.Results {
+				out = append(out, d.Pool+"/"+d.Device)
+			}
+		}
+	}
+	return out
+}
+
+func TestFragmentationAwarePlacement(t *testing.T) {
+	halves := planner.Workload{{GPUs: 1, MilliGPU: 500, Weight: 1}}
+	jobs := func(t *testing.T, strategy planner.Strategy, millis ...int64) []planner.Job {
+		var out []planner.Job
+		for i, m := range millis {
+			j := shareJob(t, fmt.Sprintf("j%d", i), m)
+			j.Strategy = strategy
+			out = append(out, j)
+		}
+		return out
+	}
+	tests := map[string]struct {
+		workload planner.Workload
+		strategy planner.Strategy
+		millis   []int64
+		want     where
+	}{
+		// A second quarter beside the first leaves GPU 1 whole.
+		"quarters fill one GPU first": {nil, "", []int64{250, 250, 250, 250, 250},
+			where{"l0n0/gpu-0", "l0n0/gpu-0", "l0n0/gpu-0", "l0n0/gpu-0", "l0n0/gpu-1"}},
+		// When halves are what comes, a quarter beside a half would strand
+		// the last quarter: it goes to a whole GPU instead.
+		"a quarter keeps a half free for a half": {halves, "", []int64{500, 250, 250},
+			where{"l0n0/gpu-0", "l0n0/gpu-1", "l0n0/gpu-1"}},
+		"consolidated packs the fullest GPU": {halves, planner.StrategyConsolidated, []int64{500, 250, 250},
+			where{"l0n0/gpu-0", "l0n0/gpu-0", "l0n0/gpu-0"}},
+		"distributed spreads over nodes": {nil, planner.StrategyDistributed, []int64{250, 250, 250},
+			where{"l0n0/gpu-0", "l0n1/gpu-0", "l0n0/gpu-1"}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			c := sharedCluster(t)
+			p := planner.New(newEvaluator(t), planner.WithWorkload(tc.workload))
+			got := planAll(t, p, planner.NewSnapshot(c, nil), jobs(t, tc.strategy, tc.millis...)...)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("placements (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// Shares held by allocated claims and by other plans count; a node the
+// job may not use is skipped.
+func TestOnePodPlansRespectSharesAndNodeFits(t *testing.T) {
+	c := sharedCluster(t)
+	p := planner.New(newEvaluator(t))
+	state := devicefit.NewState()
+	for g := range 8 {
+		state.AddShare(devicefit.Share{Device: gpuID("l0n0", g), ShareID: fmt.Sprintf("s%d", g),
+			Consumed: map[resourceapi.QualifiedName]resource.Quantity{topology.CapacityMilliGPU: resource.MustParse("900")}})
+	}
+	snap := planner.NewSnapshotFromState(c, state)
+	got := planAll(t, p, snap, shareJob(t, "small", 100), shareJob(t, "big", 500))
+	if diff := cmp.Diff(where{"l0n0/gpu-0", "l0n1/gpu-0"}, got); diff != "" {
+		t.Errorf("placements (-want +got):\n%s", diff)
+	}
+
+	j := shareJob(t, "fenced", 100)
+	j.NodeFits = func(_, node string) bool { return node != "l0n0" }
+	if got := planAll(t, p, snap, j); got[0] != "l0n1/gpu-0" {
+		t.Errorf("NodeFits refused l0n0, got %v", got)
+	}
+	whole := makeJob(t, "whole").Pods(1, "gpu-8-node").Obj()
+	plan, err := p.Plan(context.Background(), snap, nil, whole)
+	if err != nil || plan.Assignments["p0"] != "l0n1" {
+		t.Fatalf("a whole node's claim must go to the node without shares: %v, %v", plan, err)
+	}
+	if !hasReason(plan.Reasons, "8 whole GPUs on l0n1") {
+		t.Errorf("reasons %q do not say where the GPUs went", plan.Reasons)
+	}
+}
+
+// Two jobs may each hold a share of one device; whole devices stay
+// exclusive.
+func TestReservationsHoldShares(t *testing.T) {
+	c := sharedCluster(t)
+	p := planner.New(newEvaluator(t))
+	snap := planner.NewSnapshot(c, nil)
+	res := planner.NewReservations()
+	for _, key := range []string{"a", "b"} {
+		plan, err := p.Plan(context.Background(), snap, res, shareJob(t, key, 500))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := plan.Reservation()
+		if len(r.Devices) != 0 || len(r.Shares["l0n0"]) != 1 || r.Shares["l0n0"][0].Device != gpuID("l0n0", 0) {
+			t.Fatalf("job %s: reservation %+v, want one share of l0n0 gpu-0 and no whole device", key, r)
+		}
+		if err := res.Add(r); err != nil {
+			t.Fatalf("job %s: %v", key, err)
+		}
+	}
+	plan, err := p.Plan(context.Background(), snap, res, shareJob(t, "c", 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := plan.Allocations["p0"][0].Devices.Results[0]; d.Device != "gpu-1" {
+		t.Errorf("gpu-0 is full with two halves reserved, got %s", d.Device)
+	}
+	u := planner.Measure(snap, res)
+	if u.Used != 1 {
+		t.Errorf("a GPU held by shares counts as used: %d used, want 1", u.Used)
+	}
+}
+
+func TestWorkloadValidate(t *testing.T) {
+	for name, w := range map[string]planner.Workload{
+		"empty":            {},
+		"share of 2 GPUs":  {{GPUs: 2, MilliGPU: 500, Weight: 1}},
+		"over a whole GPU": {{GPUs: 1, MilliGPU: 1500, Weight: 1}},
+		"negative weight":  {{GPUs: 1, MilliGPU: 1000, Weight: -1}},
+		"no weight":        {{GPUs: 1, MilliGPU: 1000}},
+	} {
+		if err := w.Validate(); err == nil {
+			t.Errorf("%s: want an error", name)
+		}
+	}
+	if err := planner.DefaultWorkload().Validate(); err != nil {
+		t.Errorf("default workload: %v", err)
+	}
+}

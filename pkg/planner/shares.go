@@ -1,0 +1,148 @@
+package planner
+
+import (
+	"slices"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/gputopo/gputopo/pkg/devicefit"
+)
+
+// nodeShares is what the shares of a node's shared devices hold, the way
+// the allocator counts it.
+type nodeShares struct {
+	ids      sets.Set[structured.SharedDeviceID]
+	consumed structured.ConsumedCapacityCollection
+}
+
+func (ns *nodeShares) clone() *nodeShares {
+	out := &nodeShares{ids: sets.New[structured.SharedDeviceID](), consumed: structured.NewConsumedCapacityCollection()}
+	if ns != nil {
+		out.ids = ns.ids.Clone()
+		out.consumed = ns.consumed.Clone()
+	}
+	return out
+}
+
+func (ns *nodeShares) add(sh devicefit.Share) {
+	uid := types.UID(sh.ShareID)
+	ns.ids.Insert(structured.MakeSharedDeviceID(sh.Device, &uid))
+	ns.consumed.Insert(structured.NewDeviceConsumedCapacity(sh.Device, sh.Consumed))
+}
+
+// NewSnapshotFromState records what allocated claims hold: devices held
+// whole, and the shares of shared devices, which leave the rest of those
+// devices to other shares.
+func NewSnapshotFromState(c *Cluster, st devicefit.State) *Snapshot {
+	s := NewSnapshot(c, st.Devices)
+	for id := range st.ShareIDs {
+		if ref, ok := c.devIndex[id.GetDeviceID()]; ok {
+			s.sharesOf(s.shares, ref.node).ids.Insert(id)
+		}
+	}
+	for id, capacity := range st.Consumed {
+		if ref, ok := c.devIndex[id]; ok {
+			s.sharesOf(s.shares, ref.node).consumed[id] = capacity.Clone()
+		}
+	}
+	return s
+}
+
+// sharesOf returns node n's entry of shares, creating it.
+func (s *Snapshot) sharesOf(shares []*nodeShares, n int32) *nodeShares {
+	if shares[n] == nil {
+		shares[n] = (*nodeShares)(nil).clone()
+	}
+	return shares[n]
+}
+
+// sharesWithReservations returns the shares held once every reservation
+// but the job's own is counted, copying only the nodes reservations touch.
+func (s *Snapshot) sharesWithReservations(res *Reservations, except string) []*nodeShares {
+	shares := slices.Clone(s.shares)
+	copied := map[int32]bool{}
+	res.eachShare(except, func(sh devicefit.Share) {
+		ref, ok := s.cluster.devIndex[sh.Device]
+		if !ok {
+			return
+		}
+		if !copied[ref.node] {
+			copied[ref.node] = true
+			shares[ref.node] = shares[ref.node].clone()
+		}
+		shares[ref.node].add(sh)
+	})
+	return shares
+}
+
+// eachShare calls fn for every share held by a job other than except.
+func (rs *Reservations) eachShare(except string, fn func(devicefit.Share)) {
+	if rs == nil {
+		return
+	}
+	rs.mu.RLock()
+	defer rs.mu.RUnlock()
+	for job, r := range rs.jobs {
+		if job == except {
+			continue
+		}
+		for _, shares := range r.Shares {
+			for _, sh := range shares {
+				fn(sh)
+			}
+		}
+	}
+}
+
+// state is what the allocator is told is in use on node n: the devices in
+// used held whole, the node's shares, and what more holds on top.
+func (f *fitter) state(n int, used bitset, more []resourceapi.AllocationResult) structured.AllocatedState {
+	nd := f.c.nodes[n]
+	a := devicefit.Allocated{}
+	for i, id := range nd.devs {
+		if used.has(i) {
+			a.Insert(id)
+		}
+	}
+	var shares *nodeShares
+	if f.shares != nil {
+		shares = f.shares[n]
+	}
+	if len(devicefit.Shares(more...)) > 0 {
+		shares = shares.clone()
+		for _, sh := range devicefit.Shares(more...) {
+			shares.add(sh)
+		}
+	}
+	for _, r := range more {
+		for _, d := range r.Devices.Results {
+			if d.ShareID == nil {
+				a.Insert(structured.MakeDeviceID(d.Driver, d.Pool, d.Device))
+			}
+		}
+	}
+	st := structured.AllocatedState{AllocatedDevices: a}
+	if shares != nil {
+		st.AllocatedSharedDeviceIDs, st.AggregatedCapacity = shares.ids, shares.consumed
+	}
+	return st
+}
+
+// usedOrShared returns the devices in use, counting every reservation, a
+// shared device with any share counting as used.
+func (s *Snapshot) usedOrShared(res *Reservations) []bitset {
+	used := s.withReservations(res, "")
+	for n, ns := range s.sharesWithReservations(res, "") {
+		if ns == nil || len(ns.consumed) == 0 {
+			continue
+		}
+		used[n] = used[n].clone(len(s.cluster.nodes[n].devs))
+		for id := range ns.consumed {
+			used[n].set(int(s.cluster.devIndex[id].pos))
+		}
+	}
+	return used
+}
