@@ -17,28 +17,40 @@ type simulateFlags struct {
 	demand, multiNode                                   float64
 	seed                                                uint64
 	seeds, jobs                                         int
+	sharing, cpuPodsOptIn                               bool
 	grouping                                            simulate.Grouping
+	claims                                              simulate.ClaimFiles
 }
 
 func newSimulateCmd() *cobra.Command {
-	f := simulateFlags{grouping: simulate.DefaultGrouping()}
+	f := simulateFlags{grouping: simulate.DefaultGrouping(), claims: simulate.DemoClaimFiles(".")}
 	cmd := &cobra.Command{
 		Use:   "simulate --cluster FILE (--trace FILE | --trace-format philly)",
-		Short: "Replay a GPU trace offline through gputopo's planner and a first-fit baseline",
+		Short: "Replay a GPU trace offline through gputopo's planner, a model of the default scheduler and first fit",
 		Long: `Replays a trace through the same planner, slice generator and structured
-allocator as a live cluster, and through a topology-oblivious first-fit
-baseline, and prints both side by side.
+allocator as a live cluster, and side by side through a model of the
+default kube-scheduler (feasible nodes sampled as it does, scored by
+LeastAllocated and BalancedAllocation over CPU and memory, ties broken at
+random by --seed) and through first fit over nodes in name order.
 
-The cluster is a YAML topology (spines, leavesPerSpine, nodesPerLeaf,
-profiles) or an Alibaba openb_node_list_*.csv, grouped into leaves of
---nodes-per-leaf nodes and spines of --leaves-per-spine leaves.
+The cluster is a cluster topology (the YAML of test/cluster/topologies)
+or an Alibaba openb_node_list_*.csv, grouped into leaves of
+--nodes-per-leaf nodes and spines of --leaves-per-spine leaves; the node
+list's CPU and memory count. With --sharing every GPU is published for
+sharing and a pod asking for a share of a GPU takes that share;
+without it, it takes a whole GPU. Claims are made from the DeviceClass and
+templates named by --device-class, --whole-template and --share-template,
+read like any manifest (by default the demo's, from the working
+directory).
 
-Static traces (Alibaba pod lists, job CSVs without times) arrive until the
-requested GPUs reach --demand × the cluster's GPUs and never leave, as in
-the FGD paper; timed traces (job CSVs with arrival_s,duration_s, philly)
-replay arrivals and departures. For Alibaba traces the FGD paper's
-published ratios are shown when fgd-expected-results sits beside the
-trace's directory.`,
+Static traces (Alibaba pod lists, job CSVs without times) arrive until
+what they ask for reaches --demand × the cluster's GPUs, counted in
+milli-GPUs, and never leave, as in the FGD paper. Timed traces (job CSVs
+with arrival_s,duration_s, philly) replay arrivals and departures: a job
+that does not fit waits in arrival order, and every job that fits when
+GPUs free up starts (backfill). The FGD paper's published ratios are
+shown only for its setting: an Alibaba trace with --sharing, when
+fgd-expected-results sits beside the trace's directory.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSimulate(cmd, &f) },
 	}
@@ -51,7 +63,12 @@ trace's directory.`,
 	fl.IntVar(&f.seeds, "seeds", 1, "Replay seeds --seed, --seed+1, ... and report means (the FGD paper uses 10)")
 	fl.StringVarP(&f.output, "output", "o", "table", "table or json")
 	fl.StringVar(&f.published, "published", "", "FGD artifact results (default: ../fgd-expected-results/analysis_allo_discrete.csv beside an Alibaba trace)")
-	fl.StringVar(&f.strategy, "strategy", "", "gputopo strategy inside a domain: consolidated, balanced or distributed (default: the planner's)")
+	fl.StringVar(&f.strategy, "strategy", "", "gputopo strategy: consolidated, balanced or distributed (default: the planner's; for one-pod jobs, fragmentation-aware)")
+	fl.BoolVar(&f.sharing, "sharing", false, "Publish every GPU for sharing: pods asking for a share of a GPU take that share")
+	fl.BoolVar(&f.cpuPodsOptIn, "cpu-pods-opt-in", true, "Pods without GPUs (Alibaba traces) opt in to gputopo's placement, as every pod goes through FGD in the paper; false leaves them to the default scheduler's model")
+	fl.StringVar(&f.claims.DeviceClass, "device-class", f.claims.DeviceClass, "DeviceClass manifest of the pods' claims")
+	fl.StringVar(&f.claims.Whole, "whole-template", f.claims.Whole, "ResourceClaimTemplate for whole GPUs: one request whose count is set to the pod's GPUs")
+	fl.StringVar(&f.claims.Share, "share-template", f.claims.Share, "ResourceClaimTemplate for a share of a GPU: one request whose milliGPU is set to the pod's share")
 	fl.IntVar(&f.jobs, "jobs", 1000, "Philly: number of jobs")
 	fl.Float64Var(&f.multiNode, "multinode-fraction", 0.1, "Philly: fraction of multi-node jobs (2-8 pods of 8 GPUs)")
 	fl.IntVar(&f.grouping.NodesPerLeaf, "nodes-per-leaf", f.grouping.NodesPerLeaf, "Node-list clusters: consecutive nodes per leaf")
@@ -72,11 +89,15 @@ func runSimulate(cmd *cobra.Command, f *simulateFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 	defer stop()
-	c, err := simulate.LoadCluster(f.cluster, f.grouping)
+	c, err := simulate.LoadCluster(f.cluster, f.grouping, simulate.ClusterOptions{Sharing: f.sharing})
 	if err != nil {
 		return err
 	}
-	opt := simulate.Options{Demand: f.demand, Seed: f.seed, Seeds: f.seeds, Strategy: planner.Strategy(f.strategy)}
+	claims, err := simulate.LoadClaims(f.claims)
+	if err != nil {
+		return err
+	}
+	opt := simulate.Options{Demand: f.demand, Seed: f.seed, Seeds: f.seeds, Strategy: planner.Strategy(f.strategy), CPUPodsOptIn: f.cpuPodsOptIn}
 	var src simulate.Source
 	var published []simulate.Published
 	if f.format == simulate.FormatPhilly {
@@ -97,6 +118,8 @@ func runSimulate(cmd *cobra.Command, f *simulateFlags) error {
 		src = simulate.Fixed(tr)
 		if tr.Format == simulate.FormatAlibaba {
 			opt.Inflate = true
+		}
+		if simulate.PaperSetting(tr, f.sharing) {
 			file := f.published
 			if file == "" {
 				file = simulate.PublishedFile(f.trace)
@@ -106,7 +129,7 @@ func runSimulate(cmd *cobra.Command, f *simulateFlags) error {
 			}
 		}
 	}
-	res, err := simulate.Run(ctx, c, src, opt)
+	res, err := simulate.Run(ctx, c, claims, src, opt)
 	if err != nil {
 		return err
 	}

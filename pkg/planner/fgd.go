@@ -1,7 +1,6 @@
 package planner
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -29,6 +28,9 @@ type WorkloadClass struct {
 	// GPUs per pod; MilliGPU per GPU: 1000 for whole GPUs, less for a
 	// share of one GPU.
 	GPUs, MilliGPU int
+	// Requests is what the pod asks of its node besides GPUs; a node
+	// without that much left strands all its free GPUs for the kind.
+	Requests Resources
 	// Weight is how common the kind is; weights need not sum to 1.
 	Weight float64
 }
@@ -39,7 +41,10 @@ type Workload []WorkloadClass
 // DefaultWorkload is used when the planner is given none: shares of a
 // quarter and a half, and 1, 2, 4 and 8 whole GPUs.
 func DefaultWorkload() Workload {
-	return Workload{{1, 250, 1}, {1, 500, 1}, {1, 1000, 2}, {2, 1000, 1}, {4, 1000, 1}, {8, 1000, 1}}
+	return Workload{
+		{GPUs: 1, MilliGPU: 250, Weight: 1}, {GPUs: 1, MilliGPU: 500, Weight: 1}, {GPUs: 1, MilliGPU: 1000, Weight: 2},
+		{GPUs: 2, MilliGPU: 1000, Weight: 1}, {GPUs: 4, MilliGPU: 1000, Weight: 1}, {GPUs: 8, MilliGPU: 1000, Weight: 1},
+	}
 }
 
 // Validate says what is wrong with a workload.
@@ -53,6 +58,8 @@ func (w Workload) Validate() error {
 			return fmt.Errorf("workload class %+v: only a one-GPU pod can ask for a share of a GPU", c)
 		case c.Weight < 0 || math.IsNaN(c.Weight) || math.IsInf(c.Weight, 0):
 			return fmt.Errorf("workload class %+v: weight must be a number of at least 0", c)
+		case c.Requests.CPUMilli < 0 || c.Requests.MemoryMiB < 0:
+			return fmt.Errorf("workload class %+v: requests must not be negative", c)
 		}
 		sum += c.Weight
 	}
@@ -77,35 +84,59 @@ func WithWorkload(w Workload) Option {
 
 // slot is one healthy GPU of a node with what is free of it.
 type slot struct {
-	pos    int
 	name   string
 	free   int // milliGPU
 	shared bool
 }
 
-// fragStats is, per workload class, what a node's GPUs offer it: how many
-// can take a pod of the class (whole GPUs for whole-GPU classes) and how
-// much free capacity no pod of the class can use.
+// gpuShape is a kind of GPU request: gpus whole GPUs, or a share.
+type gpuShape struct{ gpus, milli int }
+
+// fragModel is a workload prepared for scoring: its distinct GPU shapes,
+// and each class's shape.
+type fragModel struct {
+	w      Workload
+	shapes []gpuShape
+	shape  []int // by class
+}
+
+func newFragModel(w Workload) *fragModel {
+	m := &fragModel{w: w, shape: make([]int, len(w))}
+	for i, c := range w {
+		k := gpuShape{c.GPUs, c.MilliGPU}
+		j := slices.Index(m.shapes, k)
+		if j < 0 {
+			j = len(m.shapes)
+			m.shapes = append(m.shapes, k)
+		}
+		m.shape[i] = j
+	}
+	return m
+}
+
+// fragStats is, per GPU shape, what a node's GPUs offer it: how many can
+// take a pod of the shape (whole GPUs for whole-GPU shapes) and how much
+// free compute no pod of the shape can use.
 type fragStats struct {
 	usable, stranded []int
 	total            int
 }
 
-func newFragStats(w Workload, slots []slot) fragStats {
-	s := fragStats{usable: make([]int, len(w)), stranded: make([]int, len(w))}
+func (m *fragModel) stats(slots []slot) fragStats {
+	s := fragStats{usable: make([]int, len(m.shapes)), stranded: make([]int, len(m.shapes))}
 	for _, sl := range slots {
-		s.change(w, sl.free, sl.shared, 1)
+		m.change(&s, sl.free, sl.shared, 1)
 	}
 	return s
 }
 
 // change adds (sign 1) or removes (sign -1) a GPU with free milliGPU.
-func (s *fragStats) change(w Workload, free int, shared bool, sign int) {
+func (m *fragModel) change(s *fragStats, free int, shared bool, sign int) {
 	s.total += sign * free
-	for i, c := range w {
+	for i, k := range m.shapes {
 		ok := free == topology.MilliPerGPU
-		if c.MilliGPU < topology.MilliPerGPU {
-			ok = shared && free >= c.MilliGPU
+		if k.milli < topology.MilliPerGPU {
+			ok = shared && free >= k.milli
 		}
 		if ok {
 			s.usable[i] += sign
@@ -115,17 +146,23 @@ func (s *fragStats) change(w Workload, free int, shared bool, sign int) {
 	}
 }
 
-// frag is the expected free capacity the workload cannot use.
-func (s *fragStats) frag(w Workload) float64 {
+// frag is the expected free compute the workload cannot use on a node
+// with stats s and rest left besides GPUs (known: counted at all).
+func (m *fragModel) frag(s *fragStats, rest Resources, known bool) float64 {
 	f := 0.0
-	for i, c := range w {
-		if s.usable[i] < c.GPUs {
+	for i, c := range m.w {
+		k := m.shape[i]
+		if s.usable[k] < c.GPUs || (known && !c.Requests.fits(rest)) {
 			f += c.Weight * float64(s.total)
 		} else {
-			f += c.Weight * float64(s.stranded[i])
+			f += c.Weight * float64(s.stranded[k])
 		}
 	}
 	return f
+}
+
+func (s fragStats) clone() fragStats {
+	return fragStats{usable: slices.Clone(s.usable), stranded: slices.Clone(s.stranded), total: s.total}
 }
 
 // podDemand is what a pod's GPU claims ask for: GPUs GPUs of MilliGPU.
@@ -133,9 +170,14 @@ type podDemand struct{ gpus, milli int }
 
 // demand reads the pod's claims; ok is false for claims the scoring does
 // not model (prioritized lists, "All", devices of other drivers), which
-// the domain search places instead.
+// the domain search places instead. A pod without claims is placed by
+// fragmentation only when the job says what nodes have left (NodeFree):
+// its CPU and memory can strand a node's GPUs.
 func (st *state) demand(pod Pod) (podDemand, bool) {
 	var d podDemand
+	if len(pod.Claims) == 0 {
+		return d, st.job.NodeFree != nil
+	}
 	for _, cl := range pod.Claims {
 		for _, r := range cl.Spec.Devices.Requests {
 			e := r.Exactly
@@ -175,37 +217,36 @@ func (st *state) gpuClass(name string) bool {
 	return false
 }
 
-// slots lists node n's healthy GPUs and what is free of each.
-func (st *state) slots(n int) []slot {
+// slots lists node n's healthy GPUs and what is free of each, into buf.
+func (st *state) slots(n int, buf []slot) []slot {
 	nd := st.c.nodes[n]
 	used := st.f.base[n]
 	var shares *nodeShares
 	if st.f.shares != nil {
 		shares = st.f.shares[n]
 	}
-	var out []slot
+	out := buf[:0]
 	pos := 0
 	for _, sl := range nd.slices {
+		if sl.Spec.Driver != topology.DriverName {
+			pos += len(sl.Spec.Devices)
+			continue
+		}
 		for i := range sl.Spec.Devices {
 			d := &sl.Spec.Devices[i]
 			p := pos
 			pos++
-			if sl.Spec.Driver != topology.DriverName || !nd.healthy.has(p) {
+			if !nd.healthy.has(p) {
 				continue
 			}
-			s := slot{pos: p, name: d.Name, shared: d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations}
-			switch {
-			case used.has(p):
-			case s.shared:
+			s := slot{name: d.Name, shared: d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations}
+			if !used.has(p) {
 				s.free = topology.MilliPerGPU
-				if shares != nil {
-					if q := shares.consumed[nd.devs[p]][topology.CapacityMilliGPU]; q != nil {
-						s.free -= int(q.Value())
-					}
+			}
+			if s.shared && s.free > 0 && shares != nil {
+				if q := shares.consumed[nd.devs[p]][topology.CapacityMilliGPU]; q != nil {
+					s.free = max(s.free-int(q.Value()), 0)
 				}
-				s.free = max(s.free, 0)
-			default:
-				s.free = topology.MilliPerGPU
 			}
 			out = append(out, s)
 		}
@@ -224,10 +265,24 @@ type choice struct {
 	gpuLeft int
 }
 
+// better orders choices: lower score, then less left on the node, then
+// the GPU the strategy prefers.
+func (c choice) better(o choice, spread bool) bool {
+	switch {
+	case c.score != o.score:
+		return c.score < o.score
+	case c.left != o.left:
+		return c.left < o.left
+	case spread:
+		return c.gpuLeft > o.gpuLeft
+	}
+	return c.gpuLeft < o.gpuLeft
+}
+
 // planOnePod places a one-pod job of GPU claims by fragmentation (or by
 // packing or spreading, per strategy). ok is false when the job is not
 // such a job, or no choice the scoring offers passes the allocator: the
-// domain search then decides, and explains a refusal.
+// domain search then decides and explains.
 func (st *state) planOnePod() (*Plan, bool, error) {
 	job := st.job
 	if st.n != 1 || job.Placement != PlacementAuto || len(job.Pinned) > 0 || job.Domain != nil || job.PreferredDomain != "" {
@@ -242,31 +297,33 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 	if len(w) == 0 {
 		w = DefaultWorkload()
 	}
-	var choices []choice
+	m := newFragModel(w)
+	spread := job.Strategy == StrategyDistributed
+	var choices []choice // the best of each node
+	var buf []slot
 	for n, nd := range st.c.nodes {
-		if !nd.schedulable || (job.NodeFits != nil && !job.NodeFits(pod.Name, nd.name)) {
+		if !nd.schedulable || !st.roomBesidesDevices(pod, n) {
 			continue
 		}
-		choices = append(choices, st.score(n, d, w)...)
+		buf = st.slots(n, buf)
+		if c, ok := st.score(n, buf, d, m, pod.Requests, spread); ok {
+			choices = append(choices, c)
+		}
 	}
-	spread := job.Strategy == StrategyDistributed
+	if len(choices) == 0 {
+		return nil, true, &Unschedulable{Job: job.Key, Reason: fmt.Sprintf("no node has room for %s%s", st.demandDesc(d), st.requestsDesc(pod))}
+	}
 	slices.SortStableFunc(choices, func(a, b choice) int {
-		if c := cmp.Compare(a.score, b.score); c != 0 {
-			return c
+		if a.better(b, spread) {
+			return -1
 		}
-		if c := cmp.Compare(a.left, b.left); c != 0 {
-			return c
+		if b.better(a, spread) {
+			return 1
 		}
-		if spread {
-			return cmp.Compare(b.gpuLeft, a.gpuLeft)
-		}
-		return cmp.Compare(a.gpuLeft, b.gpuLeft)
+		return 0
 	})
-	const tries = 32
-	for i, c := range choices {
-		if i == tries {
-			break
-		}
+	const tries = 16
+	for _, c := range choices[:min(len(choices), tries)] {
 		results, err := st.confirm(c, pod)
 		if err != nil {
 			return nil, true, err
@@ -278,61 +335,101 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 	return nil, false, nil
 }
 
-// score lists the places on node n for a pod of demand d, scored by the
-// strategy: lower is better.
-func (st *state) score(n int, d podDemand, w Workload) []choice {
-	slots := st.slots(n)
-	stats := newFragStats(w, slots)
-	before := stats.frag(w)
-	var out []choice
-	add := func(gpu string, gpuLeft int, after fragStats) {
-		c := choice{node: n, gpu: gpu, left: after.total, gpuLeft: gpuLeft}
-		switch st.job.Strategy {
-		case StrategyConsolidated:
-			c.score = float64(after.total)
-		case StrategyDistributed:
-			c.score = -float64(after.total)
+// roomBesidesDevices says whether node n has what the pod asks for
+// besides devices.
+func (st *state) roomBesidesDevices(pod Pod, n int) bool {
+	if st.job.NodeFree == nil {
+		return true
+	}
+	free, known := st.job.NodeFree(st.c.nodes[n].name)
+	return !known || pod.Requests.fits(free)
+}
+
+// score finds the best place on node n (slots: its GPUs) for a pod of
+// demand d asking req besides; lower scores are better.
+func (st *state) score(n int, slots []slot, d podDemand, m *fragModel, req Resources, spread bool) (choice, bool) {
+	var rest Resources
+	known := false
+	if st.job.NodeFree != nil {
+		rest, known = st.job.NodeFree(st.c.nodes[n].name)
+	}
+	after := Resources{CPUMilli: rest.CPUMilli - req.CPUMilli, MemoryMiB: rest.MemoryMiB - req.MemoryMiB}
+	stats := m.stats(slots)
+	var before float64
+	if st.job.Strategy != StrategyConsolidated && !spread {
+		before = m.frag(&stats, rest, known)
+	}
+	best, found := choice{}, false
+	consider := func(gpu string, gpuLeft int, s fragStats) {
+		c := choice{node: n, gpu: gpu, left: s.total, gpuLeft: gpuLeft}
+		switch {
+		case st.job.Strategy == StrategyConsolidated:
+			c.score = float64(s.total)
+		case spread:
+			c.score = -float64(s.total)
 		default:
-			c.score = after.frag(w) - before
+			c.score = m.frag(&s, after, known) - before
 		}
-		out = append(out, c)
+		if !found || c.better(best, spread) {
+			best, found = c, true
+		}
+	}
+	if d.gpus == 0 {
+		consider("", 0, stats)
+		return best, true
 	}
 	if d.milli < topology.MilliPerGPU {
 		for _, sl := range slots {
 			if !sl.shared || sl.free < d.milli {
 				continue
 			}
-			after := stats.clone()
-			after.change(w, sl.free, true, -1)
-			after.change(w, sl.free-d.milli, true, 1)
-			add(sl.name, sl.free-d.milli, after)
+			s := stats.clone()
+			m.change(&s, sl.free, true, -1)
+			m.change(&s, sl.free-d.milli, true, 1)
+			consider(sl.name, sl.free-d.milli, s)
 		}
-		return out
+		return best, found
 	}
 	// Whole GPUs: the allocator takes the first free ones.
-	after := stats.clone()
+	s := stats.clone()
 	taken := 0
 	for _, sl := range slots {
 		if taken < d.gpus && sl.free == topology.MilliPerGPU {
-			after.change(w, sl.free, sl.shared, -1)
-			after.change(w, 0, sl.shared, 1)
+			m.change(&s, sl.free, sl.shared, -1)
+			m.change(&s, 0, sl.shared, 1)
 			taken++
 		}
 	}
 	if taken == d.gpus {
-		add("", 0, after)
+		consider("", 0, s)
 	}
-	return out
+	return best, found
 }
 
-func (s fragStats) clone() fragStats {
-	return fragStats{usable: slices.Clone(s.usable), stranded: slices.Clone(s.stranded), total: s.total}
+func (st *state) demandDesc(d podDemand) string {
+	if d.gpus == 0 {
+		return "a pod without GPUs"
+	}
+	if d.milli < topology.MilliPerGPU {
+		return fmt.Sprintf("%d milliGPU of a shared GPU", d.milli)
+	}
+	return plural(d.gpus, "whole GPU")
+}
+
+func (st *state) requestsDesc(pod Pod) string {
+	if st.job.NodeFree == nil || pod.Requests == (Resources{}) {
+		return ""
+	}
+	return fmt.Sprintf(" and %dm CPU, %d MiB memory", pod.Requests.CPUMilli, pod.Requests.MemoryMiB)
 }
 
 // confirm allocates the pod's claims on the chosen node; a share only on
 // the chosen GPU. nil results: the allocator says no.
 func (st *state) confirm(c choice, pod Pod) ([]resourceapi.AllocationResult, error) {
 	nd := st.c.nodes[c.node]
+	if len(pod.Claims) == 0 {
+		return []resourceapi.AllocationResult{}, nil
+	}
 	slices := nd.slices
 	if c.gpu != "" {
 		slices = only(nd.slices, c.gpu)
@@ -380,17 +477,15 @@ func (st *state) onePodPlan(c choice, pod Pod, results []resourceapi.AllocationR
 	if c.gpu != "" {
 		where = node + " " + c.gpu
 	}
-	what := fmt.Sprintf("%s milliGPU", fmt.Sprint(d.milli))
-	if d.milli == topology.MilliPerGPU {
-		what = plural(d.gpus, "whole GPU")
-	}
+	what := st.demandDesc(d)
+	nodes := plural(candidates, "node")
 	switch st.job.Strategy {
 	case StrategyConsolidated:
-		p.Reasons = append(p.Reasons, fmt.Sprintf("%s on %s: the fullest of %s that fit (strategy consolidated), %d milliGPU left there", what, where, plural(candidates, "place"), c.left))
+		p.Reasons = append(p.Reasons, fmt.Sprintf("%s on %s: the fullest place of %s with room (strategy consolidated), %d milliGPU left there", what, where, nodes, c.left))
 	case StrategyDistributed:
-		p.Reasons = append(p.Reasons, fmt.Sprintf("%s on %s: the emptiest of %s that fit (strategy distributed), %d milliGPU left there", what, where, plural(candidates, "place"), c.left))
+		p.Reasons = append(p.Reasons, fmt.Sprintf("%s on %s: the emptiest place of %s with room (strategy distributed), %d milliGPU left there", what, where, nodes, c.left))
 	default:
-		p.Reasons = append(p.Reasons, fmt.Sprintf("%s on %s: of %s that fit, it strands the least free GPU capacity for the expected workload (+%.0f milliGPU), %d milliGPU left there", what, where, plural(candidates, "place"), c.score, c.left))
+		p.Reasons = append(p.Reasons, fmt.Sprintf("%s on %s: of %s with room, it strands the least free GPU compute for the expected workload (%+.0f milliGPU), %d milliGPU left there", what, where, nodes, c.score, c.left))
 	}
 	return p
 }

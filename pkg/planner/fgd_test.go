@@ -2,7 +2,9 @@ package planner_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -114,8 +116,8 @@ func TestFragmentationAwarePlacement(t *testing.T) {
 	}
 }
 
-// Shares held by allocated claims and by other plans count; a node the
-// job may not use is skipped.
+// Shares held by allocated claims count; a node without the CPU the pod
+// asks for is skipped.
 func TestOnePodPlansRespectSharesAndNodeFits(t *testing.T) {
 	c := sharedCluster(t)
 	p := planner.New(newEvaluator(t))
@@ -131,9 +133,15 @@ func TestOnePodPlansRespectSharesAndNodeFits(t *testing.T) {
 	}
 
 	j := shareJob(t, "fenced", 100)
-	j.NodeFits = func(_, node string) bool { return node != "l0n0" }
+	j.Pods[0].Requests = planner.Resources{CPUMilli: 4000}
+	j.NodeFree = func(node string) (planner.Resources, bool) {
+		if node == "l0n0" {
+			return planner.Resources{CPUMilli: 3000, MemoryMiB: 1 << 20}, true
+		}
+		return planner.Resources{}, false
+	}
 	if got := planAll(t, p, snap, j); got[0] != "l0n1/gpu-0" {
-		t.Errorf("NodeFits refused l0n0, got %v", got)
+		t.Errorf("l0n0 lacks the CPU the pod asks for, got %v", got)
 	}
 	whole := makeJob(t, "whole").Pods(1, "gpu-8-node").Obj()
 	plan, err := p.Plan(context.Background(), snap, nil, whole)
@@ -192,5 +200,50 @@ func TestWorkloadValidate(t *testing.T) {
 	}
 	if err := planner.DefaultWorkload().Validate(); err != nil {
 		t.Errorf("default workload: %v", err)
+	}
+}
+
+// A node left without the CPU the expected pods ask for strands its free
+// GPUs: the pod goes where its CPU strands nothing, and so does a pod
+// without GPUs.
+func TestFragmentationCountsCPU(t *testing.T) {
+	c := sharedCluster(t)
+	halves := planner.Workload{{GPUs: 1, MilliGPU: 500, Requests: planner.Resources{CPUMilli: 8000}, Weight: 1}}
+	p := planner.New(newEvaluator(t), planner.WithWorkload(halves))
+	free := map[string]planner.Resources{"l0n0": {CPUMilli: 10000, MemoryMiB: 1 << 20}, "l0n1": {CPUMilli: 40000, MemoryMiB: 1 << 20}}
+	nodeFree := func(node string) (planner.Resources, bool) { r, ok := free[node]; return r, ok }
+
+	half := shareJob(t, "half", 500)
+	half.Pods[0].Requests = planner.Resources{CPUMilli: 4000}
+	cpuOnly := planner.Job{Key: "cpu", Pods: []planner.Pod{{Name: "p0", Requests: planner.Resources{CPUMilli: 4000}}}}
+	tests := map[string]struct {
+		job      planner.Job
+		nodeFree func(string) (planner.Resources, bool)
+		want     string
+	}{
+		"CPU not counted: the first node":          {half, nil, "l0n0"},
+		"CPU counted: the node it does not strand": {half, nodeFree, "l0n1"},
+		"a pod without GPUs":                       {cpuOnly, nodeFree, "l0n1"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			j := tc.job
+			j.NodeFree = tc.nodeFree
+			plan, err := p.Plan(context.Background(), planner.NewSnapshot(c, nil), nil, j)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := plan.Assignments["p0"]; got != tc.want {
+				t.Errorf("placed on %s, want %s (%q)", got, tc.want, plan.Reasons)
+			}
+		})
+	}
+	// No node has the CPU: a refusal that says what is missing.
+	big := shareJob(t, "big", 500)
+	big.Pods[0].Requests = planner.Resources{CPUMilli: 64000}
+	big.NodeFree = nodeFree
+	var refused *planner.Unschedulable
+	if _, err := p.Plan(context.Background(), planner.NewSnapshot(c, nil), nil, big); !errors.As(err, &refused) || !strings.Contains(err.Error(), "64000m CPU") {
+		t.Errorf("want Unschedulable naming the CPU, got %v", err)
 	}
 }

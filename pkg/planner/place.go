@@ -42,7 +42,7 @@ func (st *state) tryPlace(nodes []int) (*attempt, error) {
 		sh := st.podShape[p]
 		st.sortNodes(a, order)
 		for _, n := range order {
-			if !st.f.mayFit(n, sh, a.extra[n]) || (st.job.NodeFits != nil && !st.job.NodeFits(st.job.Pods[p].Name, st.c.nodes[n].name)) {
+			if !st.f.mayFit(n, sh, a.extra[n]) || !st.roomBesidesDevices(st.job.Pods[p], n) {
 				continue
 			}
 			r, err := st.f.fit(n, sh, a.extra[n])

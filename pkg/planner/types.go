@@ -77,6 +77,9 @@ func (d Domain) String() string {
 type Pod struct {
 	Name   string
 	Claims []*resourceapi.ResourceClaim
+	// Requests is what the pod asks of its node besides devices; see
+	// Job.NodeFree.
+	Requests Resources
 }
 
 // Job is a group of pods placed together.
@@ -99,10 +102,22 @@ type Job struct {
 	// Domain, when set, is the only domain the plan may use, e.g. the
 	// domain of a placed group whose pod is being replaced.
 	Domain *Domain
-	// NodeFits, when set, says whether a pod may go to a node at all for
-	// what the planner does not see from claims (CPU, memory, taints).
-	// The planner places no pod where it says no.
-	NodeFits func(pod, node string) bool
+	// NodeFree, when set, is what a node has left of what pods ask for
+	// besides devices (Pod.Requests); known is false where nothing is
+	// counted. The planner places no pod where its requests do not fit,
+	// and fragmentation counts a node's free GPUs as stranded for kinds of
+	// pods whose requests its rest cannot hold.
+	NodeFree func(node string) (free Resources, known bool)
+}
+
+// Resources is what a pod asks of its node besides devices.
+type Resources struct {
+	CPUMilli, MemoryMiB int64
+}
+
+// fits says whether r fits in free.
+func (r Resources) fits(free Resources) bool {
+	return r.CPUMilli <= free.CPUMilli && r.MemoryMiB <= free.MemoryMiB
 }
 
 // Plan is where a job goes.

@@ -108,6 +108,25 @@ func (f *csvFile) int(rec []string, col string, lo, hi int) (int, error) {
 	return v, nil
 }
 
+// nodeResources reads the optional cpu_milli and memory_mib columns of a
+// node or a pod; a file without them says nothing (0).
+func (f *csvFile) nodeResources(rec []string) (cpu, mem int64, err error) {
+	for _, c := range []struct {
+		col string
+		v   *int64
+	}{{"cpu_milli", &cpu}, {"memory_mib", &mem}} {
+		if _, ok := f.cols[c.col]; !ok {
+			continue
+		}
+		v, err := f.int(rec, c.col, 0, 1<<40)
+		if err != nil {
+			return 0, 0, err
+		}
+		*c.v = int64(v)
+	}
+	return cpu, mem, nil
+}
+
 func (f *csvFile) str(rec []string, col string) string {
 	if i, ok := f.cols[col]; ok && i < len(rec) {
 		return strings.TrimSpace(rec[i])
@@ -116,9 +135,10 @@ func (f *csvFile) str(rec []string, col string) string {
 }
 
 // ParseAlibabaNodes reads an Alibaba GPU v2023 node list
-// (sn,cpu_milli,memory_mib,gpu,model). Nodes without GPUs are skipped.
-// Every GPU count and model gets a synthetic PCIe-only profile (see
-// AlibabaProfile); consecutive nodes of the list share a leaf.
+// (sn,cpu_milli,memory_mib,gpu,model). Every GPU count and model gets a
+// synthetic PCIe-only profile (see AlibabaProfile); nodes without GPUs
+// are kept for the CPU and memory they offer, when the list gives them,
+// and skipped otherwise. Consecutive nodes of the list share a leaf.
 func ParseAlibabaNodes(r io.Reader, name string, g Grouping) ([]NodeSpec, error) {
 	if g.NodesPerLeaf < 1 || g.LeavesPerSpine < 1 {
 		return nil, fmt.Errorf("nodes per leaf and leaves per spine must be at least 1, got %d and %d", g.NodesPerLeaf, g.LeavesPerSpine)
@@ -140,30 +160,37 @@ func ParseAlibabaNodes(r io.Reader, name string, g Grouping) ([]NodeSpec, error)
 		if err != nil {
 			return nil, bad(err)
 		}
-		if gpus == 0 {
-			continue
+		cpu, mem, err := f.nodeResources(rec)
+		if err != nil {
+			return nil, bad(err)
 		}
-		model := f.str(rec, "model")
-		key := fmt.Sprintf("%s/%d", model, gpus)
-		p := profiles[key]
-		if p == nil {
-			if p, err = AlibabaProfile(model, gpus); err != nil {
-				return nil, bad(err)
+		var p *sim.Profile
+		switch {
+		case gpus == 0 && cpu == 0:
+			continue
+		case gpus > 0:
+			model := f.str(rec, "model")
+			key := fmt.Sprintf("%s/%d", model, gpus)
+			if p = profiles[key]; p == nil {
+				if p, err = AlibabaProfile(model, gpus); err != nil {
+					return nil, bad(err)
+				}
+				profiles[key] = p
 			}
-			profiles[key] = p
 		}
 		leaf := len(out) / g.NodesPerLeaf
 		out = append(out, NodeSpec{
-			Name:    strings.ToLower(sn),
-			Leaf:    clustertopo.LeafName(leaf),
-			Spine:   clustertopo.SpineName(leaf / g.LeavesPerSpine),
-			Profile: p,
+			Name:     strings.ToLower(sn),
+			Leaf:     clustertopo.LeafName(leaf),
+			Spine:    clustertopo.SpineName(leaf / g.LeavesPerSpine),
+			Profile:  p,
+			CPUMilli: cpu, MemoryMiB: mem,
 		})
 	}
 	if readErr != nil {
 		return nil, readErr
 	}
-	if len(out) == 0 {
+	if !slices.ContainsFunc(out, func(n NodeSpec) bool { return n.Profile != nil }) {
 		return nil, fmt.Errorf("%s lists no node with GPUs", name)
 	}
 	return out, nil
@@ -226,10 +253,9 @@ pcieRoots: %d
 
 // ParseAlibabaPods reads an Alibaba GPU v2023 pod list
 // (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...). Every GPU pod is a
-// one-pod job in trace order; pods without GPUs are skipped. A pod asking
-// for a share of one GPU (num_gpu 1, gpu_milli < 1000) gets a whole GPU:
-// DRA claims of exact counts cannot share, and Trace.SharedRoundedUp
-// counts them.
+// one-pod job in trace order; a pod without GPUs is one too, for the CPU
+// and memory it takes, when the list gives them. A pod asking for a share
+// of one GPU (num_gpu 1, gpu_milli < 1000) is Shared.
 func ParseAlibabaPods(r io.Reader, name string) (*Trace, error) {
 	f, err := openCSV(r, name, "name", "num_gpu", "gpu_milli")
 	if err != nil {
@@ -253,7 +279,14 @@ func ParseAlibabaPods(r io.Reader, name string) (*Trace, error) {
 			return nil, bad(err)
 		}
 		if gpus == 0 {
-			tr.SkippedNoGPU++
+			j := Job{Name: pod, Pods: 1}
+			if j.CPUMilli, j.MemoryMiB, err = f.nodeResources(rec); err != nil {
+				return nil, bad(err)
+			}
+			if j.CPUMilli > 0 || j.MemoryMiB > 0 {
+				tr.Jobs = append(tr.Jobs, j)
+				tr.CPUOnlyPods++
+			}
 			continue
 		}
 		milli, err := f.int(rec, "gpu_milli", 1, 1000)
@@ -266,14 +299,17 @@ func ParseAlibabaPods(r io.Reader, name string) (*Trace, error) {
 		j := Job{Name: pod, Pods: 1, GPUsPerPod: gpus, MilliGPU: gpus * milli}
 		if milli < 1000 {
 			j.Shared = true
-			tr.SharedRoundedUp++
+			tr.SharedPods++
+		}
+		if j.CPUMilli, j.MemoryMiB, err = f.nodeResources(rec); err != nil {
+			return nil, bad(err)
 		}
 		tr.Jobs = append(tr.Jobs, j)
 	}
 	if readErr != nil {
 		return nil, readErr
 	}
-	if len(tr.Jobs) == 0 {
+	if len(tr.Jobs) == tr.CPUOnlyPods {
 		return nil, fmt.Errorf("%s lists no pod with GPUs", name)
 	}
 	return tr, nil

@@ -17,7 +17,7 @@ func BenchmarkAlibabaDefault(b *testing.B) {
 		b.Skip("no ../shared/data/alibaba-gpu-v2023 beside the repository")
 	}
 	dir := filepath.Join(data, "alibaba-gpu-v2023")
-	c, err := simulate.LoadCluster(filepath.Join(dir, "openb_node_list_gpu_node.csv"), simulate.DefaultGrouping())
+	c, err := simulate.LoadCluster(filepath.Join(dir, "openb_node_list_gpu_node.csv"), simulate.DefaultGrouping(), simulate.ClusterOptions{Sharing: true})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -28,7 +28,7 @@ func BenchmarkAlibabaDefault(b *testing.B) {
 	tr.Jobs = tr.Jobs[:1500]
 	b.ResetTimer()
 	for b.Loop() {
-		res, err := simulate.Run(context.Background(), c, simulate.Fixed(tr), simulate.Options{})
+		res, err := simulate.Run(context.Background(), c, demoClaims(b), simulate.Fixed(tr), simulate.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -45,7 +45,7 @@ func TestAlibabaNodeList(t *testing.T) {
 	if data == "" || testing.Short() {
 		t.Skip("needs ../shared/data/alibaba-gpu-v2023 beside the repository, and no -short")
 	}
-	c, err := simulate.LoadCluster(filepath.Join(data, "alibaba-gpu-v2023", "openb_node_list_gpu_node.csv"), simulate.DefaultGrouping())
+	c, err := simulate.LoadCluster(filepath.Join(data, "alibaba-gpu-v2023", "openb_node_list_gpu_node.csv"), simulate.DefaultGrouping(), simulate.ClusterOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,16 @@ import (
 type NodeSpec struct {
 	Name, Leaf, Spine string
 	Profile           *sim.Profile
+	// CPUMilli and MemoryMiB are what pods may ask of the node; 0 when
+	// the cluster file does not say, and then nothing is counted.
+	CPUMilli, MemoryMiB int64
+}
+
+// ClusterOptions say how the nodes publish their GPUs.
+type ClusterOptions struct {
+	// Sharing publishes every GPU for sharing, as --shared-gpus=all does:
+	// shared pods then take a share of a GPU instead of a whole one.
+	Sharing bool
 }
 
 // Grouping says how nodes of a flat node list are cabled: consecutive
@@ -46,21 +56,23 @@ type Cluster struct {
 	NodesPerLeaf int
 	Leaves       int
 	Spines       int
+	Sharing      bool
 	byName       map[string]int
 }
 
 // SimNode is one node of a Cluster.
 type SimNode struct {
-	Name, Leaf, Spine string
-	LeafPos           int // position of the leaf under its spine
-	GPUs              int
-	Obj               *v1.Node
-	Slices            []*resourceapi.ResourceSlice
+	Name, Leaf, Spine   string
+	LeafPos             int // position of the leaf under its spine
+	GPUs                int
+	CPUMilli, MemoryMiB int64
+	Obj                 *v1.Node
+	Slices              []*resourceapi.ResourceSlice
 }
 
 // LoadCluster reads a cluster file: an Alibaba node list (.csv, grouped
 // into leaves and spines by g) or a YAML cluster topology.
-func LoadCluster(file string, g Grouping) (*Cluster, error) {
+func LoadCluster(file string, g Grouping, opt ClusterOptions) (*Cluster, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("read cluster file: %w", err)
@@ -77,7 +89,7 @@ func LoadCluster(file string, g Grouping) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := NewCluster(specs)
+	c, err := NewCluster(specs, opt)
 	if err != nil {
 		return nil, fmt.Errorf("cluster %s: %w", file, err)
 	}
@@ -119,32 +131,42 @@ func loadProfile(name, dir string) (*sim.Profile, error) {
 
 // NewCluster renders every node's ResourceSlices with the kubelet
 // plugin's slice generator and builds the planner's tree.
-func NewCluster(specs []NodeSpec) (*Cluster, error) {
-	c := &Cluster{byName: map[string]int{}}
+func NewCluster(specs []NodeSpec, opt ClusterOptions) (*Cluster, error) {
+	c := &Cluster{byName: map[string]int{}, Sharing: opt.Sharing}
+	cfg := slices.DefaultConfig()
+	cfg.Sharing.All = opt.Sharing
 	infos := make([]planner.NodeInfo, 0, len(specs))
 	leafSize := map[string]int{}
 	leafPos := map[string]int{}
 	spineLeaves := map[string]int{}
 	spines := map[string]bool{}
 	for _, s := range specs {
-		if s.Profile == nil {
-			return nil, fmt.Errorf("node %s has no GPU profile", s.Name)
+		if s.Profile == nil && s.CPUMilli == 0 {
+			return nil, fmt.Errorf("node %s has neither a GPU profile nor CPU", s.Name)
 		}
 		if _, dup := c.byName[s.Name]; dup {
 			return nil, fmt.Errorf("node %s is listed twice", s.Name)
 		}
-		labels := map[string]string{topology.LabelProfile: s.Profile.Name}
+		labels := map[string]string{}
+		var objs []*resourceapi.ResourceSlice
+		gpus := 0
+		if s.Profile != nil {
+			labels[topology.LabelProfile] = s.Profile.Name
+			gpus = s.Profile.GPUs
+		}
 		if s.Leaf != "" {
 			labels[topology.LabelTopographLeaf] = s.Leaf
 		}
 		if s.Spine != "" {
 			labels[topology.LabelTopographSpine] = s.Spine
 		}
-		res, err := slices.Build(s.Profile.Inventory(s.Name), slices.Node{Name: s.Name, Labels: labels}, slices.DefaultConfig(), nil)
-		if err != nil {
-			return nil, fmt.Errorf("build ResourceSlices of node %s: %w", s.Name, err)
+		if s.Profile != nil {
+			res, err := slices.Build(s.Profile.Inventory(s.Name), slices.Node{Name: s.Name, Labels: labels}, cfg, nil)
+			if err != nil {
+				return nil, fmt.Errorf("build ResourceSlices of node %s: %w", s.Name, err)
+			}
+			objs = slices.Objects(s.Name, res)
 		}
-		objs := slices.Objects(s.Name, res)
 		if s.Leaf != "" {
 			if _, seen := leafPos[s.Leaf]; !seen {
 				leafPos[s.Leaf] = spineLeaves[s.Spine]
@@ -158,11 +180,12 @@ func NewCluster(specs []NodeSpec) (*Cluster, error) {
 		}
 		c.byName[s.Name] = len(c.Nodes)
 		c.Nodes = append(c.Nodes, SimNode{
-			Name: s.Name, Leaf: s.Leaf, Spine: s.Spine, LeafPos: leafPos[s.Leaf], GPUs: s.Profile.GPUs,
+			Name: s.Name, Leaf: s.Leaf, Spine: s.Spine, LeafPos: leafPos[s.Leaf], GPUs: gpus,
+			CPUMilli: s.CPUMilli, MemoryMiB: s.MemoryMiB,
 			Obj:    &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.Name, Labels: labels}},
 			Slices: objs,
 		})
-		c.GPUs += s.Profile.GPUs
+		c.GPUs += gpus
 		infos = append(infos, planner.NodeInfo{Name: s.Name, Leaf: s.Leaf, Spine: s.Spine, Labels: labels, Slices: objs})
 	}
 	// Leaves are adjacent in the order the nodes list them, which is how

@@ -12,27 +12,37 @@ import (
 // Metrics is how one scheduler did on one replay, or the mean over seeds.
 type Metrics struct {
 	Scheduler string `json:"scheduler"`
-	Jobs      int    `json:"jobs"`
-	Placed    int    `json:"placed"`
-	Refused   int    `json:"refused"`
-	// PartialJobs were refused although some of their pods fit; the plain
-	// scheduler would hold those pods' GPUs while the rest wait.
-	PartialJobs   int `json:"partialJobs"`
-	Pods          int `json:"pods"`
-	PodsPlaced    int `json:"podsPlaced"`
-	RequestedGPUs int `json:"requestedGPUs"`
-	ClusterGPUs   int `json:"clusterGPUs"`
-	// AllocatedGPUs are the GPUs held at the end (static traces), or the
-	// mean held over the arrivals' time span (timed traces).
+	// Jobs and everything about jobs below count jobs with GPUs; pods
+	// without GPUs are counted apart.
+	Jobs          int `json:"jobs"`
+	Placed        int `json:"placed"`
+	CPUOnlyPods   int `json:"cpuOnlyPods"`
+	CPUOnlyPlaced int `json:"cpuOnlyPlaced"`
+	// Refused jobs never fitted: at their arrival (static traces), or
+	// ever (timed traces, where jobs wait).
+	Refused int `json:"refused"`
+	// PartialJobs were refused although some of their pods fit; a
+	// scheduler without gangs would hold those pods' GPUs meanwhile.
+	PartialJobs       int   `json:"partialJobs"`
+	Pods              int   `json:"pods"`
+	PodsPlaced        int   `json:"podsPlaced"`
+	RequestedGPUs     int   `json:"requestedGPUs"`
+	RequestedMilliGPU int64 `json:"requestedMilliGPU"`
+	ClusterGPUs       int   `json:"clusterGPUs"`
+	// AllocatedGPUs hold anything (a whole GPU or a share) at the end
+	// (static traces), or on average while jobs arrive (timed traces).
 	AllocatedGPUs   float64 `json:"allocatedGPUs"`
 	AllocationRatio float64 `json:"allocationRatio"`
 	// MilliAllocationRatio counts what placed pods asked for, a share of
-	// a GPU as a share: the FGD paper's measure. Lower than
-	// AllocationRatio by the GPUs rounded up for shared pods.
+	// a GPU as a share, over the cluster's GPUs: the FGD paper's measure.
 	MilliAllocationRatio float64 `json:"milliAllocationRatio"`
-	MultiNodeJobs        int     `json:"multiNodeJobs"`
-	MultiNodePlaced      int     `json:"multiNodePlaced"`
-	SameDomain           int     `json:"sameDomain"`
+	// Utilization is the milli-GPU allocation ratio averaged over time
+	// while jobs arrive (timed traces); at the end for static traces.
+	Utilization         float64  `json:"utilization"`
+	UtilizationOverTime []Sample `json:"utilizationOverTime,omitempty"`
+	MultiNodeJobs       int      `json:"multiNodeJobs"`
+	MultiNodePlaced     int      `json:"multiNodePlaced"`
+	SameDomain          int      `json:"sameDomain"`
 	// SameDomainRatio is SameDomain / MultiNodePlaced: placed multi-pod
 	// jobs inside the smallest domain the size rule asks for. 0 without
 	// multi-pod jobs.
@@ -44,11 +54,28 @@ type Metrics struct {
 	PlanLatencyP50Ms  float64 `json:"planLatencyP50Ms"`
 	PlanLatencyP99Ms  float64 `json:"planLatencyP99Ms"`
 	PlanLatencyMaxMs  float64 `json:"planLatencyMaxMs"`
-	AllocatorRuns     int     `json:"allocatorRuns"`
-	ReplaySeconds     float64 `json:"replaySeconds"`
+	// Waited jobs of a timed trace did not fit on arrival and queued;
+	// the queueing delays are over every placed job, 0 for those placed
+	// on arrival.
+	Waited         int     `json:"waited"`
+	MeanQueueWaitS float64 `json:"meanQueueWaitS"`
+	P95QueueWaitS  float64 `json:"p95QueueWaitS"`
+	AllocatorRuns  int     `json:"allocatorRuns"`
+	ReplaySeconds  float64 `json:"replaySeconds"`
 
-	latencies []float64 // ms, one per job
+	latencies []float64 // ms, one per plan
+	waits     []float64 // s, one per placed job
 }
+
+// Sample is the mean of a measure over one stretch of a timed replay.
+type Sample struct {
+	AtS         float64 `json:"atS"` // start of the stretch, from the first arrival
+	Utilization float64 `json:"utilization"`
+	Queued      float64 `json:"queued"` // jobs waiting, on average
+}
+
+// samples is how many stretches a timed replay is reported in.
+const samples = 20
 
 // departure is a placed job of a timed trace, due to leave.
 type departure struct {
@@ -72,97 +99,261 @@ func (d *departures) Pop() any {
 	return x
 }
 
-// replay runs jobs through p. Static traces are measured at the end;
-// timed ones replay arrivals and departures as events, are measured at
-// every arrival and average GPU use over time from the first arrival to
-// the last.
-func replay(ctx context.Context, c *Cluster, jobs []Job, timed bool, name string, p placer) (Metrics, error) {
+// run is one replay's bookkeeping.
+type run struct {
+	ctx  context.Context
+	c    *Cluster
+	jobs []Job
+	p    placer
+	m    Metrics
+	// held: GPUs and milli-GPUs by placed job.
+	held        map[string][2]int64
+	gpus, milli int64
+}
+
+// replay runs jobs through p. Static traces arrive one after the other,
+// stay, and are measured at the end. Timed traces replay arrivals and
+// departures as events: a job that does not fit on arrival waits in a
+// queue in arrival order, and whenever a job leaves the queue is scanned
+// in that order and every job that fits now is placed (backfill: a later
+// job may start before an earlier one that still does not fit).
+func replay(ctx context.Context, c *Cluster, jobs []Job, timed bool, p placer) (Metrics, error) {
 	start := time.Now()
-	m := Metrics{Scheduler: name, Jobs: len(jobs), ClusterGPUs: c.GPUs}
-	var due departures
-	used, milli := 0, 0
-	held := map[string][2]int{} // key → GPUs, milli-GPUs
-	var gpuTime, fragSum, leafFragSum float64
-	last := time.Duration(0)
-	advance := func(to time.Duration) {
-		gpuTime += float64(used) * (to - last).Seconds()
-		last = to
-	}
-	for i, j := range jobs {
-		if err := ctx.Err(); err != nil {
-			return m, err
-		}
-		if timed {
-			for due.Len() > 0 && due[0].at <= j.Arrival {
-				d := heap.Pop(&due).(departure)
-				advance(d.at)
-				p.release(d.key)
-				used -= held[d.key][0]
-				delete(held, d.key)
-			}
-			advance(j.Arrival)
-			u := p.usage()
-			fragSum += u.Fragmentation
-			leafFragSum += u.LeafFragmentation
-		}
-		key := fmt.Sprintf("j%d-%s", i, j.Name)
-		t0 := time.Now()
-		pl, err := p.place(ctx, key, j)
-		if err != nil {
-			return m, err
-		}
-		m.latencies = append(m.latencies, float64(time.Since(t0))/float64(time.Millisecond))
-		m.AllocatorRuns += pl.runs
-		m.Pods += j.Pods
-		m.RequestedGPUs += j.GPUs()
-		if j.Pods > 1 {
-			m.MultiNodeJobs++
-		}
-		if !pl.ok {
-			m.Refused++
-			if pl.partial {
-				m.PartialJobs++
-			}
+	r := &run{ctx: ctx, c: c, jobs: jobs, p: p, held: map[string][2]int64{},
+		m: Metrics{Scheduler: p.name(), Jobs: len(jobs), ClusterGPUs: c.GPUs}}
+	for _, j := range jobs {
+		if j.GPUsPerPod == 0 {
+			r.m.CPUOnlyPods += j.Pods
+			r.m.Jobs--
 			continue
 		}
-		m.Placed++
-		m.PodsPlaced += j.Pods
-		used += j.GPUs()
-		milli += j.Pods * j.MilliGPU
-		held[key] = [2]int{j.GPUs(), j.Pods * j.MilliGPU}
+		r.m.Pods += j.Pods
+		r.m.RequestedGPUs += j.GPUs()
+		r.m.RequestedMilliGPU += j.milli()
 		if j.Pods > 1 {
-			m.MultiNodePlaced++
-			if pl.inDomain {
-				m.SameDomain++
-			}
-		}
-		if timed {
-			heap.Push(&due, departure{at: j.Arrival + j.Duration, seq: i, key: key})
+			r.m.MultiNodeJobs++
 		}
 	}
-	gpus := float64(c.GPUs)
+	var err error
 	if timed {
-		span := last - jobs[0].Arrival
-		m.AllocatedGPUs = float64(used)
-		if span > 0 {
-			m.AllocatedGPUs = gpuTime / span.Seconds()
-		}
-		m.Fragmentation = fragSum / float64(len(jobs))
-		m.LeafFragmentation = leafFragSum / float64(len(jobs))
-		m.MilliAllocationRatio = m.AllocatedGPUs / gpus
+		err = r.timed()
 	} else {
-		u := p.usage()
-		m.AllocatedGPUs = float64(u.Used)
-		m.Fragmentation, m.LeafFragmentation = u.Fragmentation, u.LeafFragmentation
-		m.MilliAllocationRatio = float64(milli) / (1000 * gpus)
+		err = r.static()
 	}
-	m.AllocationRatio = m.AllocatedGPUs / gpus
+	if err != nil {
+		return r.m, err
+	}
+	m := &r.m
 	if m.MultiNodePlaced > 0 {
 		m.SameDomainRatio = float64(m.SameDomain) / float64(m.MultiNodePlaced)
 	}
+	m.AllocationRatio = m.AllocatedGPUs / float64(c.GPUs)
 	m.PlanLatencyP50Ms, m.PlanLatencyP99Ms, m.PlanLatencyMaxMs = percentile(m.latencies, 0.50), percentile(m.latencies, 0.99), percentile(m.latencies, 1)
+	m.MeanQueueWaitS, m.P95QueueWaitS = average(m.waits), percentile(m.waits, 0.95)
 	m.ReplaySeconds = time.Since(start).Seconds()
-	return m, nil
+	return *m, nil
+}
+
+// try plans job i; ok says whether it was placed.
+func (r *run) try(i int) (bool, error) {
+	if err := r.ctx.Err(); err != nil {
+		return false, err
+	}
+	j := r.jobs[i]
+	key := fmt.Sprintf("j%d-%s", i, j.Name)
+	t0 := time.Now()
+	pl, err := r.p.place(r.ctx, key, j)
+	if err != nil {
+		return false, err
+	}
+	r.m.latencies = append(r.m.latencies, float64(time.Since(t0))/float64(time.Millisecond))
+	r.m.AllocatorRuns += pl.runs
+	if j.GPUsPerPod == 0 {
+		if pl.ok {
+			r.m.CPUOnlyPlaced += j.Pods
+		}
+		return pl.ok, nil
+	}
+	if !pl.ok {
+		if pl.partial {
+			r.m.PartialJobs++
+		}
+		return false, nil
+	}
+	r.m.Placed++
+	r.m.PodsPlaced += j.Pods
+	r.held[key] = [2]int64{int64(j.GPUs()), j.milli()}
+	r.gpus += int64(j.GPUs())
+	r.milli += j.milli()
+	if j.Pods > 1 {
+		r.m.MultiNodePlaced++
+		if pl.inDomain {
+			r.m.SameDomain++
+		}
+	}
+	return true, nil
+}
+
+func (r *run) static() error {
+	for i, j := range r.jobs {
+		ok, err := r.try(i)
+		if err != nil {
+			return err
+		}
+		if !ok && j.GPUsPerPod > 0 {
+			r.m.Refused++
+		}
+	}
+	u := r.p.usage()
+	r.m.AllocatedGPUs = float64(u.Used)
+	r.m.Fragmentation, r.m.LeafFragmentation = u.Fragmentation, u.LeafFragmentation
+	r.m.MilliAllocationRatio = float64(r.milli) / (1000 * float64(r.c.GPUs))
+	r.m.Utilization = r.m.MilliAllocationRatio
+	return nil
+}
+
+// shape is what decides whether a job fits: two jobs of one shape fit
+// or not alike, so a queue scan tries each shape once.
+type shape struct {
+	pods, gpus, milli int
+	shared            bool
+	cpu, mem          int64
+}
+
+func shapeOf(j Job) shape {
+	return shape{j.Pods, j.GPUsPerPod, j.MilliGPU, j.Shared, j.CPUMilli, j.MemoryMiB}
+}
+
+func (r *run) timed() error {
+	jobs := r.jobs
+	first, end := jobs[0].Arrival, jobs[len(jobs)-1].Arrival
+	var due departures
+	var queue []int // job indexes, in arrival order
+	now := first
+	var gpuTime, milliTime, fragSum, leafFragSum float64
+	stretch := (end - first) / samples
+	series := make([]Sample, samples)
+	// advance accrues what is held and queued up to t, within the
+	// arrivals' span, stretch by stretch.
+	advance := func(t time.Duration) {
+		t = min(t, end)
+		for stretch > 0 && now < t {
+			k := min(int((now-first)/stretch), samples-1)
+			next := t
+			if k < samples-1 {
+				next = min(t, first+time.Duration(k+1)*stretch)
+			}
+			dt := (next - now).Seconds()
+			gpuTime += float64(r.gpus) * dt
+			milliTime += float64(r.milli) * dt
+			series[k].Utilization += float64(r.milli) * dt
+			series[k].Queued += float64(len(queue)) * dt
+			now = next
+		}
+	}
+	start := func(i int, at time.Duration) {
+		w := (at - jobs[i].Arrival).Seconds()
+		r.m.waits = append(r.m.waits, w)
+		if w > 0 {
+			r.m.Waited++
+		}
+		heap.Push(&due, departure{at: at + jobs[i].Duration, seq: i, key: fmt.Sprintf("j%d-%s", i, jobs[i].Name)})
+	}
+	// scan places every queued job that fits now, in arrival order.
+	scan := func(at time.Duration) error {
+		failed := map[shape]bool{}
+		kept := queue[:0]
+		for _, i := range queue {
+			sh := shapeOf(jobs[i])
+			if failed[sh] {
+				kept = append(kept, i)
+				continue
+			}
+			ok, err := r.try(i)
+			if err != nil {
+				return err
+			}
+			if ok {
+				start(i, at)
+				continue
+			}
+			failed[sh] = true
+			kept = append(kept, i)
+		}
+		queue = kept
+		return nil
+	}
+	leave := func() {
+		d := heap.Pop(&due).(departure)
+		r.p.release(d.key)
+		h := r.held[d.key]
+		r.gpus -= h[0]
+		r.milli -= h[1]
+		delete(r.held, d.key)
+	}
+	for i, j := range jobs {
+		for due.Len() > 0 && due[0].at <= j.Arrival {
+			at := due[0].at
+			advance(at)
+			for due.Len() > 0 && due[0].at == at {
+				leave()
+			}
+			if err := scan(at); err != nil {
+				return err
+			}
+		}
+		advance(j.Arrival)
+		u := r.p.usage()
+		fragSum += u.Fragmentation
+		leafFragSum += u.LeafFragmentation
+		ok, err := r.try(i)
+		if err != nil {
+			return err
+		}
+		if ok {
+			start(i, j.Arrival)
+		} else {
+			queue = append(queue, i)
+		}
+	}
+	// After the last arrival the queue drains as jobs leave; what never
+	// fits is refused.
+	for due.Len() > 0 && len(queue) > 0 {
+		at := due[0].at
+		for due.Len() > 0 && due[0].at == at {
+			leave()
+		}
+		if err := scan(at); err != nil {
+			return err
+		}
+	}
+	for _, i := range queue {
+		if jobs[i].GPUsPerPod > 0 {
+			r.m.Refused++
+		}
+	}
+	span := (end - first).Seconds()
+	n := float64(len(jobs))
+	r.m.Fragmentation, r.m.LeafFragmentation = fragSum/n, leafFragSum/n
+	cluster := float64(r.c.GPUs)
+	if span > 0 {
+		r.m.AllocatedGPUs = gpuTime / span
+		r.m.MilliAllocationRatio = milliTime / span / (1000 * cluster)
+		for k := range series {
+			d := stretch.Seconds()
+			if k == samples-1 {
+				d = span - stretch.Seconds()*(samples-1)
+			}
+			series[k].AtS = (time.Duration(k) * stretch).Seconds()
+			if d > 0 {
+				series[k].Utilization /= d * 1000 * cluster
+				series[k].Queued /= d
+			}
+		}
+		r.m.UtilizationOverTime = series
+	}
+	r.m.Utilization = r.m.MilliAllocationRatio
+	return nil
 }
 
 // percentile is the nearest-rank percentile of xs.
@@ -176,45 +367,13 @@ func percentile(xs []float64, q float64) float64 {
 	return s[min(max(i, 0), len(s)-1)]
 }
 
-// mean averages per-seed metrics: ratios exactly, counts rounded;
-// latency percentiles are taken over every seed's plans together.
-func mean(runs []Metrics) Metrics {
-	if len(runs) == 1 {
-		return runs[0]
+func average(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
 	}
-	out := Metrics{Scheduler: runs[0].Scheduler, ClusterGPUs: runs[0].ClusterGPUs}
-	n := float64(len(runs))
-	avg := func(get func(Metrics) float64) float64 {
-		s := 0.0
-		for _, r := range runs {
-			s += get(r)
-		}
-		return s / n
+	s := 0.0
+	for _, x := range xs {
+		s += x
 	}
-	count := func(get func(Metrics) int) int {
-		return int(math.Round(avg(func(m Metrics) float64 { return float64(get(m)) })))
-	}
-	out.Jobs = count(func(m Metrics) int { return m.Jobs })
-	out.Placed = count(func(m Metrics) int { return m.Placed })
-	out.Refused = count(func(m Metrics) int { return m.Refused })
-	out.PartialJobs = count(func(m Metrics) int { return m.PartialJobs })
-	out.Pods = count(func(m Metrics) int { return m.Pods })
-	out.PodsPlaced = count(func(m Metrics) int { return m.PodsPlaced })
-	out.RequestedGPUs = count(func(m Metrics) int { return m.RequestedGPUs })
-	out.MultiNodeJobs = count(func(m Metrics) int { return m.MultiNodeJobs })
-	out.MultiNodePlaced = count(func(m Metrics) int { return m.MultiNodePlaced })
-	out.SameDomain = count(func(m Metrics) int { return m.SameDomain })
-	out.AllocatorRuns = count(func(m Metrics) int { return m.AllocatorRuns })
-	out.AllocatedGPUs = avg(func(m Metrics) float64 { return m.AllocatedGPUs })
-	out.AllocationRatio = avg(func(m Metrics) float64 { return m.AllocationRatio })
-	out.MilliAllocationRatio = avg(func(m Metrics) float64 { return m.MilliAllocationRatio })
-	out.SameDomainRatio = avg(func(m Metrics) float64 { return m.SameDomainRatio })
-	out.Fragmentation = avg(func(m Metrics) float64 { return m.Fragmentation })
-	out.LeafFragmentation = avg(func(m Metrics) float64 { return m.LeafFragmentation })
-	out.ReplaySeconds = avg(func(m Metrics) float64 { return m.ReplaySeconds })
-	for _, r := range runs {
-		out.latencies = append(out.latencies, r.latencies...)
-	}
-	out.PlanLatencyP50Ms, out.PlanLatencyP99Ms, out.PlanLatencyMaxMs = percentile(out.latencies, 0.50), percentile(out.latencies, 0.99), percentile(out.latencies, 1)
-	return out
+	return s / float64(len(xs))
 }

@@ -18,22 +18,28 @@ func WriteJSON(w io.Writer, r *Result) error {
 	return nil
 }
 
-// WriteTable prints gputopo and the baseline side by side, and the FGD
-// paper's ratios for the same workload when known.
+// WriteTable prints gputopo, the default scheduler's model and first fit
+// side by side, and the FGD paper's ratios when the run is its setting.
 func WriteTable(w io.Writer, r *Result) error {
 	var b strings.Builder
 	c := r.Cluster
-	fmt.Fprintf(&b, "cluster: %d nodes, %d GPUs, %d leaves under %d spines, up to %d nodes per leaf\n", c.Nodes, c.GPUs, c.Leaves, c.Spines, c.NodesPerLeaf)
+	fmt.Fprintf(&b, "cluster: %d nodes, %d GPUs, %d leaves under %d spines, up to %d nodes per leaf", c.Nodes, c.GPUs, c.Leaves, c.Spines, c.NodesPerLeaf)
+	if c.CPUAndMemory {
+		fmt.Fprintf(&b, "; CPU and memory counted")
+	}
+	if r.Sharing {
+		fmt.Fprintf(&b, "; GPUs shared")
+	}
 	t := r.Trace
-	fmt.Fprintf(&b, "trace:   %s %s: %d jobs", t.Format, t.Source, t.TraceJobs)
-	if t.SkippedNoGPU > 0 {
-		fmt.Fprintf(&b, " (%d pods without GPUs skipped)", t.SkippedNoGPU)
+	fmt.Fprintf(&b, "\ntrace:   %s %s: %d jobs", t.Format, t.Source, t.TraceJobs)
+	if t.CPUOnlyPods > 0 {
+		fmt.Fprintf(&b, " (%d of them pods without GPUs, placed for their CPU and memory by the default scheduler's model, or first fit)", t.CPUOnlyPods)
 	}
 	if t.Timed {
-		fmt.Fprintf(&b, ", timed: arrivals and departures\n")
+		fmt.Fprintf(&b, ", timed: arrivals and departures; a job that does not fit waits, in arrival order, with backfill\n")
 	} else {
 		if r.Demand > 0 {
-			fmt.Fprintf(&b, "; %d arrived at demand %.2f", t.Arrived, r.Demand)
+			fmt.Fprintf(&b, "; %d arrived at %.0f %% demand in milli-GPUs", t.Arrived, 100*r.Demand)
 		} else {
 			fmt.Fprintf(&b, "; all %d arrived", t.Arrived)
 		}
@@ -49,62 +55,109 @@ func WriteTable(w io.Writer, r *Result) error {
 			order += " (means)"
 		}
 	}
-	fmt.Fprintf(&b, "         pods by GPUs per pod %s; %s; %d shared-GPU pods rounded up to a whole GPU\n\n", t.PodsByGPUs, order, r.SharedPodsRoundedUp)
+	shares := ""
+	if t.SharedPods > 0 {
+		shares = fmt.Sprintf("; %d pods ask for a share of a GPU", t.SharedPods)
+		if !r.Sharing {
+			shares += " and get a whole one (no --sharing)"
+		}
+	}
+	fmt.Fprintf(&b, "         pods by GPUs per pod %s; %s%s\n\n", t.PodsByGPUs, order, shares)
 	fmt.Fprint(w, b.String())
 
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	m, o := r.Metrics, r.Baseline
-	row := func(name, a, b string) { fmt.Fprintf(tw, "%s\t%s\t%s\t\n", name, a, b) }
+	all := []Metrics{r.Metrics, r.Baseline, r.FirstFit}
+	row := func(name string, f func(Metrics) string) {
+		fmt.Fprintf(tw, "%s\t", name)
+		for _, m := range all {
+			fmt.Fprintf(tw, "%s\t", f(m))
+		}
+		fmt.Fprintln(tw)
+	}
 	pct := func(x float64) string { return fmt.Sprintf("%.2f %%", 100*x) }
-	num := func(x int) string { return fmt.Sprintf("%d", x) }
-	ms := func(x Metrics) string {
-		return fmt.Sprintf("%.2f / %.2f / %.2f", x.PlanLatencyP50Ms, x.PlanLatencyP99Ms, x.PlanLatencyMaxMs)
+	row("", func(m Metrics) string { return m.Scheduler })
+	row("GPU jobs placed / arrived", func(m Metrics) string { return fmt.Sprintf("%d / %d", m.Placed, m.Jobs) })
+	if r.Metrics.CPUOnlyPods > 0 {
+		row("pods without GPUs placed / arrived", func(m Metrics) string { return fmt.Sprintf("%d / %d", m.CPUOnlyPlaced, m.CPUOnlyPods) })
 	}
-	row("", "gputopo", "baseline (first fit)")
-	row("jobs placed / arrived", fmt.Sprintf("%d / %d", m.Placed, m.Jobs), fmt.Sprintf("%d / %d", o.Placed, o.Jobs))
-	row("refused (partially fitting)", fmt.Sprintf("%d (%d)", m.Refused, m.PartialJobs), fmt.Sprintf("%d (%d)", o.Refused, o.PartialJobs))
-	row("requested GPUs", num(m.RequestedGPUs), num(o.RequestedGPUs))
-	held := "allocated GPUs at the end"
-	if t.Timed {
-		held = "allocated GPUs, time mean"
-	}
-	row(held, fmt.Sprintf("%.0f", m.AllocatedGPUs), fmt.Sprintf("%.0f", o.AllocatedGPUs))
-	row("allocation ratio (whole GPUs)", pct(m.AllocationRatio), pct(o.AllocationRatio))
-	if !t.Timed {
-		row("allocation ratio (milli-GPU, FGD's)", pct(m.MilliAllocationRatio), pct(o.MilliAllocationRatio))
-	}
-	if m.MultiNodeJobs > 0 {
-		row("multi-node jobs placed", fmt.Sprintf("%d / %d", m.MultiNodePlaced, m.MultiNodeJobs), fmt.Sprintf("%d / %d", o.MultiNodePlaced, o.MultiNodeJobs))
-		row("same-domain ratio", pct(m.SameDomainRatio), pct(o.SameDomainRatio))
-	} else {
-		row("same-domain ratio", "- (no multi-node jobs)", "-")
-	}
+	row("never placed (partly fitting)", func(m Metrics) string { return fmt.Sprintf("%d (%d)", m.Refused, m.PartialJobs) })
 	when := "at the end"
+	if t.Timed {
+		when = "time mean"
+	}
+	row("GPU allocation, milli-GPUs, "+when, func(m Metrics) string { return pct(m.MilliAllocationRatio) })
+	row("GPUs holding anything, "+when, func(m Metrics) string { return pct(m.AllocationRatio) })
+	if t.Timed {
+		row("jobs that waited", func(m Metrics) string { return fmt.Sprintf("%d", m.Waited) })
+		row("queueing delay mean / p95", func(m Metrics) string {
+			return fmt.Sprintf("%s / %s", seconds2(m.MeanQueueWaitS), seconds2(m.P95QueueWaitS))
+		})
+	}
+	if r.Metrics.MultiNodeJobs > 0 {
+		row("multi-node jobs placed", func(m Metrics) string { return fmt.Sprintf("%d / %d", m.MultiNodePlaced, m.MultiNodeJobs) })
+		row("of them in their size-rule domain", func(m Metrics) string { return pct(m.SameDomainRatio) })
+	}
+	when = "at the end"
 	if t.Timed {
 		when = "mean over arrivals"
 	}
-	row("node fragmentation, "+when, pct(m.Fragmentation), pct(o.Fragmentation))
-	row("leaf fragmentation, "+when, pct(m.LeafFragmentation), pct(o.LeafFragmentation))
-	row("plan latency p50 / p99 / max ms", ms(m), ms(o))
-	row("allocator runs", num(m.AllocatorRuns), num(o.AllocatorRuns))
-	row("replay wall time", fmt.Sprintf("%.1f s", m.ReplaySeconds), fmt.Sprintf("%.1f s", o.ReplaySeconds))
+	row("node fragmentation, "+when, func(m Metrics) string { return pct(m.Fragmentation) })
+	row("leaf fragmentation, "+when, func(m Metrics) string { return pct(m.LeafFragmentation) })
+	row("plan latency p50 / p99 / max ms", func(m Metrics) string {
+		return fmt.Sprintf("%.2f / %.2f / %.2f", m.PlanLatencyP50Ms, m.PlanLatencyP99Ms, m.PlanLatencyMaxMs)
+	})
+	row("allocator runs", func(m Metrics) string { return fmt.Sprintf("%d", m.AllocatorRuns) })
+	row("replay wall time", func(m Metrics) string { return fmt.Sprintf("%.1f s", m.ReplaySeconds) })
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write table: %w", err)
 	}
+	if t.Timed && len(r.Metrics.UtilizationOverTime) > 0 {
+		fmt.Fprintf(w, "\nutilization (milli-GPU) and jobs waiting over the arrivals' span, %d stretches:\n", len(r.Metrics.UtilizationOverTime))
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintf(tw, "from\t")
+		for _, m := range all {
+			fmt.Fprintf(tw, "%s\twaiting\t", m.Scheduler)
+		}
+		fmt.Fprintln(tw)
+		for k, s := range r.Metrics.UtilizationOverTime {
+			fmt.Fprintf(tw, "%s\t", seconds2(s.AtS))
+			for _, m := range all {
+				if k < len(m.UtilizationOverTime) {
+					fmt.Fprintf(tw, "%.1f %%\t%.1f\t", 100*m.UtilizationOverTime[k].Utilization, m.UtilizationOverTime[k].Queued)
+				}
+			}
+			fmt.Fprintln(tw)
+		}
+		if err := tw.Flush(); err != nil {
+			return fmt.Errorf("write table: %w", err)
+		}
+	}
 
 	if len(r.Published) > 0 {
-		fmt.Fprintf(w, "\nFGD paper (Weng et al., USENIX ATC'23, artifact results), %s at %.0f %% demand, mean of %d seeds.\n", Workload(t.Source), 100*r.Demand, r.Published[0].Seeds)
-		fmt.Fprintf(w, "Its ratio counts milli-GPUs with GPU sharing and CPU/memory limits; compare it with our milli-GPU row:\n")
+		fmt.Fprintf(w, "\nFGD paper (Weng et al., USENIX ATC'23, artifact results), %s at %.0f %% demand in milli-GPUs, with GPU sharing, mean of %d seeds,\n", Workload(t.Source), 100*r.Demand, r.Published[0].Seeds)
+		fmt.Fprintf(w, "next to this run's milli-GPU allocation:\n")
 		tw = tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
 		for _, p := range r.Published {
-			fmt.Fprintf(tw, "  %s\t%s\t\n", p.Policy, pct(p.AllocationRatio))
+			fmt.Fprintf(tw, "  paper %s\t%s\t\n", p.Policy, pct(p.AllocationRatio))
 		}
-		fmt.Fprintf(tw, "  gputopo (whole GPUs, no sharing)\t%s\t\n", pct(m.MilliAllocationRatio))
-		fmt.Fprintf(tw, "  baseline first fit (whole GPUs)\t%s\t\n", pct(o.MilliAllocationRatio))
+		for _, m := range all {
+			fmt.Fprintf(tw, "  %s\t%s\t\n", m.Scheduler, pct(m.MilliAllocationRatio))
+		}
 		if err := tw.Flush(); err != nil {
 			return fmt.Errorf("write table: %w", err)
 		}
 	}
 	fmt.Fprintf(w, "\ntotal wall time %.1f s\n", r.WallSeconds)
 	return nil
+}
+
+// seconds2 prints a duration in seconds the short way: 42 s, 3.5 min, 2.1 h.
+func seconds2(s float64) string {
+	switch {
+	case s < 120:
+		return fmt.Sprintf("%.0f s", s)
+	case s < 7200:
+		return fmt.Sprintf("%.1f min", s/60)
+	}
+	return fmt.Sprintf("%.1f h", s/3600)
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/gputopo/gputopo/pkg/planner"
+	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 // Source yields the trace to replay for a seed: a fixed trace, or one
@@ -23,46 +25,56 @@ func Philly(cfg PhillyConfig) Source {
 
 // Options control a simulation.
 type Options struct {
-	// Demand is the arrived GPU demand of static traces as a multiple of
-	// the cluster's GPUs (1.3 for the FGD paper's 130 %); 0 replays the
-	// whole trace. Timed traces ignore it: their load is in the trace.
+	// Demand is the arrived demand of static traces as a multiple of the
+	// cluster's GPUs, counted in milli-GPUs as the FGD paper does (1.3 for
+	// its 130 %); 0 replays the whole trace. Timed traces ignore it: their
+	// load is in the trace.
 	Demand float64
 	// Seed shuffles the arrival order of static traces (0 keeps the
-	// trace order) and seeds generated traces. Seeds > 1 replays seeds
-	// Seed, Seed+1, ... and reports means, like the paper's 10 seeds.
+	// trace order), seeds generated traces and the default scheduler's
+	// tie-breaks. Seeds > 1 replays seeds Seed, Seed+1, ... and reports
+	// means, like the paper's 10 seeds.
 	Seed  uint64
 	Seeds int
 	// Inflate samples a short static trace with replacement up to the
 	// demand, as the FGD artifact does; the CLI sets it for Alibaba.
 	Inflate bool
-	// Strategy is gputopo's strategy inside a domain; empty for the
-	// planner's default.
+	// Strategy is gputopo's strategy; empty for the planner's default.
 	Strategy planner.Strategy
+	// CPUPodsOptIn: pods without GPUs opt in to gputopo's placement, as
+	// every pod goes through FGD in the paper. Without it the default
+	// scheduler's model places them in gputopo's cluster.
+	CPUPodsOptIn bool
 }
 
-// Result is one simulation: gputopo's metrics inline, the baseline's
-// under "baseline".
+// Result is one simulation: gputopo's metrics inline, the model of the
+// default scheduler under "baseline" and first fit under "firstFit".
 type Result struct {
-	Cluster ClusterInfo `json:"cluster"`
-	Trace   TraceInfo   `json:"trace"`
-	Demand  float64     `json:"demand"`
-	Seeds   []uint64    `json:"seeds"`
+	Cluster    ClusterInfo `json:"cluster"`
+	Trace      TraceInfo   `json:"trace"`
+	Demand     float64     `json:"demand"`
+	DemandUnit string      `json:"demandUnit"`
+	// Sharing: the cluster publishes its GPUs for sharing and shared pods
+	// take shares; without it they take whole GPUs.
+	Sharing bool     `json:"sharing"`
+	Seeds   []uint64 `json:"seeds"`
 	Metrics
-	SharedPodsRoundedUp int     `json:"sharedPodsRoundedUp"`
-	Baseline            Metrics `json:"baseline"`
-	// Published are the FGD paper's allocation ratios for the same
-	// workload and demand, when known.
+	Baseline Metrics `json:"baseline"`
+	FirstFit Metrics `json:"firstFit"`
+	// Published are the FGD paper's allocation ratios, set only when the
+	// run is the paper's setting (see PaperSetting).
 	Published   []Published `json:"published,omitempty"`
 	WallSeconds float64     `json:"wallSeconds"`
 }
 
 // ClusterInfo describes the simulated cluster.
 type ClusterInfo struct {
-	Nodes        int `json:"nodes"`
-	GPUs         int `json:"gpus"`
-	Leaves       int `json:"leaves"`
-	Spines       int `json:"spines"`
-	NodesPerLeaf int `json:"nodesPerLeaf"`
+	Nodes        int  `json:"nodes"`
+	GPUs         int  `json:"gpus"`
+	Leaves       int  `json:"leaves"`
+	Spines       int  `json:"spines"`
+	NodesPerLeaf int  `json:"nodesPerLeaf"`
+	CPUAndMemory bool `json:"cpuAndMemory"` // nodes say what CPU and memory they have
 }
 
 // TraceInfo describes the replayed trace (of the first seed).
@@ -71,17 +83,26 @@ type TraceInfo struct {
 	Source       string `json:"source"`
 	Timed        bool   `json:"timed"`
 	TraceJobs    int    `json:"traceJobs"`
-	SkippedNoGPU int    `json:"skippedNoGPU"`
+	CPUOnlyPods  int    `json:"cpuOnlyPods"`
 	// Arrived jobs, of which Sampled were drawn again to reach the demand.
 	Arrived int `json:"arrived"`
 	Sampled int `json:"sampled"`
 	// PodsByGPUs is a histogram of arrived pods by GPUs per pod.
 	PodsByGPUs string `json:"podsByGPUs"`
+	SharedPods int    `json:"sharedPods"`
 }
 
-// Run replays the source through gputopo's planner and through the
-// baseline, side by side, once per seed.
-func Run(ctx context.Context, c *Cluster, src Source, opt Options) (*Result, error) {
+// PaperSetting says whether a run compares with the FGD paper's figures:
+// its trace (an Alibaba pod list), its demand unit (milli-GPUs, always
+// here) and GPU sharing on. CPU and memory count when the node list and
+// pod list give them, as they do in the paper's files.
+func PaperSetting(tr *Trace, sharing bool) bool {
+	return tr.Format == FormatAlibaba && sharing
+}
+
+// Run replays the source through gputopo's planner, the default
+// scheduler's model and first fit, one after the other, once per seed.
+func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (*Result, error) {
 	start := time.Now()
 	if opt.Seeds < 1 {
 		opt.Seeds = 1
@@ -89,12 +110,9 @@ func Run(ctx context.Context, c *Cluster, src Source, opt Options) (*Result, err
 	if opt.Seeds > 1 && opt.Seed == 0 {
 		return nil, errors.New("several seeds need a first seed above 0 (seed 0 is the trace order)")
 	}
-	cl, err := loadClaims()
-	if err != nil {
-		return nil, err
-	}
-	res := &Result{Demand: opt.Demand, Cluster: ClusterInfo{Nodes: len(c.Nodes), GPUs: c.GPUs, Leaves: c.Leaves, Spines: c.Spines, NodesPerLeaf: c.NodesPerLeaf}}
-	var ours, base []Metrics
+	res := &Result{Demand: opt.Demand, DemandUnit: "milliGPU", Sharing: c.Sharing, Cluster: ClusterInfo{
+		Nodes: len(c.Nodes), GPUs: c.GPUs, Leaves: c.Leaves, Spines: c.Spines, NodesPerLeaf: c.NodesPerLeaf, CPUAndMemory: c.Nodes[0].CPUMilli > 0}}
+	var ours, base, first []Metrics
 	for k := range opt.Seeds {
 		seed := opt.Seed + uint64(k)
 		res.Seeds = append(res.Seeds, seed)
@@ -115,39 +133,117 @@ func Run(ctx context.Context, c *Cluster, src Source, opt Options) (*Result, err
 			return nil, fmt.Errorf("no job of %s arrives at demand %v", tr.Source, opt.Demand)
 		}
 		if k == 0 {
-			shared := 0
-			hist := map[int]int{}
-			for _, j := range jobs {
-				hist[j.GPUsPerPod] += j.Pods
-				if j.Shared {
-					shared += j.Pods
-				}
+			res.Trace = traceInfo(tr, jobs, sampled)
+		}
+		for _, p := range []struct {
+			out *[]Metrics
+			p   placer
+		}{
+			{&ours, newGputopo(c, cl, opt, workloadOf(jobs, c.Sharing), seed)},
+			{&base, newSchedulerModel(c, cl, seed, newLedger(c))},
+			{&first, newFirstFit(c, cl)},
+		} {
+			m, err := replay(ctx, c, jobs, tr.Timed, p.p)
+			if err != nil {
+				return nil, fmt.Errorf("seed %d, %s: %w", seed, p.p.name(), err)
 			}
-			res.SharedPodsRoundedUp = shared
-			res.Trace = TraceInfo{Format: tr.Format, Source: tr.Source, Timed: tr.Timed, TraceJobs: len(tr.Jobs), SkippedNoGPU: tr.SkippedNoGPU,
-				Arrived: len(jobs), Sampled: sampled, PodsByGPUs: sortedCounts(hist)}
+			*p.out = append(*p.out, m)
 		}
-		m, b, err := replayBoth(ctx, c, cl, jobs, tr.Timed, opt.Strategy)
-		if err != nil {
-			return nil, fmt.Errorf("seed %d: %w", seed, err)
-		}
-		ours, base = append(ours, m), append(base, b)
 	}
-	res.Metrics, res.Baseline = mean(ours), mean(base)
+	res.Metrics, res.Baseline, res.FirstFit = mean(ours), mean(base), mean(first)
 	res.WallSeconds = time.Since(start).Seconds()
 	return res, nil
 }
 
-// replayBoth runs gputopo, then the baseline: one after the other, so
-// neither's latencies include the other's garbage collection.
-func replayBoth(ctx context.Context, c *Cluster, cl *claims, jobs []Job, timed bool, strategy planner.Strategy) (Metrics, Metrics, error) {
-	ours, err := replay(ctx, c, jobs, timed, "gputopo", newGputopo(c, cl, strategy))
-	if err != nil {
-		return ours, Metrics{}, fmt.Errorf("gputopo: %w", err)
+func traceInfo(tr *Trace, jobs []Job, sampled int) TraceInfo {
+	hist := map[int]int{}
+	shared := 0
+	for _, j := range jobs {
+		hist[j.GPUsPerPod] += j.Pods
+		if j.Shared {
+			shared += j.Pods
+		}
 	}
-	base, err := replay(ctx, c, jobs, timed, "baseline", newBaseline(c, cl))
-	if err != nil {
-		return ours, base, fmt.Errorf("baseline: %w", err)
+	return TraceInfo{Format: tr.Format, Source: tr.Source, Timed: tr.Timed, TraceJobs: len(tr.Jobs), CPUOnlyPods: tr.CPUOnlyPods,
+		Arrived: len(jobs), Sampled: sampled, PodsByGPUs: sortedCounts(hist), SharedPods: shared}
+}
+
+// workloadOf is the mix of pods the jobs ask for, what gputopo measures
+// fragmentation against: the FGD paper's "target workload" taken from
+// the trace itself.
+func workloadOf(jobs []Job, sharing bool) planner.Workload {
+	type class struct {
+		gpus, milli int
+		req         planner.Resources
 	}
-	return ours, base, nil
+	count := map[class]float64{}
+	var order []class
+	for _, j := range jobs {
+		if j.GPUsPerPod == 0 {
+			continue
+		}
+		k := class{j.GPUsPerPod, topology.MilliPerGPU, planner.Resources{CPUMilli: j.CPUMilli, MemoryMiB: j.MemoryMiB}}
+		if share := shareOf(j, sharing); share > 0 {
+			k.milli = share
+		}
+		if _, ok := count[k]; !ok {
+			order = append(order, k)
+		}
+		count[k] += float64(j.Pods)
+	}
+	w := make(planner.Workload, len(order))
+	for i, k := range order {
+		w[i] = planner.WorkloadClass{GPUs: k.gpus, MilliGPU: k.milli, Requests: k.req, Weight: count[k]}
+	}
+	return w
+}
+
+// mean averages per-seed metrics: ratios exactly, counts rounded;
+// latency and waiting percentiles are taken over every seed together.
+func mean(runs []Metrics) Metrics {
+	if len(runs) == 1 {
+		return runs[0]
+	}
+	out := Metrics{Scheduler: runs[0].Scheduler, ClusterGPUs: runs[0].ClusterGPUs}
+	n := float64(len(runs))
+	avg := func(get func(Metrics) float64) float64 {
+		s := 0.0
+		for _, r := range runs {
+			s += get(r)
+		}
+		return s / n
+	}
+	count := func(get func(Metrics) int) int {
+		return int(math.Round(avg(func(m Metrics) float64 { return float64(get(m)) })))
+	}
+	out.Jobs = count(func(m Metrics) int { return m.Jobs })
+	out.CPUOnlyPods = count(func(m Metrics) int { return m.CPUOnlyPods })
+	out.CPUOnlyPlaced = count(func(m Metrics) int { return m.CPUOnlyPlaced })
+	out.Placed = count(func(m Metrics) int { return m.Placed })
+	out.Refused = count(func(m Metrics) int { return m.Refused })
+	out.PartialJobs = count(func(m Metrics) int { return m.PartialJobs })
+	out.Pods = count(func(m Metrics) int { return m.Pods })
+	out.PodsPlaced = count(func(m Metrics) int { return m.PodsPlaced })
+	out.RequestedGPUs = count(func(m Metrics) int { return m.RequestedGPUs })
+	out.RequestedMilliGPU = int64(avg(func(m Metrics) float64 { return float64(m.RequestedMilliGPU) }))
+	out.MultiNodeJobs = count(func(m Metrics) int { return m.MultiNodeJobs })
+	out.MultiNodePlaced = count(func(m Metrics) int { return m.MultiNodePlaced })
+	out.SameDomain = count(func(m Metrics) int { return m.SameDomain })
+	out.Waited = count(func(m Metrics) int { return m.Waited })
+	out.AllocatorRuns = count(func(m Metrics) int { return m.AllocatorRuns })
+	out.AllocatedGPUs = avg(func(m Metrics) float64 { return m.AllocatedGPUs })
+	out.AllocationRatio = avg(func(m Metrics) float64 { return m.AllocationRatio })
+	out.MilliAllocationRatio = avg(func(m Metrics) float64 { return m.MilliAllocationRatio })
+	out.Utilization = avg(func(m Metrics) float64 { return m.Utilization })
+	out.SameDomainRatio = avg(func(m Metrics) float64 { return m.SameDomainRatio })
+	out.Fragmentation = avg(func(m Metrics) float64 { return m.Fragmentation })
+	out.LeafFragmentation = avg(func(m Metrics) float64 { return m.LeafFragmentation })
+	out.ReplaySeconds = avg(func(m Metrics) float64 { return m.ReplaySeconds })
+	for _, r := range runs {
+		out.latencies = append(out.latencies, r.latencies...)
+		out.waits = append(out.waits, r.waits...)
+	}
+	out.PlanLatencyP50Ms, out.PlanLatencyP99Ms, out.PlanLatencyMaxMs = percentile(out.latencies, 0.50), percentile(out.latencies, 0.99), percentile(out.latencies, 1)
+	out.MeanQueueWaitS, out.P95QueueWaitS = average(out.waits), percentile(out.waits, 0.95)
+	return out
 }

@@ -20,25 +20,45 @@ import (
 //	├── leaf-0: gpu-s0-l0-n0, gpu-s0-l0-n1
 //	└── leaf-1: gpu-s0-l1-n0, gpu-s0-l1-n1
 func smallCluster(t testing.TB) *simulate.Cluster {
+	return newCluster(t, "spines: 1\nleavesPerSpine: 2\nnodesPerLeaf: 2\nprofiles: [dgx-h100]\n", simulate.ClusterOptions{})
+}
+
+func newCluster(t testing.TB, topology string, opt simulate.ClusterOptions) *simulate.Cluster {
 	t.Helper()
-	specs, err := simulate.ParseTopology([]byte("spines: 1\nleavesPerSpine: 2\nnodesPerLeaf: 2\nprofiles: [dgx-h100]\n"), "")
+	specs, err := simulate.ParseTopology([]byte(topology), "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := simulate.NewCluster(specs)
+	c, err := simulate.NewCluster(specs, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
 }
 
+// demoClaims are the demo's DeviceClass and templates, read from files
+// as the CLI reads them.
+func demoClaims(t testing.TB) *simulate.Claims {
+	t.Helper()
+	cl, err := simulate.LoadClaims(simulate.DemoClaimFiles("../.."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
 func run(t *testing.T, c *simulate.Cluster, tr *simulate.Trace, opt simulate.Options) *simulate.Result {
 	t.Helper()
-	res, err := simulate.Run(context.Background(), c, simulate.Fixed(tr), opt)
+	res, err := simulate.Run(context.Background(), c, demoClaims(t), simulate.Fixed(tr), opt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return res
+}
+
+// each is the metrics of every scheduler, by name.
+func each(res *simulate.Result) []simulate.Metrics {
+	return []simulate.Metrics{res.Metrics, res.Baseline, res.FirstFit}
 }
 
 // A whole-node job takes the first node; then a two-node job fits in
@@ -56,15 +76,74 @@ func TestGputopoKeepsJobsInOneLeaf(t *testing.T) {
 		SameDomainRatio, AllocationRatio    float64
 	}
 	got := map[string]view{}
-	for _, m := range []simulate.Metrics{res.Metrics, res.Baseline} {
+	for _, m := range []simulate.Metrics{res.Metrics, res.FirstFit} {
 		got[m.Scheduler] = view{m.Placed, m.MultiNodePlaced, m.SameDomain, m.SameDomainRatio, m.AllocationRatio}
 	}
 	want := map[string]view{
-		"gputopo":  {Placed: 2, MultiNodePlaced: 1, SameDomain: 1, SameDomainRatio: 1, AllocationRatio: 0.75},
-		"baseline": {Placed: 2, MultiNodePlaced: 1, SameDomain: 0, SameDomainRatio: 0, AllocationRatio: 0.75},
+		"gputopo":   {Placed: 2, MultiNodePlaced: 1, SameDomain: 1, SameDomainRatio: 1, AllocationRatio: 0.75},
+		"first fit": {Placed: 2, MultiNodePlaced: 1, SameDomain: 0, SameDomainRatio: 0, AllocationRatio: 0.75},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("metrics (-want +got):\n%s", diff)
+	}
+}
+
+// The default scheduler's model spreads pods over nodes by the CPU they
+// ask for (LeastAllocated); first fit piles them on the first node;
+// gputopo packs them, which fragments least.
+func TestSchedulersSpreadOrPack(t *testing.T) {
+	nodes := "sn,cpu_milli,memory_mib,gpu,model\n"
+	for i := range 4 {
+		nodes += fmt.Sprintf("n%d,16000,65536,8,V100M32\n", i)
+	}
+	specs, err := simulate.ParseAlibabaNodes(strings.NewReader(nodes), "nodes.csv", simulate.DefaultGrouping())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := simulate.NewCluster(specs, simulate.ClusterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := alibabaHeader
+	for i := range 4 {
+		pods += fmt.Sprintf("p%d,2000,1024,1,1000,,,,,,\n", i)
+	}
+	tr, err := simulate.ParseAlibabaPods(strings.NewReader(pods), "pods.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, m := range each(run(t, c, tr, simulate.Options{})) {
+		got[m.Scheduler] = m.Fragmentation
+	}
+	// Free GPUs on nodes in use, over all free GPUs (28).
+	want := map[string]float64{"gputopo": 4.0 / 28, "default scheduler": 1, "first fit": 4.0 / 28}
+	if diff := cmp.Diff(want, got, cmpApprox); diff != "" {
+		t.Errorf("node fragmentation (-want +got):\n%s", diff)
+	}
+}
+
+// Nodes hold no more pods than their CPU allows, for every scheduler.
+func TestCPUAndMemoryCount(t *testing.T) {
+	nodes := "sn,cpu_milli,memory_mib,gpu,model\nn0,8000,65536,2,T4\nn1,8000,65536,2,T4\n"
+	specs, err := simulate.ParseAlibabaNodes(strings.NewReader(nodes), "nodes.csv", simulate.DefaultGrouping())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := simulate.NewCluster(specs, simulate.ClusterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := alibabaHeader + "p0,6000,1024,1,1000,,,,,,\np1,6000,1024,1,1000,,,,,,\np2,6000,1024,1,1000,,,,,,\ncpu,1000,70000,0,0,,,,,,\n"
+	tr, err := simulate.ParseAlibabaPods(strings.NewReader(pods), "pods.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range each(run(t, c, tr, simulate.Options{CPUPodsOptIn: true})) {
+		if m.Placed != 2 || m.Refused != 1 || m.CPUOnlyPods != 1 || m.CPUOnlyPlaced != 0 {
+			t.Errorf("%s: placed %d, refused %d, CPU pods placed %d of %d; want 2, 1, 0 of 1 (the CPU pod asks for more memory than a node has)",
+				m.Scheduler, m.Placed, m.Refused, m.CPUOnlyPlaced, m.CPUOnlyPods)
+		}
 	}
 }
 
@@ -77,18 +156,20 @@ func TestRefusalsAreAllOrNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := run(t, c, tr, simulate.Options{})
-	for _, m := range []simulate.Metrics{res.Metrics, res.Baseline} {
+	for _, m := range each(res) {
 		if m.Placed != 2 || m.Refused != 1 || m.AllocatedGPUs != 28 {
 			t.Errorf("%s: placed %d, refused %d, %v GPUs allocated; want 2, 1, 28", m.Scheduler, m.Placed, m.Refused, m.AllocatedGPUs)
 		}
 	}
-	if res.Baseline.PartialJobs != 1 || res.PartialJobs != 0 {
-		t.Errorf("partial jobs: baseline %d, gputopo %d; want 1 and 0", res.Baseline.PartialJobs, res.PartialJobs)
+	if res.FirstFit.PartialJobs != 1 || res.PartialJobs != 0 {
+		t.Errorf("partial jobs: first fit %d, gputopo %d; want 1 and 0", res.FirstFit.PartialJobs, res.PartialJobs)
 	}
 }
 
-func TestSharedPodsAreRoundedUp(t *testing.T) {
-	c := smallCluster(t)
+// Without sharing a pod asking for a share takes a whole GPU; with it,
+// shares of one GPU pack onto it. The milli-GPU ratio counts what pods
+// asked for either way.
+func TestSharedPods(t *testing.T) {
 	in := alibabaHeader +
 		"p0,1,1,1,500,,,,,,\n" +
 		"p1,1,1,1,250,,,,,,\n" +
@@ -99,14 +180,33 @@ func TestSharedPodsAreRoundedUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := run(t, c, tr, simulate.Options{})
-	if res.SharedPodsRoundedUp != 3 {
-		t.Errorf("shared pods rounded up: %d, want 3", res.SharedPodsRoundedUp)
+	const topo = "spines: 1\nleavesPerSpine: 2\nnodesPerLeaf: 2\nprofiles: [dgx-h100]\n"
+	tests := map[string]struct {
+		sharing bool
+		gpus    float64 // GPUs holding anything, every scheduler
+	}{
+		"whole GPUs without sharing":                       {false, 4},
+		"one GPU of shares and one whole GPU with sharing": {true, 2},
 	}
-	for _, m := range []simulate.Metrics{res.Metrics, res.Baseline} {
-		if m.AllocatedGPUs != 4 || m.AllocationRatio != 4.0/32 || m.MilliAllocationRatio != 2.0/32 {
-			t.Errorf("%s: %v GPUs, ratio %v, milli ratio %v; want 4, 1/8, 1/16", m.Scheduler, m.AllocatedGPUs, m.AllocationRatio, m.MilliAllocationRatio)
-		}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			res := run(t, newCluster(t, topo, simulate.ClusterOptions{Sharing: tc.sharing}), tr, simulate.Options{})
+			if res.Trace.SharedPods != 3 {
+				t.Errorf("shared pods: %d, want 3", res.Trace.SharedPods)
+			}
+			for _, m := range each(res) {
+				if m.Placed != 4 || m.MilliAllocationRatio != 2.0/32 {
+					t.Errorf("%s: placed %d, milli ratio %v; want 4, 1/16", m.Scheduler, m.Placed, m.MilliAllocationRatio)
+				}
+			}
+			// The default scheduler's model spreads pods over nodes; the
+			// others pack the shares onto one GPU.
+			for _, m := range []simulate.Metrics{res.Metrics, res.FirstFit} {
+				if m.AllocatedGPUs != tc.gpus {
+					t.Errorf("%s: %v GPUs hold pods, want %v", m.Scheduler, m.AllocatedGPUs, tc.gpus)
+				}
+			}
+		})
 	}
 }
 
@@ -121,19 +221,44 @@ func TestDemandCutoff(t *testing.T) {
 	}
 }
 
-func TestTimedReplayReleasesDevices(t *testing.T) {
-	c := smallCluster(t)
-	// Each job needs the whole cluster; each arrives after the previous
-	// one left.
-	tr, err := simulate.ParseJobs(strings.NewReader("a,4,8,0,10\nb,4,8,10,10\nc,4,8,15,10\n"), "jobs.csv")
-	if err != nil {
-		t.Fatal(err)
+// Timed traces queue: a job that does not fit waits, in arrival order,
+// and a later job that fits now starts ahead of it (backfill).
+func TestTimedReplayQueues(t *testing.T) {
+	tests := map[string]struct {
+		jobs                 string
+		placed, waited       int
+		meanWaitS, p95WaitS  float64
+		utilization, refused float64
+	}{
+		// Each job needs the whole cluster: b and c wait for the one
+		// before them to leave.
+		"in arrival order": {jobs: "a,4,8,0,10\nb,4,8,10,10\nc,4,8,15,10\n", placed: 3, waited: 1, meanWaitS: 5.0 / 3, p95WaitS: 5, utilization: 1},
+		// b (16 GPUs) waits for a; c (8 GPUs) fits beside a and starts.
+		"with backfill": {jobs: "a,3,8,0,10\nb,2,8,1,10\nc,1,8,2,10\n", placed: 3, waited: 1, meanWaitS: 3, p95WaitS: 9, utilization: 0.75},
+		// A job bigger than the cluster never starts.
+		// (Utilization is measured while jobs arrive: b starts with the last
+		// arrival.)
+		"never fits": {jobs: "a,5,8,0,10\nb,1,8,1,10\n", placed: 1, refused: 1},
 	}
-	res := run(t, c, tr, simulate.Options{})
-	for _, m := range []simulate.Metrics{res.Metrics, res.Baseline} {
-		if m.Placed != 2 || m.Refused != 1 || m.AllocationRatio != 1 {
-			t.Errorf("%s: placed %d, refused %d, time-mean ratio %v; want 2, 1, 1", m.Scheduler, m.Placed, m.Refused, m.AllocationRatio)
-		}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tr, err := simulate.ParseJobs(strings.NewReader(tc.jobs), "jobs.csv")
+			if err != nil {
+				t.Fatal(err)
+			}
+			type view struct {
+				Placed, Waited          int
+				Refused                 float64
+				MeanWait, P95Wait, Util float64
+			}
+			want := view{tc.placed, tc.waited, tc.refused, tc.meanWaitS, tc.p95WaitS, tc.utilization}
+			for _, m := range each(run(t, smallCluster(t), tr, simulate.Options{})) {
+				got := view{m.Placed, m.Waited, float64(m.Refused), m.MeanQueueWaitS, m.P95QueueWaitS, m.Utilization}
+				if diff := cmp.Diff(want, got, cmpApprox); diff != "" {
+					t.Errorf("%s (-want +got):\n%s", m.Scheduler, diff)
+				}
+			}
+		})
 	}
 }
 
@@ -147,20 +272,29 @@ func TestParseAlibabaNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type row struct{ Name, Leaf, Spine, Profile string }
+	type row struct {
+		Name, Leaf, Spine, Profile string
+		CPUMilli                   int64
+	}
 	var got []row
 	for _, s := range specs {
-		got = append(got, row{s.Name, s.Leaf, s.Spine, s.Profile.Name})
+		r := row{s.Name, s.Leaf, s.Spine, "", s.CPUMilli}
+		if s.Profile != nil {
+			r.Profile = s.Profile.Name
+		}
+		got = append(got, r)
 	}
+	// A node without GPUs stays for its CPU.
 	want := []row{
-		{"openb-node-0", "leaf-0", "spine-0", "alibaba-p100-2g"},
-		{"openb-node-2", "leaf-0", "spine-0", "alibaba-g2-8g"},
-		{"openb-node-3", "leaf-1", "spine-1", "alibaba-g2-8g"},
+		{"openb-node-0", "leaf-0", "spine-0", "alibaba-p100-2g", 64000},
+		{"openb-node-1", "leaf-0", "spine-0", "", 64000},
+		{"openb-node-2", "leaf-1", "spine-1", "alibaba-g2-8g", 96000},
+		{"openb-node-3", "leaf-1", "spine-1", "alibaba-g2-8g", 96000},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("nodes (-want +got):\n%s", diff)
 	}
-	c, err := simulate.NewCluster(specs)
+	c, err := simulate.NewCluster(specs, simulate.ClusterOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +323,7 @@ func TestParsePublished(t *testing.T) {
 	}
 }
 
-var cmpApprox = cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })
+var cmpApprox = cmp.Comparer(func(a, b float64) bool { return a-b < 1e-6 && b-a < 1e-6 })
 
 // sharedData is the perf-anchor data beside the repository, or "" when
 // this checkout has none.

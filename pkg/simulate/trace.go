@@ -23,23 +23,31 @@ const (
 )
 
 // Job is one job of a trace: Pods pods of GPUsPerPod GPUs each, placed
-// all together or not at all.
+// all together or not at all. A job of no GPUs is a pod that takes CPU
+// and memory only: the default scheduler places it, whoever places GPUs.
 type Job struct {
 	Name       string
 	Pods       int
 	GPUsPerPod int
-	// MilliGPU is what one pod asked for in thousandths of a GPU, before
-	// rounding up: 1000 × GPUsPerPod unless Shared.
+	// MilliGPU is what one pod asks for in thousandths of a GPU:
+	// 1000 × GPUsPerPod unless Shared.
 	MilliGPU int
-	// Shared pods asked for a share of one GPU and get a whole one.
+	// Shared pods ask for a share of one GPU: a share of a shared GPU
+	// when the cluster shares its GPUs, else a whole GPU.
 	Shared bool
+	// CPUMilli and MemoryMiB are what one pod asks of its node; 0 when the
+	// trace does not say.
+	CPUMilli, MemoryMiB int64
 	// Arrival and Duration are set in timed traces only; a job of a
 	// timed trace leaves Duration after it was placed.
 	Arrival, Duration time.Duration
 }
 
-// GPUs is what the job requests in all.
+// GPUs is what the job requests in all, a share counting as a GPU.
 func (j Job) GPUs() int { return j.Pods * j.GPUsPerPod }
+
+// milli is what the job requests in all, in milli-GPUs.
+func (j Job) milli() int64 { return int64(j.Pods * j.MilliGPU) }
 
 // Trace is a workload to replay.
 type Trace struct {
@@ -48,9 +56,9 @@ type Trace struct {
 	Jobs   []Job // in arrival order
 	// Timed traces have arrivals and durations: they replay as events,
 	// with departures. Others arrive one after the other and stay.
-	Timed           bool
-	SharedRoundedUp int // pods asking for a GPU share, given a whole GPU
-	SkippedNoGPU    int // pods without GPUs, not replayed
+	Timed       bool
+	SharedPods  int // pods asking for a share of a GPU
+	CPUOnlyPods int // pods without GPUs: jobs of GPUsPerPod 0
 }
 
 // LoadTrace reads a trace file. format is FormatAlibaba, FormatJobs or

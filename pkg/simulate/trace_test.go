@@ -2,6 +2,7 @@ package simulate_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -17,18 +18,19 @@ func TestParseAlibabaPods(t *testing.T) {
 	in := alibabaHeader +
 		"p0,12000,16384,1,1000,,LS,Running,0,1,0\n" +
 		"p1,6000,12288,1,460,,LS,Running,0,1,0\n" + // a share: rounded up
-		"p2,4000,1024,0,0,,BE,Running,0,1,0\n" + // no GPU: skipped
+		"p2,4000,1024,0,0,,BE,Running,0,1,0\n" + // no GPU: CPU and memory only
 		"p3,64000,1024,8,1000,,LS,Running,0,1,0\n"
 	tr, err := simulate.ParseAlibabaPods(strings.NewReader(in), "pods.csv")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := &simulate.Trace{
-		Format: simulate.FormatAlibaba, Source: "pods.csv", SharedRoundedUp: 1, SkippedNoGPU: 1,
+		Format: simulate.FormatAlibaba, Source: "pods.csv", SharedPods: 1, CPUOnlyPods: 1,
 		Jobs: []simulate.Job{
-			{Name: "p0", Pods: 1, GPUsPerPod: 1, MilliGPU: 1000},
-			{Name: "p1", Pods: 1, GPUsPerPod: 1, MilliGPU: 460, Shared: true},
-			{Name: "p3", Pods: 1, GPUsPerPod: 8, MilliGPU: 8000},
+			{Name: "p0", Pods: 1, GPUsPerPod: 1, MilliGPU: 1000, CPUMilli: 12000, MemoryMiB: 16384},
+			{Name: "p1", Pods: 1, GPUsPerPod: 1, MilliGPU: 460, Shared: true, CPUMilli: 6000, MemoryMiB: 12288},
+			{Name: "p2", Pods: 1, CPUMilli: 4000, MemoryMiB: 1024},
+			{Name: "p3", Pods: 1, GPUsPerPod: 8, MilliGPU: 8000, CPUMilli: 64000, MemoryMiB: 1024},
 		},
 	}
 	if diff := cmp.Diff(want, tr); diff != "" {
@@ -141,6 +143,8 @@ func TestStaticArrivals(t *testing.T) {
 			names: []string{"j0", "j1", "j0-tuned-0", "j0-tuned-1", "j0-tuned-2"}},
 		"shuffled by seed":  {tr: fours, gpus: 16, demand: 1, seed: 7, names: []string{"j0", "j1", "j4", "j2"}, cut: 1},
 		"first job too big": {tr: trace(8), gpus: 4, demand: 1, cut: 1},
+		// Demand counts milli-GPUs: four halves are two GPUs.
+		"shares count as their share": {tr: halves(6), gpus: 2, demand: 1, names: []string{"h0", "h1", "h2", "h3"}, cut: 2},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -149,19 +153,29 @@ func TestStaticArrivals(t *testing.T) {
 				t.Fatal(err)
 			}
 			var names []string
-			requested := 0
+			var requested int64
 			for _, j := range a.Jobs {
 				names = append(names, j.Name)
-				requested += j.GPUs()
+				requested += int64(j.Pods * j.MilliGPU)
 			}
 			if diff := cmp.Diff(tc.names, names); diff != "" {
 				t.Errorf("arrivals (-want +got):\n%s", diff)
 			}
-			if a.Sampled != tc.sampled || a.Cut != tc.cut || a.RequestedGPUs != requested {
-				t.Errorf("sampled %d, cut %d, requested %d; want %d, %d, %d", a.Sampled, a.Cut, a.RequestedGPUs, tc.sampled, tc.cut, requested)
+			if a.Sampled != tc.sampled || a.Cut != tc.cut || a.RequestedMilliGPU != requested {
+				t.Errorf("sampled %d, cut %d, requested %d; want %d, %d, %d", a.Sampled, a.Cut, a.RequestedMilliGPU, tc.sampled, tc.cut, requested)
 			}
 		})
 	}
+}
+
+// halves is a static trace of n one-pod jobs h0, h1, ... asking for half
+// a GPU each.
+func halves(n int) *simulate.Trace {
+	tr := &simulate.Trace{Format: simulate.FormatAlibaba, Source: "test"}
+	for i := range n {
+		tr.Jobs = append(tr.Jobs, simulate.Job{Name: fmt.Sprintf("h%d", i), Pods: 1, GPUsPerPod: 1, MilliGPU: 500, Shared: true})
+	}
+	return tr
 }
 
 // trace is a static trace of one-pod jobs j0, j1, ... of the given GPUs.

@@ -14,16 +14,18 @@ type Arrivals struct {
 	Jobs []Job
 	// Sampled jobs were drawn again from the trace, with replacement, to
 	// reach the demand (the FGD artifact's workload tuning).
-	Sampled       int
-	RequestedGPUs int
+	Sampled int
+	// RequestedMilliGPU is what the arrived jobs ask for in all.
+	RequestedMilliGPU int64
 	// Cut is how many jobs of the (inflated) trace never arrived.
 	Cut int
 }
 
 // StaticArrivals follows the FGD paper's method for "allocation ratio at
 // x% demand": jobs arrive one by one, in trace order or shuffled by seed
-// (0 keeps the trace order), until the next one would take the GPUs they
-// request past demand × clusterGPUs; nothing departs. A trace that
+// (0 keeps the trace order), until the next one would take what they ask
+// for past demand × clusterGPUs, counted in milli-GPUs (a pod asking for
+// 460 thousandths of a GPU adds 0.46); nothing departs. A trace that
 // requests less than that is first inflated with jobs sampled from it
 // with replacement, as the artifact's tuneUp does, when inflate is set.
 // demand ≤ 0 lets the whole trace arrive.
@@ -32,12 +34,12 @@ func StaticArrivals(tr *Trace, clusterGPUs int, demand float64, seed uint64, inf
 		return Arrivals{}, fmt.Errorf("trace %s has no jobs", tr.Source)
 	}
 	jobs := append([]Job(nil), tr.Jobs...)
-	total := 0
+	var total int64
 	for _, j := range jobs {
-		total += j.GPUs()
+		total += j.milli()
 	}
 	var a Arrivals
-	target := demand * float64(clusterGPUs)
+	target := demand * float64(clusterGPUs) * 1000
 	sample := seed
 	if sample == 0 {
 		sample = inflateSeed
@@ -47,12 +49,12 @@ func StaticArrivals(tr *Trace, clusterGPUs int, demand float64, seed uint64, inf
 		n := len(tr.Jobs)
 		for {
 			j := tr.Jobs[rng.IntN(n)]
-			if float64(total+j.GPUs()) > target {
+			if float64(total+j.milli()) > target {
 				break
 			}
 			j.Name = fmt.Sprintf("%s-tuned-%d", j.Name, a.Sampled)
 			jobs = append(jobs, j)
-			total += j.GPUs()
+			total += j.milli()
 			a.Sampled++
 		}
 	}
@@ -61,12 +63,12 @@ func StaticArrivals(tr *Trace, clusterGPUs int, demand float64, seed uint64, inf
 		rng.Shuffle(len(jobs), func(x, y int) { jobs[x], jobs[y] = jobs[y], jobs[x] })
 	}
 	for i, j := range jobs {
-		if demand > 0 && float64(a.RequestedGPUs+j.GPUs()) > target {
+		if demand > 0 && float64(a.RequestedMilliGPU+j.milli()) > target {
 			a.Cut = len(jobs) - i
 			break
 		}
 		a.Jobs = append(a.Jobs, j)
-		a.RequestedGPUs += j.GPUs()
+		a.RequestedMilliGPU += j.milli()
 	}
 	return a, nil
 }
