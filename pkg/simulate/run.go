@@ -79,11 +79,11 @@ type ClusterInfo struct {
 
 // TraceInfo describes the replayed trace (of the first seed).
 type TraceInfo struct {
-	Format       string `json:"format"`
-	Source       string `json:"source"`
-	Timed        bool   `json:"timed"`
-	TraceJobs    int    `json:"traceJobs"`
-	CPUOnlyPods  int    `json:"cpuOnlyPods"`
+	Format      string `json:"format"`
+	Source      string `json:"source"`
+	Timed       bool   `json:"timed"`
+	TraceJobs   int    `json:"traceJobs"`
+	CPUOnlyPods int    `json:"cpuOnlyPods"`
 	// Arrived jobs, of which Sampled were drawn again to reach the demand.
 	Arrived int `json:"arrived"`
 	Sampled int `json:"sampled"`
