@@ -263,14 +263,20 @@ type choice struct {
 	// gpuLeft is what the share leaves of its GPU: the fuller the better,
 	// but for strategy distributed.
 	gpuLeft int
+	// leafFree counts the completely free nodes of the node's leaf: a pod
+	// goes to the leaf with the fewest, keeping whole leaves free for
+	// multi-node jobs (but for strategy distributed).
+	leafFree int
 }
 
-// better orders choices: lower score, then less left on the node, then
-// the GPU the strategy prefers.
+// better orders choices: lower score, then the leaf with fewer free
+// nodes, then less left on the node, then the GPU the strategy prefers.
 func (c choice) better(o choice, spread bool) bool {
 	switch {
 	case c.score != o.score:
 		return c.score < o.score
+	case c.leafFree != o.leafFree && !spread:
+		return c.leafFree < o.leafFree
 	case c.left != o.left:
 		return c.left < o.left
 	case spread:
@@ -301,13 +307,22 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 	spread := job.Strategy == StrategyDistributed
 	var choices []choice // the best of each node
 	var buf []slot
+	freeNodes := map[*leaf]int{}
 	for n, nd := range st.c.nodes {
 		if !nd.schedulable || !st.roomBesidesDevices(pod, n) {
 			continue
 		}
 		buf = st.slots(n, buf)
+		if allFree(buf) && nd.leaf != nil {
+			freeNodes[nd.leaf]++
+		}
 		if c, ok := st.score(n, buf, d, m, pod.Requests, spread); ok {
 			choices = append(choices, c)
+		}
+	}
+	for i := range choices {
+		if l := st.c.nodes[choices[i].node].leaf; l != nil {
+			choices[i].leafFree = freeNodes[l]
 		}
 	}
 	if len(choices) == 0 {
@@ -333,6 +348,16 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 		}
 	}
 	return nil, false, nil
+}
+
+// allFree says whether every GPU of a node is free.
+func allFree(slots []slot) bool {
+	for _, s := range slots {
+		if s.free < topology.MilliPerGPU {
+			return false
+		}
+	}
+	return len(slots) > 0
 }
 
 // roomBesidesDevices says whether node n has what the pod asks for

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 
@@ -31,7 +32,7 @@ type podScheduler struct {
 
 func (s *podScheduler) name() string { return s.label }
 
-func (s *podScheduler) place(ctx context.Context, key string, j Job) (placement, error) {
+func (s *podScheduler) place(ctx context.Context, key string, j Job, _ time.Duration) (placement, error) {
 	share := shareOf(j, s.sharing)
 	out := placement{nodes: make([]int, 0, j.Pods)}
 	var holds []hold

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 
@@ -15,7 +16,8 @@ import (
 // none and keeps what it placed until release.
 type placer interface {
 	name() string
-	place(ctx context.Context, key string, j Job) (placement, error)
+	// place places j, which has waited so long (timed traces).
+	place(ctx context.Context, key string, j Job, waited time.Duration) (placement, error)
 	release(key string)
 	usage() planner.Usage
 }
@@ -82,25 +84,31 @@ type gputopoPlacer struct {
 	// take.
 	cpuOnly *podScheduler
 	allPods bool
+	// A multi-node job of a timed trace that the planner can only place
+	// beyond its size-rule domain waits for one, or until it has waited
+	// beyondAfter when that is set.
+	timed       bool
+	beyondAfter time.Duration
 }
 
 const commitEvery = 64
 
-func newGputopo(c *Cluster, cl *Claims, opt Options, w planner.Workload, seed uint64) *gputopoPlacer {
+func newGputopo(c *Cluster, cl *Claims, opt Options, w planner.Workload, seed uint64, timed bool) *gputopoPlacer {
 	g := &gputopoPlacer{allPods: opt.CPUPodsOptIn, strategy: opt.Strategy,
 		c: c, claims: cl, p: planner.New(cl.evaluator(), planner.WithWorkload(w)),
 		snap: planner.NewSnapshot(c.Planner, nil), res: planner.NewReservations(), committed: map[string]planner.Reservation{},
 		cpu: newLedger(c), pods: map[string][]hold{},
 	}
 	g.cpuOnly = newSchedulerModel(c, cl, seed, g.cpu)
+	g.timed, g.beyondAfter = timed, opt.BeyondDomainAfter
 	return g
 }
 
 func (g *gputopoPlacer) name() string { return "gputopo" }
 
-func (g *gputopoPlacer) place(ctx context.Context, key string, j Job) (placement, error) {
+func (g *gputopoPlacer) place(ctx context.Context, key string, j Job, waited time.Duration) (placement, error) {
 	if j.GPUsPerPod == 0 && !g.allPods {
-		return g.cpuOnly.place(ctx, key, j)
+		return g.cpuOnly.place(ctx, key, j, waited)
 	}
 	g.commit(false)
 	job := planner.Job{Key: key, Strategy: g.strategy, NodeFree: g.cpu.nodeFree}
@@ -117,10 +125,16 @@ func (g *gputopoPlacer) place(ctx context.Context, key string, j Job) (placement
 	if err != nil {
 		return placement{}, fmt.Errorf("plan job %s: %w", key, err)
 	}
+	out := placement{ok: true, runs: plan.AllocatorRuns, nodes: make([]int, len(job.Pods))}
+	if span, ok := g.domainLeaves(plan.Domain); ok {
+		out.inDomain = span <= g.c.requiredLeaves(j.Pods)
+	}
+	if j.Pods > 1 && !out.inDomain && g.timed && (g.beyondAfter == 0 || waited < g.beyondAfter) {
+		return placement{runs: plan.AllocatorRuns}, nil
+	}
 	if err := g.res.Add(plan.Reservation()); err != nil {
 		return placement{}, fmt.Errorf("hold the devices of job %s: %w", key, err)
 	}
-	out := placement{ok: true, runs: plan.AllocatorRuns, nodes: make([]int, len(job.Pods))}
 	for i, pod := range job.Pods {
 		n, ok := g.c.Node(plan.Assignments[pod.Name])
 		if !ok {
@@ -130,9 +144,6 @@ func (g *gputopoPlacer) place(ctx context.Context, key string, j Job) (placement
 		h := hold{node: n, cpu: j.CPUMilli, mem: j.MemoryMiB}
 		g.cpuOnly.takeScored(h, j, 1)
 		g.pods[key] = append(g.pods[key], h)
-	}
-	if span, ok := g.domainLeaves(plan.Domain); ok {
-		out.inDomain = span <= g.c.requiredLeaves(j.Pods)
 	}
 	return out, nil
 }

@@ -109,6 +109,7 @@ type run struct {
 	// held: GPUs and milli-GPUs by placed job.
 	held        map[string][2]int64
 	gpus, milli int64
+	partial     map[int]bool // jobs that ever fitted in part
 }
 
 // replay runs jobs through p. Static traces arrive one after the other,
@@ -119,7 +120,7 @@ type run struct {
 // job may start before an earlier one that still does not fit).
 func replay(ctx context.Context, c *Cluster, jobs []Job, timed bool, p placer) (Metrics, error) {
 	start := time.Now()
-	r := &run{ctx: ctx, c: c, jobs: jobs, p: p, held: map[string][2]int64{},
+	r := &run{ctx: ctx, c: c, jobs: jobs, p: p, held: map[string][2]int64{}, partial: map[int]bool{},
 		m: Metrics{Scheduler: p.name(), Jobs: len(jobs), ClusterGPUs: c.GPUs}}
 	for _, j := range jobs {
 		if j.GPUsPerPod == 0 {
@@ -154,15 +155,15 @@ func replay(ctx context.Context, c *Cluster, jobs []Job, timed bool, p placer) (
 	return *m, nil
 }
 
-// try plans job i; ok says whether it was placed.
-func (r *run) try(i int) (bool, error) {
+// try plans job i at time at; ok says whether it was placed.
+func (r *run) try(i int, at time.Duration) (bool, error) {
 	if err := r.ctx.Err(); err != nil {
 		return false, err
 	}
 	j := r.jobs[i]
 	key := fmt.Sprintf("j%d-%s", i, j.Name)
 	t0 := time.Now()
-	pl, err := r.p.place(r.ctx, key, j)
+	pl, err := r.p.place(r.ctx, key, j, at-j.Arrival)
 	if err != nil {
 		return false, err
 	}
@@ -175,7 +176,8 @@ func (r *run) try(i int) (bool, error) {
 		return pl.ok, nil
 	}
 	if !pl.ok {
-		if pl.partial {
+		if pl.partial && !r.partial[i] {
+			r.partial[i] = true
 			r.m.PartialJobs++
 		}
 		return false, nil
@@ -196,7 +198,7 @@ func (r *run) try(i int) (bool, error) {
 
 func (r *run) static() error {
 	for i, j := range r.jobs {
-		ok, err := r.try(i)
+		ok, err := r.try(i, j.Arrival)
 		if err != nil {
 			return err
 		}
@@ -269,7 +271,7 @@ func (r *run) timed() error {
 				kept = append(kept, i)
 				continue
 			}
-			ok, err := r.try(i)
+			ok, err := r.try(i, at)
 			if err != nil {
 				return err
 			}
@@ -306,7 +308,7 @@ func (r *run) timed() error {
 		u := r.p.usage()
 		fragSum += u.Fragmentation
 		leafFragSum += u.LeafFragmentation
-		ok, err := r.try(i)
+		ok, err := r.try(i, j.Arrival)
 		if err != nil {
 			return err
 		}

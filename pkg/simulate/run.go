@@ -45,6 +45,11 @@ type Options struct {
 	// every pod goes through FGD in the paper. Without it the default
 	// scheduler's model places them in gputopo's cluster.
 	CPUPodsOptIn bool
+	// BeyondDomainAfter lets a multi-node job of a timed trace that has
+	// waited so long go to a bigger domain than its size rule asks for;
+	// 0 keeps it waiting for one. Static traces place at once wherever a
+	// job fits.
+	BeyondDomainAfter time.Duration
 }
 
 // Result is one simulation: gputopo's metrics inline, the model of the
@@ -139,7 +144,7 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 			out *[]Metrics
 			p   placer
 		}{
-			{&ours, newGputopo(c, cl, opt, workloadOf(jobs, c.Sharing), seed)},
+			{&ours, newGputopo(c, cl, opt, workloadOf(jobs, c.Sharing), seed, tr.Timed)},
 			{&base, newSchedulerModel(c, cl, seed, newLedger(c))},
 			{&first, newFirstFit(c, cl)},
 		} {
