@@ -54,6 +54,7 @@ func NewOptions() *Options {
 		SpineLabels:     nl.Spine,
 		CliqueLabels:    nl.Clique,
 		TierLabelPrefix: nl.TierPrefix,
+		SharedGPUs:      "none",
 	}
 }
 
