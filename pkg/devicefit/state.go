@@ -45,14 +45,24 @@ func Shares(results ...resourceapi.AllocationResult) []Share {
 // Add records what the results hold: shares as shares, other devices
 // whole.
 func (s State) Add(results ...resourceapi.AllocationResult) {
+	each(results, func(id structured.DeviceID) { s.Devices.Insert(id) }, s.AddShare)
+}
+
+// Remove forgets what Add recorded for the results.
+func (s State) Remove(results ...resourceapi.AllocationResult) {
+	each(results, func(id structured.DeviceID) { s.Devices.Delete(id) }, s.RemoveShare)
+}
+
+// each calls whole for every device held whole and share for every share.
+func each(results []resourceapi.AllocationResult, whole func(structured.DeviceID), share func(Share)) {
 	for _, r := range results {
 		for _, d := range r.Devices.Results {
 			id := structured.MakeDeviceID(d.Driver, d.Pool, d.Device)
 			if d.ShareID == nil {
-				s.Devices.Insert(id)
+				whole(id)
 				continue
 			}
-			s.AddShare(Share{Device: id, ShareID: string(*d.ShareID), Consumed: d.ConsumedCapacity})
+			share(Share{Device: id, ShareID: string(*d.ShareID), Consumed: d.ConsumedCapacity})
 		}
 	}
 }
@@ -69,20 +79,6 @@ func (s State) RemoveShare(sh Share) {
 	uid := types.UID(sh.ShareID)
 	s.ShareIDs.Delete(structured.MakeSharedDeviceID(sh.Device, &uid))
 	s.Consumed.Remove(structured.NewDeviceConsumedCapacity(sh.Device, sh.Consumed))
-}
-
-// Remove forgets what Add recorded for the results.
-func (s State) Remove(results ...resourceapi.AllocationResult) {
-	for _, r := range results {
-		for _, d := range r.Devices.Results {
-			id := structured.MakeDeviceID(d.Driver, d.Pool, d.Device)
-			if d.ShareID == nil {
-				s.Devices.Delete(id)
-				continue
-			}
-			s.RemoveShare(Share{Device: id, ShareID: string(*d.ShareID), Consumed: d.ConsumedCapacity})
-		}
-	}
 }
 
 // Allocator is the state as the structured allocator takes it. The

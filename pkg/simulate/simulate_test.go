@@ -93,25 +93,12 @@ func TestGputopoKeepsJobsInOneLeaf(t *testing.T) {
 // gputopo packs them, which fragments least.
 func TestSchedulersSpreadOrPack(t *testing.T) {
 	nodes := "sn,cpu_milli,memory_mib,gpu,model\n"
-	for i := range 4 {
-		nodes += fmt.Sprintf("n%d,16000,65536,8,V100M32\n", i)
-	}
-	specs, err := simulate.ParseAlibabaNodes(strings.NewReader(nodes), "nodes.csv", simulate.DefaultGrouping())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := simulate.NewCluster(specs, simulate.ClusterOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	pods := alibabaHeader
 	for i := range 4 {
+		nodes += fmt.Sprintf("n%d,16000,65536,8,V100M32\n", i)
 		pods += fmt.Sprintf("p%d,2000,1024,1,1000,,,,,,\n", i)
 	}
-	tr, err := simulate.ParseAlibabaPods(strings.NewReader(pods), "pods.csv")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, tr := alibabaInput(t, nodes, pods)
 	got := map[string]float64{}
 	for _, m := range each(run(t, c, tr, simulate.Options{})) {
 		got[m.Scheduler] = m.Fragmentation
@@ -123,9 +110,9 @@ func TestSchedulersSpreadOrPack(t *testing.T) {
 	}
 }
 
-// Nodes hold no more pods than their CPU allows, for every scheduler.
-func TestCPUAndMemoryCount(t *testing.T) {
-	nodes := "sn,cpu_milli,memory_mib,gpu,model\nn0,8000,65536,2,T4\nn1,8000,65536,2,T4\n"
+// alibabaInput parses an Alibaba node list and pod list.
+func alibabaInput(t *testing.T, nodes, pods string) (*simulate.Cluster, *simulate.Trace) {
+	t.Helper()
 	specs, err := simulate.ParseAlibabaNodes(strings.NewReader(nodes), "nodes.csv", simulate.DefaultGrouping())
 	if err != nil {
 		t.Fatal(err)
@@ -134,11 +121,17 @@ func TestCPUAndMemoryCount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pods := alibabaHeader + "p0,6000,1024,1,1000,,,,,,\np1,6000,1024,1,1000,,,,,,\np2,6000,1024,1,1000,,,,,,\ncpu,1000,70000,0,0,,,,,,\n"
 	tr, err := simulate.ParseAlibabaPods(strings.NewReader(pods), "pods.csv")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, tr
+}
+
+// Nodes hold no more pods than their CPU allows, for every scheduler.
+func TestCPUAndMemoryCount(t *testing.T) {
+	c, tr := alibabaInput(t, "sn,cpu_milli,memory_mib,gpu,model\nn0,8000,65536,2,T4\nn1,8000,65536,2,T4\n",
+		alibabaHeader+"p0,6000,1024,1,1000,,,,,,\np1,6000,1024,1,1000,,,,,,\np2,6000,1024,1,1000,,,,,,\ncpu,1000,70000,0,0,,,,,,\n")
 	for _, m := range each(run(t, c, tr, simulate.Options{CPUPodsOptIn: true})) {
 		if m.Placed != 2 || m.Refused != 1 || m.CPUOnlyPods != 1 || m.CPUOnlyPlaced != 0 {
 			t.Errorf("%s: placed %d, refused %d, CPU pods placed %d of %d; want 2, 1, 0 of 1 (the CPU pod asks for more memory than a node has)",
