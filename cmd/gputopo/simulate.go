@@ -19,7 +19,7 @@ type simulateFlags struct {
 	seed                                                uint64
 	seeds, jobs                                         int
 	sharing, cpuPodsOptIn                               bool
-	beyondDomainAfter                                   time.Duration
+	maxDomainWait                                       time.Duration
 	grouping                                            simulate.Grouping
 	claims                                              simulate.ClaimFiles
 }
@@ -67,7 +67,7 @@ fgd-expected-results sits beside the trace's directory.`,
 	fl.StringVar(&f.published, "published", "", "FGD artifact results (default: ../fgd-expected-results/analysis_allo_discrete.csv beside an Alibaba trace)")
 	fl.StringVar(&f.strategy, "strategy", "", "gputopo strategy: consolidated, balanced or distributed (default: the planner's; for one-pod jobs, fragmentation-aware)")
 	fl.BoolVar(&f.sharing, "sharing", false, "Publish every GPU for sharing: pods asking for a share of a GPU take that share")
-	fl.DurationVar(&f.beyondDomainAfter, "beyond-domain-after", 0, "Timed traces: a multi-node job that has waited this long may go to a bigger domain than its size rule asks for (0: it waits for one)")
+	fl.DurationVar(&f.maxDomainWait, "max-domain-wait", -1, "Timed traces: how long gputopo keeps a multi-node job waiting for a domain of its size rule before it may take a bigger one (0: place at once; negative: no limit)")
 	fl.BoolVar(&f.cpuPodsOptIn, "cpu-pods-opt-in", true, "Pods without GPUs (Alibaba traces) opt in to gputopo's placement, as every pod goes through FGD in the paper; false leaves them to the default scheduler's model")
 	fl.StringVar(&f.claims.DeviceClass, "device-class", f.claims.DeviceClass, "DeviceClass manifest of the pods' claims")
 	fl.StringVar(&f.claims.Whole, "whole-template", f.claims.Whole, "ResourceClaimTemplate for whole GPUs: one request whose count is set to the pod's GPUs")
@@ -100,7 +100,7 @@ func runSimulate(cmd *cobra.Command, f *simulateFlags) error {
 	if err != nil {
 		return err
 	}
-	opt := simulate.Options{Demand: f.demand, Seed: f.seed, Seeds: f.seeds, Strategy: planner.Strategy(f.strategy), CPUPodsOptIn: f.cpuPodsOptIn, BeyondDomainAfter: f.beyondDomainAfter}
+	opt := simulate.Options{Demand: f.demand, Seed: f.seed, Seeds: f.seeds, Strategy: planner.Strategy(f.strategy), CPUPodsOptIn: f.cpuPodsOptIn, MaxDomainWait: f.maxDomainWait}
 	var src simulate.Source
 	var published []simulate.Published
 	if f.format == simulate.FormatPhilly {

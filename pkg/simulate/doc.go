@@ -30,7 +30,7 @@
 // events: a job that does not fit waits in arrival order, and every job
 // that fits when GPUs free up starts (backfill); gputopo also keeps a
 // multi-node job waiting until a domain of its size rule has room (see
-// Options.BeyondDomainAfter). Jobs are all or nothing for every
+// Options.MaxDomainWait). Jobs are all or nothing for every
 // scheduler: the pod schedulers roll back a job whose pods do not all fit
 // and count it as partial.
 package simulate

@@ -85,10 +85,10 @@ type gputopoPlacer struct {
 	cpuOnly *podScheduler
 	allPods bool
 	// A multi-node job of a timed trace that the planner can only place
-	// beyond its size-rule domain waits for one, or until it has waited
-	// beyondAfter when that is set.
-	timed       bool
-	beyondAfter time.Duration
+	// beyond its size-rule domain waits for one, up to maxWait (no limit
+	// when negative).
+	timed   bool
+	maxWait time.Duration
 }
 
 const commitEvery = 64
@@ -100,7 +100,7 @@ func newGputopo(c *Cluster, cl *Claims, opt Options, w planner.Workload, seed ui
 		cpu: newLedger(c), pods: map[string][]hold{},
 	}
 	g.cpuOnly = newSchedulerModel(c, cl, seed, g.cpu)
-	g.timed, g.beyondAfter = timed, opt.BeyondDomainAfter
+	g.timed, g.maxWait = timed, opt.MaxDomainWait
 	return g
 }
 
@@ -129,7 +129,7 @@ func (g *gputopoPlacer) place(ctx context.Context, key string, j Job, waited tim
 	if span, ok := g.domainLeaves(plan.Domain); ok {
 		out.inDomain = span <= g.c.requiredLeaves(j.Pods)
 	}
-	if j.Pods > 1 && !out.inDomain && g.timed && (g.beyondAfter == 0 || waited < g.beyondAfter) {
+	if j.Pods > 1 && !out.inDomain && g.timed && (g.maxWait < 0 || waited < g.maxWait) {
 		return placement{runs: plan.AllocatorRuns}, nil
 	}
 	if err := g.res.Add(plan.Reservation()); err != nil {

@@ -45,11 +45,11 @@ type Options struct {
 	// every pod goes through FGD in the paper. Without it the default
 	// scheduler's model places them in gputopo's cluster.
 	CPUPodsOptIn bool
-	// BeyondDomainAfter lets a multi-node job of a timed trace that has
-	// waited so long go to a bigger domain than its size rule asks for;
-	// 0 keeps it waiting for one. Static traces place at once wherever a
-	// job fits.
-	BeyondDomainAfter time.Duration
+	// MaxDomainWait is how long gputopo keeps a multi-node job of a timed
+	// trace waiting for a domain of its size rule before it may take a
+	// bigger one: 0 places it at once wherever it fits, a negative value
+	// keeps it waiting as long as it takes. Static traces place at once.
+	MaxDomainWait time.Duration
 }
 
 // Result is one simulation: gputopo's metrics inline, the model of the

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -375,30 +376,38 @@ func TestLongReplays(t *testing.T) {
 	}
 }
 
-// In a timed trace a multi-node job waits for a domain of its size rule:
-// with one free node in each leaf, the two-node job waits for a whole
-// leaf, where the pod schedulers place it across leaves at once.
+// In a timed trace gputopo keeps a multi-node job waiting for a domain of
+// its size rule: with one free node in each leaf, the two-node job waits
+// for a whole leaf, where the pod schedulers place it across leaves at
+// once, and so does gputopo with no wait allowed.
 func TestMultiNodeJobsWaitForTheirDomain(t *testing.T) {
 	jobs := "x,1,8,0,100\ny,1,8,0.1,5\nw,1,8,0.2,100\nb,2,8,6,10\n"
 	tr, err := simulate.ParseJobs(strings.NewReader(jobs), "jobs.csv")
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := run(t, smallCluster(t), tr, simulate.Options{})
 	type view struct {
 		SameDomain int
 		WaitS      float64
 	}
-	got := map[string]view{}
-	for _, m := range each(res) {
-		got[m.Scheduler] = view{m.SameDomain, m.P95QueueWaitS}
+	tests := map[string]struct {
+		maxWait time.Duration
+		gputopo view
+	}{
+		"waiting as long as it takes": {-1, view{SameDomain: 1, WaitS: 94}},
+		"placing at once":             {0, view{SameDomain: 0, WaitS: 0}},
 	}
-	want := map[string]view{
-		"gputopo":           {SameDomain: 1, WaitS: 94},
-		"default scheduler": {SameDomain: 0, WaitS: 0},
-		"first fit":         {SameDomain: 0, WaitS: 0},
-	}
-	if diff := cmp.Diff(want, got, cmpApprox); diff != "" {
-		t.Errorf("(-want +got):\n%s", diff)
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			res := run(t, smallCluster(t), tr, simulate.Options{MaxDomainWait: tc.maxWait})
+			got := map[string]view{}
+			for _, m := range each(res) {
+				got[m.Scheduler] = view{m.SameDomain, m.P95QueueWaitS}
+			}
+			want := map[string]view{"gputopo": tc.gputopo, "default scheduler": {}, "first fit": {}}
+			if diff := cmp.Diff(want, got, cmpApprox); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
 	}
 }
