@@ -93,7 +93,7 @@ must per-node -- '--profile=hgx-pcie-pairs' "per-node DaemonSet must pass its pr
 render everything "$BASE,$POLICIES,DaemonSet=1,ServiceMonitor=1" \
   --set metrics.serviceMonitor.enabled=true --set deviceClass.extendedResource.enabled=true \
   --set-json 'topology.leafLabels=["example.com/leaf"]' --set topology.tierLabelPrefix= \
-  --set kubeletPlugin.numaNodeList=true --set nvml.driverRoot=/run/nvidia/driver --set kubeletPlugin.sharedGPUs=0\,1
+  --set kubeletPlugin.numaNodeList=true --set nvml.driverRoot=/run/nvidia/driver --set-json 'kubeletPlugin.sharedGPUs="0,1"'
 must everything 'extendedResourceName: gputopo.dev/gpu' "extendedResourceName toggle"
 must everything -- '--shared-gpus=0,1' "shared GPUs must reach the plugin"
 must everything -- '--leaf-labels=example.com/leaf' "leaf labels must reach the plugin and controller"
