@@ -34,7 +34,7 @@ func run() error {
 	var (
 		kubeconfig, metricsAddr, leaseNS, identity string
 		leaderElect                                bool
-		retry                                      time.Duration
+		retry, bindTimeout, settle                 time.Duration
 		qps                                        float32
 		burst                                      int
 	)
@@ -45,7 +45,9 @@ func run() error {
 	fs.BoolVar(&leaderElect, "leader-elect", true, "Run only while holding the leader Lease, so replicas never plan at the same time.")
 	fs.StringVar(&leaseNS, "leader-election-namespace", envOr("POD_NAMESPACE", "kube-system"), "Namespace of the leader Lease.")
 	fs.StringVar(&identity, "leader-election-identity", envOr("POD_NAME", host), "This replica's name in the Lease.")
-	fs.DurationVar(&retry, "retry-interval", 30*time.Second, "How often groups that did not fit are planned again.")
+	fs.DurationVar(&retry, "retry-interval", 30*time.Second, "How often groups that did not fit are planned again; a group's retries back off up to this.")
+	fs.DurationVar(&bindTimeout, "bind-timeout", 60*time.Second, "How long a pod whose gate opened may take to bind before its claims are taken back and it is planned again.")
+	fs.DurationVar(&settle, "settle-delay", 250*time.Millisecond, "How long gates stay closed after a group's claims are written, so allocations the scheduler had in flight are seen first.")
 	fs.Float32Var(&qps, "kube-api-qps", 50, "Requests per second to the API server; placing a pod costs about two.")
 	fs.IntVar(&burst, "kube-api-burst", 100, "Burst of requests to the API server, so a large group is pinned and released at once.")
 	fs.StringSliceVar(&nl.Leaf, "leaf-labels", nl.Leaf, "Node labels naming the leaf switch, first present wins.")
@@ -63,7 +65,7 @@ func run() error {
 	}
 	reg := command.Registry()
 	defer command.ServeMetrics(ctx, metricsAddr, reg)()
-	ctrl, err := controller.New(controller.Config{Client: client, Network: nl, Metrics: controller.NewMetrics(reg), RetryInterval: retry})
+	ctrl, err := controller.New(controller.Config{Client: client, Network: nl, Metrics: controller.NewMetrics(reg), RetryInterval: retry, BindTimeout: bindTimeout, SettleDelay: settle})
 	if err != nil {
 		return err
 	}

@@ -33,12 +33,14 @@ const (
 	// AnnotationStatus is written on a waiting pod: why its group is not
 	// placed yet.
 	AnnotationStatus = Prefix + "status"
-	// AnnotationNode records the node a pod was pinned to.
+	// AnnotationNode records the node a pod's claims were allocated on.
 	AnnotationNode = Prefix + "node"
-	// AnnotationReservedDevices records the devices the plan holds for a
-	// pod until its claims are allocated, so a restarted controller keeps
-	// the hold.
-	AnnotationReservedDevices = Prefix + "reserved-devices"
+	// AnnotationReleased is written on a pod whose claims the controller
+	// took back and allocated again: how often, and why the last time.
+	AnnotationReleased = Prefix + "released"
+	// AnnotationAllocatedBy is written on every ResourceClaim the
+	// controller allocates: the group key, "<namespace>/<kind>/<name>".
+	AnnotationAllocatedBy = Prefix + "allocated-by"
 
 	// SchedulingGate keeps an opted-in pod out of the scheduler until the
 	// controller has planned and pinned its whole group.
