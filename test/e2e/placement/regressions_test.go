@@ -164,7 +164,7 @@ func deleteWaitingJob(t *testing.T, name string) {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if strings.Contains(line, "pin pod "+name+"-") || strings.Contains(line, "Placed pod group") && strings.Contains(line, fmt.Sprintf("%s/job/%s\"", namespace, name)) {
+		if strings.Contains(line, "Allocated the claims of the pod group") && strings.Contains(line, fmt.Sprintf("%s/job/%s\"", namespace, name)) {
 			t.Errorf("controller log: %s", line)
 		}
 	}
