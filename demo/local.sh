@@ -33,9 +33,12 @@ kubectl get resourceslices --field-selector spec.nodeName="$node" -o jsonpath='{
 section "Installing the DeviceClass and claim templates (demo/specs)"
 kubectl apply -f demo/specs/deviceclass.yaml -f demo/specs/claims/
 section "Running the demo workloads: a 4-GPU NVLink pod, a 2-GPU bridged pair, a Job of two 8-GPU pods"
+applied=$(date +%s.%N)
 kubectl apply -f demo/specs/workloads/
-kubectl wait --for=condition=Ready pod/nvlink-quad pod/nvlink-pair --timeout=120s >/dev/null
 kubectl wait --for=condition=Ready pod -l job-name=train-2x8 --timeout=120s >/dev/null
+job_ready=$(date +%s.%N)
+kubectl wait --for=condition=Ready pod/nvlink-quad pod/nvlink-pair --timeout=120s >/dev/null
+awk -v a="$applied" -v b="$job_ready" 'BEGIN { printf "Job train-2x8 created -> all pods Running in %.2fs\n", b - a }'
 
 section "Where each pod landed"
 printf '%-24s %-9s %-14s %-8s %s\n' POD STATUS NODE LEAF SPINE
