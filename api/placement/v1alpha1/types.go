@@ -4,8 +4,8 @@
 // ResourceClaims it allocates, read and written by the typed values in
 // decision.go). The user's annotations are also checked at admission by the
 // ValidatingAdmissionPolicy in deployments/admission, which refuses a bad
-// value when the pod (or its Job) is created and refuses any user who sets a
-// controller-written annotation.
+// value when the pod (or its Job) is created and keeps the
+// controller-written annotations to the controller.
 //
 // The package imports no client-go and no controller code, so the planner
 // and the controller share these types.
@@ -68,9 +68,10 @@ const (
 )
 
 // ControllerAnnotations are the annotations only the controller writes. The
-// gputopo-placement admission policy refuses a request that sets or changes
-// one of them unless the requester holds the controller's permission
-// (ControllerPermissionVerb on ControllerPermissionResource).
+// gputopo-placement admission policy refuses to create a Pod, Job,
+// ResourceClaim or ResourceClaimTemplate that carries one, and refuses an
+// update that sets, changes or removes one unless the requester holds the
+// controller's permission below.
 var ControllerAnnotations = []string{AnnotationDomain, AnnotationNode, AnnotationStatus, AnnotationReleased, AnnotationAllocatedBy}
 
 // The permission that lets a request write ControllerAnnotations: verb
