@@ -2,75 +2,38 @@ package planner
 
 import (
 	"fmt"
-	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+
+	placementapi "github.com/gputopo/gputopo/api/placement/v1alpha1"
 )
 
-// Placement says how close together a job's pods must be.
-type Placement string
+// Placement, Strategy, Level and Domain are the placement API's types:
+// the planner decides in the terms the controller records.
+type (
+	Placement = placementapi.Placement
+	Strategy  = placementapi.Strategy
+	Level     = placementapi.Level
+	Domain    = placementapi.Domain
+)
 
 const (
-	// PlacementAuto picks the smallest subtree that holds the job.
-	PlacementAuto Placement = "auto"
-	// PlacementSameLeaf requires every pod under one leaf switch.
-	PlacementSameLeaf Placement = "same-leaf"
-	// PlacementAdjacentLeaves requires a run of adjacent leaves under one
-	// spine (a single leaf is the shortest run).
-	PlacementAdjacentLeaves Placement = "adjacent-leaves"
-	// PlacementSameSpine requires every pod under one spine.
-	PlacementSameSpine Placement = "same-spine"
-	// PlacementNone places pods like the plain scheduler: anywhere, first
-	// fit in strategy order.
-	PlacementNone Placement = "none"
+	PlacementAuto           = placementapi.PlacementAuto
+	PlacementSameLeaf       = placementapi.PlacementSameLeaf
+	PlacementAdjacentLeaves = placementapi.PlacementAdjacentLeaves
+	PlacementSameSpine      = placementapi.PlacementSameSpine
+	PlacementNone           = placementapi.PlacementNone
+
+	StrategyConsolidated = placementapi.StrategyConsolidated
+	StrategyBalanced     = placementapi.StrategyBalanced
+	StrategyDistributed  = placementapi.StrategyDistributed
+
+	LevelNode    = placementapi.LevelNode
+	LevelLeaf    = placementapi.LevelLeaf
+	LevelLeaves  = placementapi.LevelLeaves
+	LevelSpine   = placementapi.LevelSpine
+	LevelCluster = placementapi.LevelCluster
 )
-
-// Strategy says how pods spread over the nodes of the chosen domain.
-type Strategy string
-
-const (
-	// StrategyConsolidated packs pods onto as few nodes as possible, the
-	// fullest nodes first.
-	StrategyConsolidated Strategy = "consolidated"
-	// StrategyBalanced spreads pods evenly over the domain's nodes, filling
-	// nodes that are already partly used before empty ones. The default.
-	StrategyBalanced Strategy = "balanced"
-	// StrategyDistributed puts one pod per node where possible and spreads
-	// pods across the domain's leaves.
-	StrategyDistributed Strategy = "distributed"
-)
-
-// Level is the size of a domain.
-type Level string
-
-const (
-	LevelNode   Level = "node"
-	LevelLeaf   Level = "leaf"
-	LevelLeaves Level = "leaves" // a run of adjacent leaves under one spine
-	LevelSpine  Level = "spine"
-	// LevelCluster spans spines: Names lists them, or is empty for the
-	// whole cluster (which also holds nodes without network labels).
-	LevelCluster Level = "cluster"
-)
-
-// Domain is a subtree of the cluster. Names are node, leaf or spine names
-// according to Level, in topology order.
-type Domain struct {
-	Level Level
-	Names []string
-}
-
-// String reads as a phrase: "leaf leaf-1", "leaves leaf-2,leaf-3",
-// "the whole cluster".
-func (d Domain) String() string {
-	if d.Level == LevelCluster && len(d.Names) == 0 {
-		return "the whole cluster"
-	}
-	if d.Level == LevelCluster {
-		return "spines " + strings.Join(d.Names, ",")
-	}
-	return string(d.Level) + " " + strings.Join(d.Names, ",")
-}
 
 // Pod is one pod of a job with its ResourceClaims, already instantiated
 // from templates and not yet allocated.
