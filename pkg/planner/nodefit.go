@@ -290,8 +290,9 @@ func filteredSentence(fs []FilteredNodes) string {
 
 // nodeFilters holds, for one shape, which nodes its pods may use.
 type nodeFilters struct {
-	why   []NodeFilter // by node; empty where the pod may go
-	taint []v1.Taint   // by node, for FilterTaint
+	why    []NodeFilter // by node; empty where the pod may go
+	taint  []v1.Taint   // by node, for FilterTaint
+	passed int          // nodes the pod may go to
 }
 
 // filterNodes applies the filters that do not depend on what is in use.
@@ -303,7 +304,10 @@ func (st *state) filterNodes(logger klog.Logger) {
 		ns := &st.f.shapes[s].needs
 		for i, nd := range st.c.nodes {
 			nf.why[i] = nd.filter(logger, ns, &nf, i)
-			st.usable[i] = st.usable[i] || nf.why[i] == ""
+			if nf.why[i] == "" {
+				nf.passed++
+				st.usable[i] = true
+			}
 		}
 		st.filters[s] = nf
 	}

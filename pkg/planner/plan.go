@@ -30,7 +30,7 @@ type state struct {
 	f        *fitter
 	n        int   // pods to place
 	podShape []int // by pod index
-	podOrder []int // pod indexes, most devices first
+	podOrder []int // pod indexes, most devices first, then most constrained
 	minNeed  int
 	pinned   []int // nodes of pinned pods
 	pref     *preference
@@ -212,8 +212,14 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 	for i := range st.podOrder {
 		st.podOrder[i] = i
 	}
+	// Among pods of equal size, those that fewer nodes accept go first, so
+	// a pod that could go anywhere does not take the only node another can.
 	sort.SliceStable(st.podOrder, func(a, b int) bool {
-		return st.f.shapes[st.podShape[st.podOrder[a]]].need > st.f.shapes[st.podShape[st.podOrder[b]]].need
+		x, y := st.podShape[st.podOrder[a]], st.podShape[st.podOrder[b]]
+		if st.f.shapes[x].need != st.f.shapes[y].need {
+			return st.f.shapes[x].need > st.f.shapes[y].need
+		}
+		return st.filters[x].passed < st.filters[y].passed
 	})
 	for _, pod := range slices.Sorted(maps.Keys(job.Pinned)) {
 		i, ok := c.byName[job.Pinned[pod]]
