@@ -102,8 +102,10 @@ func TestNodeFilters(t *testing.T) {
 		},
 		"nodeSelector": {
 			cluster: twoLeaves().Label("pool", "a", "l1n1", "l1n2"),
-			job:     func(t testing.TB) planner.Job { return makeJob(t, "j").Pods(2, "gpu-8-node").Selector("pool", "a").Obj() },
-			want:    &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n1", "l1n2")},
+			job: func(t testing.TB) planner.Job {
+				return makeJob(t, "j").Pods(2, "gpu-8-node").Selector("pool", "a").Obj()
+			},
+			want: &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n1", "l1n2")},
 		},
 		"required affinity on labels": {
 			cluster: twoLeaves().Label("pool", "b", "l0n0", "l0n1"),
@@ -124,8 +126,10 @@ func TestNodeFilters(t *testing.T) {
 		"cpu taken by other pods": {
 			cluster: twoLeaves().Allocatable(node8),
 			used:    onNodes(resources("cpu", "6"), "l0n2"),
-			job:     func(t testing.TB) planner.Job { return makeJob(t, "j").Pods(3, "gpu-8-node").Request(resources("cpu", "4")).Obj() },
-			want:    &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n0", "l1n1", "l1n2")},
+			job: func(t testing.TB) planner.Job {
+				return makeJob(t, "j").Pods(3, "gpu-8-node").Request(resources("cpu", "4")).Obj()
+			},
+			want: &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n0", "l1n1", "l1n2")},
 		},
 		"memory taken by other pods": {
 			cluster: twoLeaves().Allocatable(node8),
