@@ -343,26 +343,13 @@ func (nd *node) filter(logger klog.Logger, ns *needs, nf *nodeFilters, i int) No
 // room is how many pods of shape s the node's allocatable still holds,
 // up to limit, on top of what is in use and of planned.
 func (st *state) room(s, n int, planned []int64, limit int) int {
-	nd := st.c.nodes[n]
-	ns := &st.f.shapes[s].needs
-	if nd.alloc == nil || ns.req == nil {
-		return limit
-	}
-	if ns.unoffered != "" {
-		return 0
-	}
-	k := limit
-	for i, r := range ns.req {
-		if r > 0 {
-			free := nd.alloc[i] - at(st.resBase[n], i) - at(planned, i)
-			k = min(k, int(max(free, 0)/r))
-		}
-	}
-	return k
+	return st.roomOn(s, n, limit, st.resBase[n], planned)
 }
 
 // roomEmpty is room on the node with nothing in use.
-func (st *state) roomEmpty(s, n, limit int) int {
+func (st *state) roomEmpty(s, n, limit int) int { return st.roomOn(s, n, limit, nil, nil) }
+
+func (st *state) roomOn(s, n, limit int, used, planned []int64) int {
 	nd := st.c.nodes[n]
 	ns := &st.f.shapes[s].needs
 	if nd.alloc == nil || ns.req == nil {
@@ -374,7 +361,8 @@ func (st *state) roomEmpty(s, n, limit int) int {
 	k := limit
 	for i, r := range ns.req {
 		if r > 0 {
-			k = min(k, int(nd.alloc[i]/r))
+			free := nd.alloc[i] - at(used, i) - at(planned, i)
+			k = min(k, int(max(free, 0)/r))
 		}
 	}
 	return k

@@ -51,6 +51,7 @@ func nodeNamed(name string) v1.NodeSelectorTerm {
 
 func TestNodeFilters(t *testing.T) {
 	spine := planner.Domain{Level: planner.LevelSpine, Names: []string{"spine-0"}}
+	allOfLeaf1 := &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n0", "l1n1", "l1n2")}
 	tests := map[string]struct {
 		cluster *clusterBuilder
 		used    planner.NodeUsage
@@ -66,12 +67,12 @@ func TestNodeFilters(t *testing.T) {
 		"NotReady node leaves its leaf too small": {
 			cluster: twoLeaves().NotReady("l0n0"),
 			job:     func(t testing.TB) planner.Job { return makeJob(t, "j").Pods(3, "gpu-8-node").Obj() },
-			want:    &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n0", "l1n1", "l1n2")},
+			want:    allOfLeaf1,
 		},
 		"NoSchedule taint without toleration": {
 			cluster: twoLeaves().Taint(maint, "l0n0"),
 			job:     func(t testing.TB) planner.Job { return makeJob(t, "j").Pods(3, "gpu-8-node").Obj() },
-			want:    &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n0", "l1n1", "l1n2")},
+			want:    allOfLeaf1,
 		},
 		"NoSchedule taint with toleration": {
 			cluster: twoLeaves().Taint(maint, "l0n0"),
@@ -81,7 +82,7 @@ func TestNodeFilters(t *testing.T) {
 		"NoExecute taint without toleration": {
 			cluster: twoLeaves().Taint("gpu=maint:NoExecute", "l0n0"),
 			job:     func(t testing.TB) planner.Job { return makeJob(t, "j").Pods(3, "gpu-8-node").Tolerate(maint).Obj() },
-			want:    &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n0", "l1n1", "l1n2")},
+			want:    allOfLeaf1,
 		},
 		"PreferNoSchedule taint keeps no pod away": {
 			cluster: twoLeaves().Taint("gpu=maint:PreferNoSchedule", "l0n0"),
@@ -91,7 +92,7 @@ func TestNodeFilters(t *testing.T) {
 		"cordoned node": {
 			cluster: twoLeaves().Cordon("l0n0"),
 			job:     func(t testing.TB) planner.Job { return makeJob(t, "j").Pods(3, "gpu-8-node").Obj() },
-			want:    &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n0", "l1n1", "l1n2")},
+			want:    allOfLeaf1,
 		},
 		"cordoned node tolerated like the scheduler does": {
 			cluster: twoLeaves().Cordon("l0n0"),
@@ -129,7 +130,7 @@ func TestNodeFilters(t *testing.T) {
 			job: func(t testing.TB) planner.Job {
 				return makeJob(t, "j").Pods(3, "gpu-8-node").Request(resources("cpu", "4")).Obj()
 			},
-			want: &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n0", "l1n1", "l1n2")},
+			want: allOfLeaf1,
 		},
 		"memory taken by other pods": {
 			cluster: twoLeaves().Allocatable(node8),
@@ -137,7 +138,7 @@ func TestNodeFilters(t *testing.T) {
 			job: func(t testing.TB) planner.Job {
 				return makeJob(t, "j").Pods(3, "gpu-8-node").Request(resources("memory", "32Gi")).Obj()
 			},
-			want: &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n0", "l1n1", "l1n2")},
+			want: allOfLeaf1,
 		},
 		// Consolidated would put all four 1-GPU pods on l0n0; its cpu
 		// holds two.
@@ -152,7 +153,7 @@ func TestNodeFilters(t *testing.T) {
 			cluster: twoLeaves().Allocatable(resources("pods", "2")),
 			used:    onNodes(nil, "l0n0", "l0n0"),
 			job:     func(t testing.TB) planner.Job { return makeJob(t, "j").Pods(3, "gpu-8-node").Obj() },
-			want:    &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n0", "l1n1", "l1n2")},
+			want:    allOfLeaf1,
 		},
 		// One pod slot per node: four pods need four nodes, more than a leaf.
 		"pod slots taken by the plan's own pods": {
