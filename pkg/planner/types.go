@@ -3,6 +3,7 @@ package planner
 import (
 	"fmt"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 
 	placementapi "github.com/gputopo/gputopo/api/placement/v1alpha1"
@@ -36,10 +37,22 @@ const (
 )
 
 // Pod is one pod of a job with its ResourceClaims, already instantiated
-// from templates and not yet allocated.
+// from templates and not yet allocated, and the parts of its spec that
+// decide which nodes it may use. PodFor fills it from a v1.Pod.
 type Pod struct {
 	Name   string
 	Claims []*resourceapi.ResourceClaim
+	// NodeSelector and NodeAffinity (only its required terms) must match
+	// the node's labels, as kube-scheduler's NodeAffinity filter checks.
+	NodeSelector map[string]string
+	NodeAffinity *v1.NodeAffinity
+	// Tolerations must tolerate every NoSchedule and NoExecute taint of
+	// the node, and the unschedulable taint of a cordoned node.
+	Tolerations []v1.Toleration
+	// Requests are the pod's effective requests (init containers,
+	// pod-level resources and overhead included): what it takes from the
+	// node's allocatable besides one pod slot.
+	Requests v1.ResourceList
 }
 
 // Job is a group of pods placed together.
@@ -73,6 +86,9 @@ type Plan struct {
 	// Allocations maps each planned pod to one allocation result per claim,
 	// in the order of Pod.Claims: the devices the plan holds for it.
 	Allocations map[string][]resourceapi.AllocationResult
+	// Requests sums, per node, what the planned pods take from its
+	// allocatable: their requests and one pod slot each.
+	Requests NodeUsage
 	// Reasons explain the decision, one line each, for events and
 	// `gputopo explain`.
 	Reasons []string
@@ -96,12 +112,18 @@ type Unschedulable struct {
 	BestPods   int
 	// Details holds one line per size that was tried.
 	Details []string
+	// Filtered counts the nodes that the job's pods cannot use at all,
+	// whatever their devices, by the filter that ruled each out.
+	Filtered []FilteredNodes
 }
 
 func (e *Unschedulable) Error() string {
 	msg := fmt.Sprintf("job %s: %s", e.Job, e.Reason)
 	if e.Best != "" {
 		msg += "; best: " + e.Best
+	}
+	if len(e.Filtered) > 0 {
+		msg += "; " + filteredSentence(e.Filtered)
 	}
 	return msg
 }
