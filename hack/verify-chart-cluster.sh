@@ -221,12 +221,15 @@ CT="$WORK/controller.kubeconfig"
 token_kubeconfig "$CT" "$(kubectl -n "$NS" create token gputopo-controller --duration 1h)"
 can "$CT" yes patch pods -n default
 can "$CT" yes update pods -n default
-can "$CT" no delete pods -n default
+can "$CT" yes delete pods -n default
 can "$CT" no create pods -n default
 can "$CT" yes list jobs.batch -A
 can "$CT" yes list resourceclaimtemplates.resource.k8s.io -A
 can "$CT" no create resourceslices.resource.k8s.io
-can "$CT" no update resourceclaims.resource.k8s.io -n default
+can "$CT" yes update resourceclaims.resource.k8s.io -n default
+can "$CT" yes update resourceclaims.resource.k8s.io --subresource=status -n default
+can "$CT" yes update resourceclaims.resource.k8s.io --subresource=binding -n default
+can "$CT" no create resourceclaims.resource.k8s.io -n default
 can "$CT" yes create events -n default
 can "$CT" yes create leases.coordination.k8s.io -n "$NS"
 can "$CT" yes update leases.coordination.k8s.io/gputopo-controller -n "$NS"
