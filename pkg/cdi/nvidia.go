@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/nvidia-container-toolkit/pkg/lookup"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform"
 	transformroot "github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform/root"
@@ -78,6 +79,21 @@ func (r DriverRoots) Local(hostPath string) string {
 		return hostPath
 	}
 	return filepath.Join(r.ContainerDriver, rel)
+}
+
+// NVMLLibrary finds libnvidia-ml.so.1 in the driver root as this process
+// sees it, where NVIDIA's tools look: the usual library directories of
+// every distribution and architecture, then the root's ldcache.
+func (r DriverRoots) NVMLLibrary(ctx context.Context) (string, error) {
+	r = r.withDefaults()
+	paths, err := lookup.NewLibraryLocator(
+		lookup.WithRoot(r.ContainerDriver),
+		lookup.WithLogger(nvcdiLogger{klog.FromContext(ctx).WithName("nvcdi")}),
+	).Locate("libnvidia-ml.so.1")
+	if err != nil {
+		return "", fmt.Errorf("find libnvidia-ml.so.1 in driver root %s: %w", r.ContainerDriver, err)
+	}
+	return paths[0], nil
 }
 
 // nvidiaEdits generates edits with the NVIDIA Container Toolkit's nvcdi

@@ -7,114 +7,25 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/google/go-cmp/cmp"
-	"golang.org/x/sys/unix"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gputopo/gputopo/pkg/cdi/cditest"
 )
 
 const (
-	fakeDriverVersion = "550.54.15"
+	fakeDriverVersion = cditest.DriverVersion
 	gpuUUID0          = "GPU-5b1c7e2a-0000-4a6e-9d3f-3c2b1a000000"
 	gpuUUID1          = "GPU-5b1c7e2a-1111-4a6e-9d3f-3c2b1a111111"
 )
 
-// fakeDriverRoot lays out what the NVIDIA driver installs, as files and
-// symlinks in a temporary root: versioned libraries with their soname
-// links, binaries, the persistenced socket, GSP firmware, and the device
-// nodes of two GPUs, except /dev/nvidia-uvm-tools (created only when a
-// profiler first runs) and /dev/nvidia-modeset (no display driver).
-func fakeDriverRoot(t *testing.T) string {
-	t.Helper()
-	root := t.TempDir()
-	lib := "usr/lib/x86_64-linux-gnu"
-	files := []string{
-		lib + "/libcuda.so." + fakeDriverVersion,
-		lib + "/libnvidia-ml.so." + fakeDriverVersion,
-		lib + "/libnvidia-ptxjitcompiler.so." + fakeDriverVersion,
-		"usr/bin/nvidia-smi",
-		"usr/bin/nvidia-persistenced",
-		"run/nvidia-persistenced/socket",
-		"lib/firmware/nvidia/" + fakeDriverVersion + "/gsp_ga10x.bin",
-	}
-	for _, f := range files {
-		p := filepath.Join(root, f)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte("fake"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for link, target := range map[string]string{
-		lib + "/libcuda.so.1":                  "libcuda.so." + fakeDriverVersion,
-		lib + "/libcuda.so":                    "libcuda.so.1",
-		lib + "/libnvidia-ml.so.1":             "libnvidia-ml.so." + fakeDriverVersion,
-		lib + "/libnvidia-ptxjitcompiler.so.1": "libnvidia-ptxjitcompiler.so." + fakeDriverVersion,
-	} {
-		if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.MkdirAll(filepath.Join(root, "dev"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, minor := range map[string]uint32{"nvidiactl": 255, "nvidia-uvm": 0, "nvidia0": 0, "nvidia1": 1} {
-		major := uint32(195)
-		if name == "nvidia-uvm" {
-			major = 511
-		}
-		err := unix.Mknod(filepath.Join(root, "dev", name), syscall.S_IFCHR|0o666, int(unix.Mkdev(major, minor)))
-		if errors.Is(err, unix.EPERM) {
-			t.Skip("creating character devices needs CAP_MKNOD; run as root to test driver edits")
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	return root
-}
+func fakeDriverRoot(t *testing.T) string { return cditest.DriverRoot(t, 2) }
 
-// fakeNVML is the NVML of two GPUs as nvcdi queries it.
-func fakeNVML() *mock.Interface {
-	devs := map[string]*mock.Device{}
-	for i, uuid := range []string{gpuUUID0, gpuUUID1} {
-		bus := []string{"0000:18:00.0", "0000:2a:00.0"}[i]
-		devs[uuid] = &mock.Device{
-			GetUUIDFunc:                  func() (string, gonvml.Return) { return uuid, gonvml.SUCCESS },
-			GetIndexFunc:                 func() (int, gonvml.Return) { return i, gonvml.SUCCESS },
-			GetMinorNumberFunc:           func() (int, gonvml.Return) { return i, gonvml.SUCCESS },
-			IsMigDeviceHandleFunc:        func() (bool, gonvml.Return) { return false, gonvml.SUCCESS },
-			GetMigModeFunc:               func() (int, int, gonvml.Return) { return 0, 0, gonvml.ERROR_NOT_SUPPORTED },
-			GetArchitectureFunc:          func() (gonvml.DeviceArchitecture, gonvml.Return) { return gonvml.DEVICE_ARCH_HOPPER, gonvml.SUCCESS },
-			GetNameFunc:                  func() (string, gonvml.Return) { return "NVIDIA H100 80GB HBM3", gonvml.SUCCESS },
-			GetCudaComputeCapabilityFunc: func() (int, int, gonvml.Return) { return 9, 0, gonvml.SUCCESS },
-			GetPciInfoFunc: func() (gonvml.PciInfo, gonvml.Return) {
-				var p gonvml.PciInfo
-				copy(p.BusId[:], bus)
-				return p, gonvml.SUCCESS
-			},
-		}
-	}
-	return &mock.Interface{
-		InitFunc:                   func() gonvml.Return { return gonvml.SUCCESS },
-		ShutdownFunc:               func() gonvml.Return { return gonvml.SUCCESS },
-		SystemGetDriverVersionFunc: func() (string, gonvml.Return) { return fakeDriverVersion, gonvml.SUCCESS },
-		DeviceGetCountFunc:         func() (int, gonvml.Return) { return len(devs), gonvml.SUCCESS },
-		DeviceGetHandleByUUIDFunc: func(uuid string) (gonvml.Device, gonvml.Return) {
-			d, ok := devs[uuid]
-			if !ok {
-				return nil, gonvml.ERROR_NOT_FOUND
-			}
-			return d, gonvml.SUCCESS
-		},
-	}
-}
+func fakeNVML() *mock.Interface { return cditest.NVML(gpuUUID0, gpuUUID1) }
 
 func newTestNVIDIA(t *testing.T, roots DriverRoots) DriverEdits {
 	t.Helper()
@@ -275,5 +186,19 @@ func TestDriverRootsLocal(t *testing.T) {
 	}
 	if got := (DriverRoots{}).Local("/usr/bin/x"); got != "/usr/bin/x" {
 		t.Errorf("default roots: Local = %q", got)
+	}
+}
+
+func TestNVMLLibraryFoundUnderTheDriverRoot(t *testing.T) {
+	root := fakeDriverRoot(t)
+	got, err := DriverRoots{Driver: "/run/nvidia/driver", ContainerDriver: root}.NVMLLibrary(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(root, "usr/lib/x86_64-linux-gnu/libnvidia-ml.so."+fakeDriverVersion); got != want {
+		t.Errorf("NVMLLibrary = %s, want %s", got, want)
+	}
+	if _, err := (DriverRoots{Driver: t.TempDir()}).NVMLLibrary(context.Background()); err == nil {
+		t.Error("an empty driver root has no libnvidia-ml.so.1, want an error")
 	}
 }

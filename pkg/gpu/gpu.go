@@ -83,9 +83,6 @@ type Inventory struct {
 	// SysFS, when set, replaces the host's /sys for PCIe root and NUMA
 	// look-ups (the simulated backend supplies a synthetic one).
 	SysFS fs.ReadLinkFS `json:"-"`
-	// DevRoot is the directory holding device nodes (/dev on a real host);
-	// empty means device nodes are not injected (simulated GPUs).
-	DevRoot string `json:"-"`
 }
 
 // HealthEvent reports a change in a device's health.

@@ -59,6 +59,13 @@ type env struct {
 
 func newEnv(t *testing.T, profile string, dir string) *env {
 	t.Helper()
+	return newEnvWith(t, profile, dir, nil)
+}
+
+// newEnvWith lets configure change the plugin's configuration before it
+// starts.
+func newEnvWith(t *testing.T, profile string, dir string, configure func(*Config)) *env {
+	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	p, err := sim.LoadBuiltin(profile)
 	if err != nil {
@@ -72,6 +79,9 @@ func newEnv(t *testing.T, profile string, dir string) *env {
 		CDIRoot: filepath.Join(dir, "cdi"), PluginDir: filepath.Join(dir, "plugin")}
 	if err := os.MkdirAll(cfg.PluginDir, 0o700); err != nil {
 		t.Fatal(err)
+	}
+	if configure != nil {
+		configure(&cfg)
 	}
 	labels := map[string]string{topology.LabelTopographLeaf: "leaf-0", topology.LabelTopographSpine: "spine-0"}
 	d, err := New(ctx, cfg, labels, nil)

@@ -57,7 +57,7 @@ func (b *Backend) Discover(ctx context.Context) (*gpu.Inventory, error) {
 		}
 	}
 
-	inv := &gpu.Inventory{Devices: make([]gpu.Device, 0, max(count, 0)), DevRoot: "/dev", SysFS: b.sysfs}
+	inv := &gpu.Inventory{Devices: make([]gpu.Device, 0, max(count, 0)), SysFS: b.sysfs}
 	handles := make([]gonvml.Device, 0, max(count, 0))
 	for i := range count {
 		if err := ctx.Err(); err != nil {
