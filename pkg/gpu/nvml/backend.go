@@ -105,6 +105,9 @@ func New(opts ...Option) (*Backend, error) {
 		if o.libraryPath != "" {
 			return nil, fmt.Errorf("initialise NVML from %s: %w", o.libraryPath, err)
 		}
+		if errors.Is(err, gonvml.ERROR_LIBRARY_NOT_FOUND) {
+			return nil, fmt.Errorf("initialise NVML: %w: no libnvidia-ml.so.1 found; is the NVIDIA driver installed, and do --nvidia-driver-root (and --container-driver-root) point at it?", err)
+		}
 		return nil, fmt.Errorf("initialise NVML: %w", err)
 	}
 	return &Backend{lib: lib, waitTimeout: o.waitTimeout, sysfs: o.sysfs, health: o.health, symbols: map[string]bool{}}, nil
