@@ -48,11 +48,16 @@ func run() error {
 		return kubeletplugin.PrintResourceSlices(os.Stdout, inv, slices.Node{Name: opts.NodeName, Labels: opts.NodeLabels}, opts.SliceConfig())
 	}
 
-	client, err := command.Client(opts.Kubeconfig, 0, 0)
+	edits, err := opts.NewDriverEdits(ctx, backend)
 	if err != nil {
 		return err
 	}
-	edits, err := opts.NewDriverEdits(ctx, backend)
+	if opts.PrintCDISpec != "" {
+		defer func() { _ = backend.Close() }()
+		cfg := kubeletplugin.Config{NodeName: opts.NodeName, Backend: backend, Slices: opts.SliceConfig(), DriverEdits: edits}
+		return kubeletplugin.PrintCDISpec(ctx, os.Stdout, cfg, opts.NodeLabels, opts.PrintCDISpec)
+	}
+	client, err := command.Client(opts.Kubeconfig, 0, 0)
 	if err != nil {
 		return err
 	}

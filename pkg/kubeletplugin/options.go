@@ -41,6 +41,7 @@ type Options struct {
 	TierLabelPrefix string
 	NUMAList        bool
 	PrintSlices     bool
+	PrintCDISpec    string
 	// Real GPUs: where the NVIDIA driver is and how GPU health is judged.
 	DriverRoot          string
 	ContainerDriverRoot string
@@ -105,6 +106,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TierLabelPrefix, "tier-label-prefix", o.TierLabelPrefix, "Label prefix of tiers above the spine (<prefix>3, ...) published as tier3, ...; empty disables.")
 	fs.BoolVar(&o.NUMAList, "numa-node-list", o.NUMAList, "Publish resource.kubernetes.io/numaNode as a list (needs the DRAListTypeAttributes feature gate in the cluster).")
 	fs.BoolVar(&o.PrintSlices, "print-resource-slices", o.PrintSlices, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
+	fs.StringVar(&o.PrintCDISpec, "print-cdi-spec", o.PrintCDISpec, "Print the CDI spec a claim for this one device (e.g. gpu-0) would get, and exit; needs no cluster and changes nothing.")
 }
 
 // Validate reports every bad flag at once.
@@ -125,8 +127,11 @@ func (o *Options) Validate() error {
 	if o.NodeName == "" {
 		errs = append(errs, errors.New("--node-name (or $NODE_NAME) is required"))
 	}
-	if len(o.NodeLabels) > 0 && !o.PrintSlices {
-		errs = append(errs, errors.New("--node-labels only applies to --print-resource-slices; a running plugin reads the Node's labels"))
+	if len(o.NodeLabels) > 0 && !o.PrintSlices && o.PrintCDISpec == "" {
+		errs = append(errs, errors.New("--node-labels only applies to --print-resource-slices and --print-cdi-spec; a running plugin reads the Node's labels"))
+	}
+	if o.PrintSlices && o.PrintCDISpec != "" {
+		errs = append(errs, errors.New("--print-resource-slices and --print-cdi-spec are exclusive; run one, then the other"))
 	}
 	if err := o.SliceConfig().Network.Validate(); err != nil {
 		errs = append(errs, err)

@@ -23,6 +23,7 @@ import (
 	"github.com/gputopo/gputopo/pkg/checkpoint"
 	"github.com/gputopo/gputopo/pkg/gpu"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
+	gslices "github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
@@ -272,5 +273,39 @@ func TestFabricRegistrationIsWaitedFor(t *testing.T) {
 	}
 	if backend.calls != 2 {
 		t.Errorf("discovered %d times, want 2", backend.calls)
+	}
+}
+
+func TestPrintCDISpec(t *testing.T) {
+	scratch := t.TempDir()
+	t.Setenv("TMPDIR", scratch)
+	p, err := sim.LoadBuiltin("dgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{NodeName: node, Backend: sim.New(p, node), Slices: gslices.DefaultConfig()}
+	withDriver(t, "dgx-h100")(&cfg)
+	_, ctx := ktesting.NewTestContext(t)
+	var out strings.Builder
+	if err := PrintCDISpec(ctx, &out, cfg, nil, "gpu-5"); err != nil {
+		t.Fatal(err)
+	}
+	// ReadSpec runs the CDI library's full validation.
+	file := filepath.Join(t.TempDir(), "printed.json")
+	if err := os.WriteFile(file, []byte(out.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := cdiapi.ReadSpec(file, 0)
+	if err != nil {
+		t.Fatalf("printed spec: %v\n%s", err, out.String())
+	}
+	if len(spec.Devices) != 1 || len(spec.Devices[0].ContainerEdits.DeviceNodes) != 1 || spec.Devices[0].ContainerEdits.DeviceNodes[0].Path != "/dev/nvidia5" {
+		t.Errorf("printed spec devices %+v, want gpu-5 with /dev/nvidia5", spec.Devices)
+	}
+	if left, _ := os.ReadDir(scratch); len(left) != 0 {
+		t.Errorf("scratch files left behind: %v", left)
+	}
+	if err := PrintCDISpec(ctx, &out, cfg, nil, "gpu-12"); !errors.Is(err, ErrUnknownDevice) {
+		t.Errorf("unknown device: %v, want ErrUnknownDevice", err)
 	}
 }
