@@ -17,7 +17,6 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2/ktesting"
-	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gputopo/gputopo/pkg/checkpoint"
 	"github.com/gputopo/gputopo/pkg/gpu"
@@ -119,15 +118,8 @@ func (e *env) prepare(t *testing.T, claims ...*resourceapi.ResourceClaim) map[ty
 // the container's environment.
 func (e *env) injected(t *testing.T, ids []string) map[string]string {
 	t.Helper()
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Join(e.dir, "cdi")), cdi.WithAutoRefresh(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec := &ociSpec{}
-	if _, err := cache.InjectDevices(spec.oci(), ids...); err != nil {
-		t.Fatalf("inject %v: %v", ids, err)
-	}
-	return spec.env()
+	env, _ := e.containerOf(t, ids...)
+	return env
 }
 
 func TestPrepareWritesCDIAndCheckpoint(t *testing.T) {

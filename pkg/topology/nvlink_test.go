@@ -11,24 +11,21 @@ import (
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
-// blocksOf groups GPU indexes by their block ID of the given size.
-func blocksOf(nv *topology.NodeNVLink, size int) [][]int {
+// blocksOf groups GPU indexes by their block ID of the given size, blocks
+// ordered by their lowest index.
+func blocksOf(inv *gpu.Inventory, nv *topology.NodeNVLink, size int) [][]int {
 	byID := map[string][]int{}
-	var order []string
 	for i, g := range nv.GPUs {
-		id, ok := g.Blocks[size]
-		if !ok {
-			continue
+		if id, ok := g.Blocks[size]; ok {
+			byID[id] = append(byID[id], inv.Devices[i].Index)
 		}
-		if _, seen := byID[id]; !seen {
-			order = append(order, id)
-		}
-		byID[id] = append(byID[id], i)
 	}
 	var out [][]int
-	for _, id := range order {
-		out = append(out, byID[id])
+	for _, b := range byID {
+		sort.Ints(b)
+		out = append(out, b)
 	}
+	sort.Slice(out, func(a, b int) bool { return out[a][0] < out[b][0] })
 	return out
 }
 
@@ -59,7 +56,8 @@ func TestAnalyzeNVLinkProfiles(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			nv, err := topology.AnalyzeNVLink("node-a", p.Inventory("node-a"))
+			inv := p.Inventory("node-a")
+			nv, err := topology.AnalyzeNVLink("node-a", inv)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -68,7 +66,7 @@ func TestAnalyzeNVLinkProfiles(t *testing.T) {
 			}
 			got := map[int][][]int{}
 			for _, s := range topology.BlockSizes {
-				if b := blocksOf(nv, s); b != nil {
+				if b := blocksOf(inv, nv, s); b != nil {
 					got[s] = b
 				}
 			}
@@ -118,10 +116,10 @@ func TestAnalyzeNVLinkSparseIndexes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([][]int{{0, 1}}, blocksOf(nv, 2)); diff != "" {
+	if diff := cmp.Diff([][]int{{0, 1}}, blocksOf(inv, nv, 2)); diff != "" {
 		t.Errorf("pairs (-want +got):\n%s", diff)
 	}
-	if b := blocksOf(nv, 4); b != nil {
+	if b := blocksOf(inv, nv, 4); b != nil {
 		t.Errorf("no quad may form without GPU 2, got %v", b)
 	}
 }
@@ -187,27 +185,14 @@ func graphInventory(n int, edges [][2]int, perm []int) *gpu.Inventory {
 	return inv
 }
 
-// indexBlocks groups GPU indexes (not positions) by block ID of a size,
-// sorted by lowest index.
+// indexBlocks analyses inv and returns its blocks of size.
 func indexBlocks(t *testing.T, inv *gpu.Inventory, size int) [][]int {
 	t.Helper()
 	nv, err := topology.AnalyzeNVLink("n", inv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	byID := map[string][]int{}
-	for i, g := range nv.GPUs {
-		if id, ok := g.Blocks[size]; ok {
-			byID[id] = append(byID[id], inv.Devices[i].Index)
-		}
-	}
-	var out [][]int
-	for _, b := range byID {
-		sort.Ints(b)
-		out = append(out, b)
-	}
-	sort.Slice(out, func(a, b int) bool { return out[a][0] < out[b][0] })
-	return out
+	return blocksOf(inv, nv, size)
 }
 
 func TestBlocksFollowTheGraphNotTheIndexes(t *testing.T) {
