@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/pkg/command"
 	"github.com/gputopo/gputopo/pkg/kubeletplugin"
@@ -34,7 +35,7 @@ func run() error {
 	ctx, stop := command.Context()
 	defer stop()
 
-	backend, err := opts.NewBackend()
+	backend, err := opts.NewBackend(ctx)
 	if err != nil {
 		return err
 	}
@@ -47,9 +48,22 @@ func run() error {
 		return kubeletplugin.PrintResourceSlices(os.Stdout, inv, slices.Node{Name: opts.NodeName, Labels: opts.NodeLabels}, opts.SliceConfig())
 	}
 
+	edits, err := opts.NewDriverEdits(ctx, backend)
+	if err != nil {
+		return err
+	}
+	if opts.PrintCDISpec != "" {
+		defer func() { _ = backend.Close() }()
+		cfg := kubeletplugin.Config{NodeName: opts.NodeName, Backend: backend, Slices: opts.SliceConfig(), DriverEdits: edits}
+		return kubeletplugin.PrintCDISpec(ctx, os.Stdout, cfg, opts.NodeLabels, opts.PrintCDISpec)
+	}
 	client, err := command.Client(opts.Kubeconfig, 0, 0)
 	if err != nil {
 		return err
+	}
+	bootID, err := kubeletplugin.ReadBootID()
+	if err != nil {
+		klog.FromContext(ctx).Info("Boot ID unknown: a checkpoint from before a reboot will be kept", "reason", err)
 	}
 	reg := command.Registry()
 	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg)()
@@ -61,6 +75,8 @@ func run() error {
 		CDIRoot:      opts.CDIRoot,
 		RegistrarDir: opts.RegistrarDir,
 		PluginDir:    opts.PluginDir(),
+		DriverEdits:  edits,
+		BootID:       bootID,
 		Metrics:      kubeletplugin.NewMetrics(reg),
 	})
 }

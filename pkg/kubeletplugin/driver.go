@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"maps"
 	"sync"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
+	"github.com/gputopo/gputopo/pkg/cdi"
 	"github.com/gputopo/gputopo/pkg/gpu"
 	"github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
@@ -38,8 +40,21 @@ type Config struct {
 	// PluginDir holds the plugin's socket and checkpoint
 	// (/var/lib/kubelet/plugins/gpu.gputopo.dev).
 	PluginDir string
-	Metrics   *Metrics
+	// DriverEdits inject the NVIDIA driver into containers with real GPUs;
+	// nil for simulated GPUs.
+	DriverEdits cdi.DriverEdits
+	// BootID identifies the host's current boot (ReadBootID); a checkpoint
+	// from another boot is discarded. Empty: unknown, keep the checkpoint.
+	BootID string
+	// FabricRetry is how often discovery is repeated while a GPU's NVLink
+	// fabric registration is in progress; 0 means DefaultFabricRetry.
+	FabricRetry time.Duration
+	Metrics     *Metrics
 }
+
+// DefaultFabricRetry is how often discovery is repeated while GPUs are
+// still registering with the NVLink fabric.
+const DefaultFabricRetry = 15 * time.Second
 
 // publisher is the slice of kubeletplugin.Helper the driver uses, so
 // tests can watch what would be published.
@@ -80,11 +95,28 @@ func New(ctx context.Context, cfg Config, labels map[string]string, cancel conte
 	if err != nil {
 		return nil, err
 	}
-	st, err := newState(ctx, cfg.NodeName, cfg.PluginDir, cfg.CDIRoot, cfg.Metrics)
+	st, err := newState(ctx, cfg.NodeName, cfg.PluginDir, cfg.CDIRoot, cfg.BootID, cfg.Metrics)
 	if err != nil {
 		return nil, err
 	}
-	klog.FromContext(ctx).Info("Discovered GPUs", "backend", cfg.Backend.Name(), "gpus", len(inv.Devices),
+	if cfg.DriverEdits != nil {
+		common, err := cfg.DriverEdits.Common()
+		if err != nil {
+			return nil, fmt.Errorf("find the NVIDIA driver files to give containers (is the driver root right?): %w", err)
+		}
+		st.driver, st.common = cfg.DriverEdits, common
+	}
+	logger := klog.FromContext(ctx)
+	skipped := map[string]int{}
+	for _, sk := range inv.Skipped {
+		skipped[sk.Reason]++
+		logger.Info("GPU not published", "index", sk.Index, "uuid", sk.UUID, "reason", sk.Reason, "detail", sk.Message)
+	}
+	cfg.Metrics.SkippedDevices.Reset()
+	for reason, n := range skipped {
+		cfg.Metrics.SkippedDevices.WithLabelValues(reason).Set(float64(n))
+	}
+	logger.Info("Discovered GPUs", "backend", cfg.Backend.Name(), "gpus", len(inv.Devices), "skipped", len(inv.Skipped),
 		"nvlinkDomains", len(nv.Domains), "preparedClaims", len(st.prepared()))
 	return &Driver{
 		cfg: cfg, inv: inv, nvlink: nv, state: st, cancel: cancel,
@@ -197,7 +229,6 @@ func (d *Driver) view() *nodeView {
 		nvlink:    map[string]topology.GPUPlacement{},
 		network:   d.cfg.Slices.Network.Resolve(d.labels),
 		unhealthy: maps.Clone(d.unhealthy),
-		devRoot:   d.inv.DevRoot,
 	}
 	for i, g := range d.inv.Devices {
 		name := slices.DeviceName(g.Index)

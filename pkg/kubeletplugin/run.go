@@ -71,6 +71,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer factory.Shutdown()
 
 	go d.watchHealth(ctx)
+	go d.refreshFabric(ctx)
 	logger.Info("gputopo kubelet plugin running", "node", cfg.NodeName, "driver", topology.DriverName)
 	<-ctx.Done()
 	if cause := context.Cause(ctx); cause != nil && cause != context.Canceled {
