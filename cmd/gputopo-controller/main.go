@@ -30,7 +30,7 @@ func main() {
 }
 
 func run() error {
-	nl := topology.DefaultNetworkLabels()
+	nl := topology.DefaultLabelMapping()
 	var (
 		kubeconfig, metricsAddr, leaseNS, identity string
 		leaderElect                                bool

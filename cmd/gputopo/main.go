@@ -124,6 +124,6 @@ func drawTopology(ctx context.Context, c kubernetes.Interface, cmd *cobra.Comman
 	if err != nil {
 		return fmt.Errorf("list ResourceClaims: %w", err)
 	}
-	views := cli.BuildViews(nodes.Items, rs.Items, claims.Items, topology.DefaultNetworkLabels())
+	views := cli.BuildViews(nodes.Items, rs.Items, claims.Items, topology.DefaultLabelMapping())
 	return cli.RenderTree(cmd.OutOrStdout(), views)
 }

@@ -47,7 +47,7 @@ func (n NodeView) Free() int {
 
 // BuildViews joins nodes, their gputopo slices and the allocated devices
 // of every claim.
-func BuildViews(nodes []v1.Node, resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.ResourceClaim, nl topology.NetworkLabels) []NodeView {
+func BuildViews(nodes []v1.Node, resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.ResourceClaim, nl topology.LabelMapping) []NodeView {
 	allocated := map[string]bool{} // pool/device
 	for _, c := range claims {
 		if c.Status.Allocation == nil {

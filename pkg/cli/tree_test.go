@@ -48,7 +48,7 @@ func TestRenderTree(t *testing.T) {
 			resourceapi.DeviceRequestAllocationResult{Driver: topology.DriverName, Pool: "a1", Device: d})
 	}
 	var out strings.Builder
-	views := cli.BuildViews(nodes, rs, []resourceapi.ResourceClaim{claim}, topology.DefaultNetworkLabels())
+	views := cli.BuildViews(nodes, rs, []resourceapi.ResourceClaim{claim}, topology.DefaultLabelMapping())
 	if err := cli.RenderTree(&out, views); err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ import (
 // Config configures the controller.
 type Config struct {
 	Client  kubernetes.Interface
-	Network topology.NetworkLabels
+	Network topology.LabelMapping
 	// LeafOrder optionally fixes the order (adjacency) of leaves under each
 	// spine; by default leaves are ordered by name, naturally.
 	LeafOrder map[string][]string

@@ -137,15 +137,11 @@ func (d *Driver) SetLabels(ctx context.Context, labels map[string]string) error 
 	nl := d.cfg.Slices.Network
 	before, after := nl.Resolve(d.labels), nl.Resolve(labels)
 	d.labels = maps.Clone(labels)
-	if equalPlacement(before, after) {
+	if before.Equal(after) {
 		return nil
 	}
 	klog.FromContext(ctx).Info("Node moved in the network tree; republishing", "leaf", after.Leaf, "spine", after.Spine)
 	return d.publishLocked(ctx)
-}
-
-func equalPlacement(a, b topology.NetworkPlacement) bool {
-	return a.Leaf == b.Leaf && a.Spine == b.Spine && a.Clique == b.Clique && maps.Equal(a.Tiers, b.Tiers)
 }
 
 // applyHealth records a health change, republishes with the device taint

@@ -41,7 +41,7 @@ type Options struct {
 
 // NewOptions returns the defaults for a node of a real cluster.
 func NewOptions() *Options {
-	nl := topology.DefaultNetworkLabels()
+	nl := topology.DefaultLabelMapping()
 	return &Options{
 		Backend:         "nvml",
 		NodeName:        os.Getenv("NODE_NAME"),
@@ -108,7 +108,7 @@ func (o *Options) Validate() error {
 // SliceConfig is the attribute configuration the flags describe.
 func (o *Options) SliceConfig() slices.Config {
 	cfg := slices.DefaultConfig()
-	cfg.Network = topology.NetworkLabels{Leaf: o.LeafLabels, Spine: o.SpineLabels, Clique: o.CliqueLabels, TierPrefix: o.TierLabelPrefix}
+	cfg.Network = topology.LabelMapping{Leaf: o.LeafLabels, Spine: o.SpineLabels, Clique: o.CliqueLabels, TierPrefix: o.TierLabelPrefix}
 	if o.NUMAList {
 		cfg.NUMAForm = deviceattribute.ListAttribute
 	}

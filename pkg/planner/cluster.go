@@ -27,7 +27,7 @@ type NodeInfo struct {
 }
 
 // NodeInfoFor reads a Node's place in the network from its labels.
-func NodeInfoFor(node *v1.Node, slices []*resourceapi.ResourceSlice, labels topology.NetworkLabels) NodeInfo {
+func NodeInfoFor(node *v1.Node, slices []*resourceapi.ResourceSlice, labels topology.LabelMapping) NodeInfo {
 	p := labels.Resolve(node.Labels)
 	return NodeInfo{Name: node.Name, Leaf: p.Leaf, Spine: p.Spine, Labels: node.Labels, Slices: slices, Unschedulable: node.Spec.Unschedulable}
 }
