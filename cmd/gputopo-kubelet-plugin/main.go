@@ -44,10 +44,18 @@ func run() error {
 		if err != nil {
 			return fmt.Errorf("discover GPUs: %w", err)
 		}
-		return kubeletplugin.PrintResourceSlices(os.Stdout, inv, slices.Node{Name: opts.NodeName, Labels: opts.NodeLabels}, opts.SliceConfig())
+		mapping, err := opts.LabelMapping.Mapping(ctx, nil)
+		if err != nil {
+			return err
+		}
+		return kubeletplugin.PrintResourceSlices(os.Stdout, inv, slices.Node{Name: opts.NodeName, Labels: opts.NodeLabels}, opts.SliceConfig(mapping))
 	}
 
 	client, err := command.Client(opts.Kubeconfig, 0, 0)
+	if err != nil {
+		return err
+	}
+	mapping, err := opts.LabelMapping.Start(ctx, client)
 	if err != nil {
 		return err
 	}
@@ -57,7 +65,8 @@ func run() error {
 		NodeName:     opts.NodeName,
 		KubeClient:   client,
 		Backend:      backend,
-		Slices:       opts.SliceConfig(),
+		Slices:       opts.SliceConfig(mapping.Mapping()),
+		LabelMapping: mapping,
 		CDIRoot:      opts.CDIRoot,
 		RegistrarDir: opts.RegistrarDir,
 		PluginDir:    opts.PluginDir(),

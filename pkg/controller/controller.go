@@ -67,7 +67,10 @@ type Controller struct {
 	synced   []cache.InformerSynced
 
 	mu sync.Mutex
-	// cluster is the static tree, rebuilt when nodes or slices change.
+	// network is the label mapping in force; it starts as Config.Network.
+	network topology.LabelMapping
+	// cluster is the static tree, rebuilt when nodes, slices or the label
+	// mapping change.
 	cluster      *planner.Cluster
 	clusterDirty bool
 	// inflight holds reservations made by this process whose pod
@@ -106,6 +109,7 @@ func New(cfg Config) (*Controller, error) {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gputopo-groups"}),
 		bcast:        bcast,
 		recorder:     bcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "gputopo-controller"}),
+		network:      cfg.Network,
 		clusterDirty: true,
 		inflight:     map[string]planner.Reservation{},
 		pending:      map[string]bool{},
@@ -216,6 +220,15 @@ func nodeMoved(old, cur any) bool {
 	return o.Spec.Unschedulable != n.Spec.Unschedulable || !maps.Equal(o.Labels, n.Labels)
 }
 
+// SetLabelMapping rebuilds the tree with a new label mapping, which can
+// move any node, and retries the groups that wait.
+func (c *Controller) SetLabelMapping(m topology.LabelMapping) {
+	c.mu.Lock()
+	c.network, c.clusterDirty = m, true
+	c.mu.Unlock()
+	c.requeuePending()
+}
+
 // requeuePending retries every group still waiting for room.
 func (c *Controller) requeuePending() {
 	c.mu.Lock()
@@ -290,7 +303,7 @@ func (c *Controller) snapshotCluster() (*planner.Cluster, error) {
 	}
 	infos := make([]planner.NodeInfo, 0, len(nodes))
 	for _, n := range nodes {
-		infos = append(infos, planner.NodeInfoFor(n, byNode[n.Name], c.cfg.Network))
+		infos = append(infos, planner.NodeInfoFor(n, byNode[n.Name], c.network))
 	}
 	cl, err := planner.NewCluster(infos, c.cfg.LeafOrder)
 	if err != nil {

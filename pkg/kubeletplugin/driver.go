@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/pkg/gpu"
+	"github.com/gputopo/gputopo/pkg/labelmapping"
 	"github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -39,6 +40,9 @@ type Config struct {
 	// (/var/lib/kubelet/plugins/gpu.gputopo.dev).
 	PluginDir string
 	Metrics   *Metrics
+	// LabelMapping, when set, replaces Slices.Network whenever the
+	// cluster's label mapping changes.
+	LabelMapping *labelmapping.Watcher
 }
 
 // publisher is the slice of kubeletplugin.Helper the driver uses, so
@@ -134,13 +138,24 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 func (d *Driver) SetLabels(ctx context.Context, labels map[string]string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	nl := d.cfg.Slices.Network
-	before, after := nl.Resolve(d.labels), nl.Resolve(labels)
-	d.labels = maps.Clone(labels)
+	return d.moveLocked(ctx, labels, d.cfg.Slices.Network)
+}
+
+// SetLabelMapping reads the node's labels with a new mapping and
+// republishes when that moves the node in the network tree.
+func (d *Driver) SetLabelMapping(ctx context.Context, m topology.LabelMapping) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.moveLocked(ctx, d.labels, m)
+}
+
+func (d *Driver) moveLocked(ctx context.Context, labels map[string]string, m topology.LabelMapping) error {
+	before, after := d.cfg.Slices.Network.Resolve(d.labels), m.Resolve(labels)
+	d.labels, d.cfg.Slices.Network = maps.Clone(labels), m
 	if before.Equal(after) {
 		return nil
 	}
-	klog.FromContext(ctx).Info("Node moved in the network tree; republishing", "leaf", after.Leaf, "spine", after.Spine)
+	klog.FromContext(ctx).Info("Node moved in the network tree; republishing", "leaf", after.Leaf, "spine", after.Spine, "core", after.Core)
 	return d.publishLocked(ctx)
 }
 

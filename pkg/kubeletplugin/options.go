@@ -13,6 +13,7 @@ import (
 	"github.com/gputopo/gputopo/pkg/gpu"
 	"github.com/gputopo/gputopo/pkg/gpu/nvml"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
+	"github.com/gputopo/gputopo/pkg/labelmapping"
 	"github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -31,28 +32,21 @@ type Options struct {
 	PluginsDir      string
 	CDIRoot         string
 	MetricsAddress  string
-	LeafLabels      []string
-	SpineLabels     []string
-	CliqueLabels    []string
-	TierLabelPrefix string
+	LabelMapping    labelmapping.Options
 	NUMAList        bool
 	PrintSlices     bool
 }
 
 // NewOptions returns the defaults for a node of a real cluster.
 func NewOptions() *Options {
-	nl := topology.DefaultLabelMapping()
 	return &Options{
-		Backend:         "nvml",
-		NodeName:        os.Getenv("NODE_NAME"),
-		RegistrarDir:    "/var/lib/kubelet/plugins_registry",
-		PluginsDir:      "/var/lib/kubelet/plugins",
-		CDIRoot:         "/var/run/cdi",
-		MetricsAddress:  ":9400",
-		LeafLabels:      nl.Leaf,
-		SpineLabels:     nl.Spine,
-		CliqueLabels:    nl.Clique,
-		TierLabelPrefix: nl.TierPrefix,
+		Backend:        "nvml",
+		NodeName:       os.Getenv("NODE_NAME"),
+		RegistrarDir:   "/var/lib/kubelet/plugins_registry",
+		PluginsDir:     "/var/lib/kubelet/plugins",
+		CDIRoot:        "/var/run/cdi",
+		MetricsAddress: ":9400",
+		LabelMapping:   labelmapping.NewOptions(),
 	}
 }
 
@@ -70,10 +64,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PluginsDir, "kubelet-plugins-directory-path", o.PluginsDir, "The kubelet's plugin directory; the plugin keeps its socket and checkpoint in <dir>/"+topology.DriverName+".")
 	fs.StringVar(&o.CDIRoot, "cdi-root", o.CDIRoot, "Directory where CDI specs for prepared claims are written.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Address serving Prometheus metrics on /metrics; empty disables it.")
-	fs.StringSliceVar(&o.LeafLabels, "leaf-labels", o.LeafLabels, "Node labels naming the leaf switch, first present wins.")
-	fs.StringSliceVar(&o.SpineLabels, "spine-labels", o.SpineLabels, "Node labels naming the spine switch, first present wins.")
-	fs.StringSliceVar(&o.CliqueLabels, "clique-labels", o.CliqueLabels, "Node labels naming the multi-node NVLink clique, first present wins.")
-	fs.StringVar(&o.TierLabelPrefix, "tier-label-prefix", o.TierLabelPrefix, "Label prefix of tiers above the spine (<prefix>3, ...) published as tier3, ...; empty disables.")
+	o.LabelMapping.AddFlags(fs)
 	fs.BoolVar(&o.NUMAList, "numa-node-list", o.NUMAList, "Publish resource.kubernetes.io/numaNode as a list (needs the DRAListTypeAttributes feature gate in the cluster).")
 	fs.BoolVar(&o.PrintSlices, "print-resource-slices", o.PrintSlices, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
 }
@@ -99,16 +90,17 @@ func (o *Options) Validate() error {
 	if len(o.NodeLabels) > 0 && !o.PrintSlices {
 		errs = append(errs, errors.New("--node-labels only applies to --print-resource-slices; a running plugin reads the Node's labels"))
 	}
-	if err := o.SliceConfig().Network.Validate(); err != nil {
+	if err := o.LabelMapping.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-// SliceConfig is the attribute configuration the flags describe.
-func (o *Options) SliceConfig() slices.Config {
+// SliceConfig is the attribute configuration the flags describe, with
+// the label mapping the cluster (or --label-mapping-file) gives.
+func (o *Options) SliceConfig(mapping topology.LabelMapping) slices.Config {
 	cfg := slices.DefaultConfig()
-	cfg.Network = topology.LabelMapping{Leaf: o.LeafLabels, Spine: o.SpineLabels, Clique: o.CliqueLabels, TierPrefix: o.TierLabelPrefix}
+	cfg.Network = mapping
 	if o.NUMAList {
 		cfg.NUMAForm = deviceattribute.ListAttribute
 	}
