@@ -120,7 +120,7 @@ func RenderSVG(w io.Writer, views []NodeView) error {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="DejaVu Sans, Helvetica, Arial, sans-serif">`+"\n", width, height, width, height)
-	b.WriteString(`<style>.wire{fill:none;stroke:#8a8f98;stroke-width:1.2}.sw{stroke:#5b6b82;stroke-width:1}.node{fill:#fbfbfb;stroke:#9aa0a6}.dom{fill:none;stroke:#444;stroke-width:1.2}.gpu{stroke:` + colorFreeRim + `;stroke-width:1}.idx{font-size:8px;text-anchor:middle}.small{font-size:10px;fill:#555}</style>` + "\n")
+	b.WriteString(`<style>.wire{fill:none;stroke:#8a8f98;stroke-width:1.2}.sw{stroke:#5b6b82;stroke-width:1}.node{fill:#fbfbfb;stroke:#9aa0a6}.dom{fill:none;stroke:#444;stroke-width:1.2}.gpu{stroke-width:1}.idx{font-size:8px;text-anchor:middle}.small{font-size:10px;fill:#555}</style>` + "\n")
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="#ffffff"/>`+"\n")
 	fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="15" font-weight="bold">gputopo: %d nodes, %d/%d GPUs free</text>`+"\n", svgMargin, svgMargin+12, len(views), free, total)
 	fmt.Fprintf(&b, `<text x="%d" y="%d" class="small">core → spine → leaf → node; a frame is an NVLink domain, a square a GPU (hover for details)</text>`+"\n", svgMargin, svgMargin+28)
@@ -209,13 +209,12 @@ func drawNode(b *strings.Builder, x, y float64, n NodeView, colors map[string]st
 }
 
 func drawGPU(b *strings.Builder, x, y float64, g GPU, colors map[string]string) {
-	fill := gpuFill(g, colors)
-	text := "#222"
+	fill, rim, text := gpuFill(g, colors), colorFreeRim, "#222"
 	if g.State != StateFree {
-		text = "#fff"
+		rim, text = "#333", "#fff"
 	}
-	fmt.Fprintf(b, `<g><title>%s</title><rect x="%.1f" y="%.1f" width="%d" height="%d" rx="2" fill="%s" class="gpu"/>`,
-		html.EscapeString(gpuTitle(g)), x, y, svgCell, svgCell, fill)
+	fmt.Fprintf(b, `<g><title>%s</title><rect x="%.1f" y="%.1f" width="%d" height="%d" rx="2" fill="%s" stroke="%s" class="gpu"/>`,
+		html.EscapeString(gpuTitle(g)), x, y, svgCell, svgCell, fill, rim)
 	if g.State == StateUnhealthy {
 		fmt.Fprintf(b, `<path d="M%.1f %.1f l%d %d M%.1f %.1f l%d %d" stroke="#fff" stroke-width="2"/>`,
 			x+4, y+4, svgCell-8, svgCell-8, x+svgCell-4, y+4, -(svgCell - 8), svgCell-8)
@@ -239,7 +238,11 @@ func legend(b *strings.Builder, y, width float64, holders []string, colors map[s
 		if x+w > width-svgMargin && x > svgMargin {
 			x, y = svgMargin, y+22
 		}
-		fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%d" height="%d" rx="2" fill="%s" class="gpu"/>`, x, y, svgCell, svgCell, it.fill)
+		rim := "#333"
+		if it.fill == colorFree {
+			rim = colorFreeRim
+		}
+		fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%d" height="%d" rx="2" fill="%s" stroke="%s" class="gpu"/>`, x, y, svgCell, svgCell, it.fill, rim)
 		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" font-size="11">%s</text>`+"\n", x+svgCell+6, y+12, html.EscapeString(it.label))
 		x += w
 	}

@@ -63,7 +63,9 @@ func BenchmarkPlan16Pods4000Nodes(b *testing.B) {
 		// Two adjacent leaves with every node free.
 		"auto/gpu-8-node": {job: makeJob(b, "j").Pods(16, "gpu-8-node").Obj()},
 		// One leaf: 8 nodes with two quads each.
-		"auto/gpu-4-nvlink":      {job: makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()},
+		"auto/gpu-4-nvlink": {job: makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()},
+		// Preference ladders whose first rung fits: as cheap as plain claims.
+		"auto/gpu-4-ladder":      {job: makeJob(b, "j").Pods(16, "gpu-4-ladder").Obj()},
 		"auto/gpu-1/distributed": {job: makeJob(b, "j").Pods(16, "gpu-1").Strategy(planner.StrategyDistributed).Obj()},
 		"mixed/consolidated":     {job: makeJob(b, "j").Pods(8, "gpu-4-nvlink").Pods(8, "gpu-2-nvlink-pair").Strategy(planner.StrategyConsolidated).Obj()},
 		"none/gpu-8-node":        {job: makeJob(b, "j").Pods(16, "gpu-8-node").Placement(planner.PlacementNone).Obj()},
@@ -79,6 +81,25 @@ func BenchmarkPlan16Pods4000Nodes(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkPlanLadderNoQuads4000Nodes is the worst case for ladders: no
+// node has an NVLink quad, so no domain gives the first rung and every
+// feasible leaf is tried for the best one.
+func BenchmarkPlanLadderNoQuads4000Nodes(b *testing.B) {
+	infos, used := bigPCIeCluster()
+	c, err := planner.NewCluster(infos, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	snap := planner.NewSnapshot(c, used)
+	p := newPlanner(b)
+	job := makeJob(b, "j").Pods(16, "gpu-4-ladder").Obj()
+	for b.Loop() {
+		if _, err := p.Plan(context.Background(), snap, nil, job); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
