@@ -84,17 +84,21 @@ func BenchmarkPlan16Pods4000Nodes(b *testing.B) {
 	}
 }
 
-// BenchmarkPlanLadderNoQuads4000Nodes is the worst case for ladders: no
-// node has an NVLink quad, so no domain gives the first rung and every
-// feasible leaf is tried for the best one.
-func BenchmarkPlanLadderNoQuads4000Nodes(b *testing.B) {
+// pcieSnapshot is bigPCIeCluster as a snapshot, with a planner.
+func pcieSnapshot(b *testing.B) (*planner.Snapshot, *planner.Planner) {
 	infos, used := bigPCIeCluster()
 	c, err := planner.NewCluster(infos, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	snap := planner.NewSnapshot(c, used)
-	p := newPlanner(b)
+	return planner.NewSnapshot(c, used), newPlanner(b)
+}
+
+// BenchmarkPlanLadderNoQuads4000Nodes is the worst case for ladders: no
+// node has an NVLink quad, so no domain gives the first rung and every
+// feasible leaf is tried for the best one.
+func BenchmarkPlanLadderNoQuads4000Nodes(b *testing.B) {
+	snap, p := pcieSnapshot(b)
 	job := makeJob(b, "j").Pods(16, "gpu-4-ladder").Obj()
 	for b.Loop() {
 		if _, err := p.Plan(context.Background(), snap, nil, job); err != nil {
@@ -108,13 +112,7 @@ func BenchmarkPlanLadderNoQuads4000Nodes(b *testing.B) {
 // allocator can say no, on every node, at every size up to the whole
 // cluster.
 func BenchmarkPlanRefused4000Nodes(b *testing.B) {
-	infos, used := bigPCIeCluster()
-	c, err := planner.NewCluster(infos, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	snap := planner.NewSnapshot(c, used)
-	p := newPlanner(b)
+	snap, p := pcieSnapshot(b)
 	job := makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()
 	for b.Loop() {
 		var u *planner.Unschedulable
