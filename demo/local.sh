@@ -36,13 +36,13 @@ kubectl get resourceslices --field-selector spec.nodeName="$node" -o jsonpath='{
 section "Installing the DeviceClass and claim templates (demo/specs)"
 kubectl apply -f demo/specs/deviceclass.yaml -f demo/specs/claims/
 section "Running the demo workloads: a 4-GPU NVLink pod, a 2-GPU bridged pair, a Job of two 8-GPU pods, 4-GPU ladder pods and a ladder Job"
-# Single pods first: the scheduler places them directly, and a Job planned
-# in the same second could lose a reserved GPU to one of them.
-for f in demo/specs/workloads/pod-*.yaml; do kubectl apply -f "$f"; done
-kubectl wait --for=condition=Ready pod/nvlink-quad pod/nvlink-pair pod/ladder-nvswitch pod/ladder-pairs --timeout=120s >/dev/null
-for f in demo/specs/workloads/job-*.yaml; do kubectl apply -f "$f"; done
+applied=$(date +%s.%N)
+kubectl apply -f demo/specs/workloads/
 kubectl wait --for=condition=Ready pod -l job-name=train-2x8 --timeout=120s >/dev/null
+job_ready=$(date +%s.%N)
 kubectl wait --for=condition=Ready pod -l job-name=ladder-2x4 --timeout=120s >/dev/null
+kubectl wait --for=condition=Ready pod/nvlink-quad pod/nvlink-pair pod/ladder-nvswitch pod/ladder-pairs --timeout=120s >/dev/null
+awk -v a="$applied" -v b="$job_ready" 'BEGIN { printf "Job train-2x8 created -> all pods Running in %.2fs\n", b - a }'
 
 section "Where each pod landed"
 printf '%-24s %-9s %-14s %-8s %s\n' POD STATUS NODE LEAF SPINE

@@ -49,7 +49,9 @@ func run() error {
 	}
 	reg := command.Registry()
 	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg)()
-	ctrl, err := controller.New(controller.Config{Client: client, Network: mapping.Mapping(), Metrics: controller.NewMetrics(reg), RetryInterval: opts.RetryInterval})
+	cfg := opts.Config()
+	cfg.Client, cfg.Network, cfg.Metrics = client, mapping.Mapping(), controller.NewMetrics(reg)
+	ctrl, err := controller.New(cfg)
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,8 @@ type Options struct {
 	LeaderElectionNamespace string
 	LeaderElectionIdentity  string
 	RetryInterval           time.Duration
+	BindTimeout             time.Duration
+	SettleDelay             time.Duration
 	KubeAPIQPS              float32
 	KubeAPIBurst            int
 	LabelMapping            labelmapping.Options
@@ -38,6 +40,8 @@ func NewOptions() *Options {
 		LeaderElectionNamespace: command.Namespace(),
 		LeaderElectionIdentity:  identity,
 		RetryInterval:           30 * time.Second,
+		BindTimeout:             60 * time.Second,
+		SettleDelay:             250 * time.Millisecond,
 		KubeAPIQPS:              50,
 		KubeAPIBurst:            100,
 		LabelMapping:            labelmapping.NewOptions(),
@@ -51,10 +55,18 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Run only while holding the leader Lease, so replicas never plan at the same time.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader Lease (default $POD_NAMESPACE, else kube-system).")
 	fs.StringVar(&o.LeaderElectionIdentity, "leader-election-identity", o.LeaderElectionIdentity, "This replica's name in the Lease (default $POD_NAME, else the host name).")
-	fs.DurationVar(&o.RetryInterval, "retry-interval", o.RetryInterval, "How often groups that did not fit are planned again.")
+	fs.DurationVar(&o.RetryInterval, "retry-interval", o.RetryInterval, "How often groups that did not fit are planned again; a group's retries back off up to this.")
+	fs.DurationVar(&o.BindTimeout, "bind-timeout", o.BindTimeout, "How long a pod whose gate opened may take to bind before its claims are taken back and it is planned again.")
+	fs.DurationVar(&o.SettleDelay, "settle-delay", o.SettleDelay, "How long gates stay closed after a group's claims are written, so allocations the scheduler had in flight are seen first.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server; placing a pod costs about two.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the API server, so a large group is pinned and released at once.")
 	o.LabelMapping.AddFlags(fs)
+}
+
+// Config is the controller's configuration from the options; the caller
+// adds the client, the label mapping in force and the metrics.
+func (o *Options) Config() Config {
+	return Config{RetryInterval: o.RetryInterval, BindTimeout: o.BindTimeout, SettleDelay: o.SettleDelay}
 }
 
 // Validate reports every bad flag at once.
@@ -62,6 +74,12 @@ func (o *Options) Validate() error {
 	var errs []error
 	if o.RetryInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--retry-interval must be positive, got %s", o.RetryInterval))
+	}
+	if o.BindTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--bind-timeout must be positive, got %s", o.BindTimeout))
+	}
+	if o.SettleDelay <= 0 {
+		errs = append(errs, fmt.Errorf("--settle-delay must be positive, got %s", o.SettleDelay))
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		errs = append(errs, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %g and %d", o.KubeAPIQPS, o.KubeAPIBurst))

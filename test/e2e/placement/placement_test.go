@@ -264,7 +264,7 @@ func TestControllerRestart(t *testing.T) {
 		case p.Spec.NodeName != b.Spec.NodeName:
 			t.Errorf("pod %s moved from %s to %s", p.Name, b.Spec.NodeName, p.Spec.NodeName)
 		}
-		for _, k := range []string{placementapi.AnnotationNode, placementapi.AnnotationDomain, placementapi.AnnotationReservedDevices} {
+		for _, k := range []string{placementapi.AnnotationNode, placementapi.AnnotationDomain} {
 			if p.Annotations[k] != b.Annotations[k] {
 				t.Errorf("pod %s: %s changed across the restart from %q to %q", p.Name, k, b.Annotations[k], p.Annotations[k])
 			}
@@ -287,12 +287,12 @@ func TestControllerRestart(t *testing.T) {
 		key := fmt.Sprintf(`group="%s/job/%s"`, namespace, job)
 		n := 0
 		for _, line := range strings.Split(string(log), "\n") {
-			if strings.Contains(line, "Placed pod group") && strings.Contains(line, key) {
+			if strings.Contains(line, "Allocated the claims of the pod group") && strings.Contains(line, key) {
 				n++
 			}
 		}
 		if n != 1 {
-			t.Errorf("the controller log has %d \"Placed pod group\" lines for %s, want 1", n, key)
+			t.Errorf("the controller log has %d \"Allocated the claims of the pod group\" lines for %s, want 1", n, key)
 		}
 	}
 }
@@ -355,7 +355,7 @@ func TestPlacedJobRuns(t *testing.T) {
 		t.Fatal("testdata/topology.yaml has no real node")
 	}
 	createJob(t, "runs", 4, map[string]string{
-		placementapi.AnnotationPlacement:         placementapi.PlacementSameLeaf,
+		placementapi.AnnotationPlacement:         string(placementapi.PlacementSameLeaf),
 		placementapi.AnnotationPreferredDomain:   leaf,
 		placementapi.AnnotationPreferredRequired: "true",
 	})
