@@ -308,7 +308,7 @@ func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan)
 			return undo(fmt.Errorf("plan for pod %s has %d allocations for %d claims", m.pod.Name, len(results), len(m.claims)))
 		}
 		for i, claim := range m.claims {
-			stored, err := c.writeAllocation(ctx, claim, g.key, domain, results[i])
+			stored, err := c.writeAllocation(ctx, m.pod, claim, g.key, domain, results[i])
 			if err != nil {
 				return undo(err)
 			}
