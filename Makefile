@@ -16,6 +16,7 @@ all: build
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
+	ln -sf gputopo $(BIN)/kubectl-gputopo
 
 $(LOCALCLUSTER): FORCE
 	cd test/cluster && $(GO) build -o $(LOCALCLUSTER) ./cmd/localcluster

@@ -11,7 +11,8 @@
 #     token, and the real gputopo-controller, with its ServiceAccount's token,
 #     takes the leader Lease and places a gated pod group (the chart's
 #     scheduling-gate policy gates it) without any "forbidden" error,
-#   - the controller's RBAC denies what it must not do.
+#   - the controller's RBAC denies what it must not do,
+#   - both read the chart's label mapping ConfigMap, and no other.
 # The binaries run on this machine with the ServiceAccount tokens, as the
 # image cannot run here (the nodes are fake).
 #
@@ -173,6 +174,8 @@ can "$PA" yes watch nodes
 can "$PA" no update nodes
 can "$PA" no list pods -A
 can "$PA" no list secrets -A
+can "$PA" yes watch configmaps/gputopo-label-mapping -n "$NS"
+can "$PA" no get configmaps/other -n "$NS"
 
 step "the installed DaemonSet and Deployment run the binaries as built here"
 # The chart's pod specs must stay in step with the binaries: every arg must
@@ -203,7 +206,7 @@ step "kubelet plugin binary, with the token of the plugin pod on $NODE_A"
 mkdir -p "$WORK/node-a/registry" "$WORK/node-a/plugins" "$WORK/node-a/cdi"
 "$WORK/bin/gputopo-kubelet-plugin" --kubeconfig "$PA" --backend=sim --profile=dgx-h100 --node-name="$NODE_A" \
   --kubelet-registrar-directory-path="$WORK/node-a/registry" --kubelet-plugins-directory-path="$WORK/node-a/plugins" \
-  --cdi-root="$WORK/node-a/cdi" --metrics-address="$PLUGIN_METRICS" >"$WORK/plugin.log" 2>&1 &
+  --cdi-root="$WORK/node-a/cdi" --metrics-address="$PLUGIN_METRICS" --label-mapping="$NS/gputopo-label-mapping" >"$WORK/plugin.log" 2>&1 &
 pids+=($!)
 published=""
 for _ in $(seq 30); do
@@ -235,6 +238,7 @@ can "$CT" yes create leases.coordination.k8s.io -n "$NS"
 can "$CT" yes update leases.coordination.k8s.io/gputopo-controller -n "$NS"
 can "$CT" no update leases.coordination.k8s.io/kube-scheduler -n kube-system
 can "$CT" no list secrets -A
+can "$CT" yes get configmaps/gputopo-label-mapping -n "$NS"
 
 step "admission policies from the chart"
 kubectl apply -f demo/specs/claims/gpu-1.yaml >/dev/null
@@ -272,7 +276,8 @@ if [ "$gates" = "gputopo.dev/topology gputopo.dev/topology " ]; then ok "schedul
 
 step "controller binary, with its ServiceAccount token: Lease and a placement"
 "$WORK/bin/gputopo-controller" --kubeconfig "$CT" --leader-election-namespace "$NS" \
-  --leader-election-identity verify-chart --metrics-address "$CONTROLLER_METRICS" --retry-interval 2s >"$WORK/controller.log" 2>&1 &
+  --leader-election-identity verify-chart --metrics-address "$CONTROLLER_METRICS" --retry-interval 2s \
+  --label-mapping="$NS/gputopo-label-mapping" >"$WORK/controller.log" 2>&1 &
 pids+=($!)
 holder=""
 for _ in $(seq 30); do

@@ -79,7 +79,7 @@ mustnot() {
 }
 
 step "helm template (Kubernetes $KUBE_VERSION) + strict decoding"
-BASE="ServiceAccount=2,ClusterRole=2,ClusterRoleBinding=2,Role=1,RoleBinding=1,Deployment=1,PodDisruptionBudget=1,Service=2,DeviceClass=1"
+BASE="ServiceAccount=2,ClusterRole=2,ClusterRoleBinding=2,Role=2,RoleBinding=2,ConfigMap=1,Deployment=1,PodDisruptionBudget=1,Service=2,DeviceClass=1"
 POLICIES="ValidatingAdmissionPolicy=2,ValidatingAdmissionPolicyBinding=2,MutatingAdmissionPolicy=1,MutatingAdmissionPolicyBinding=1"
 render default "$BASE,$POLICIES,DaemonSet=1,ServiceMonitor=0"
 must default 'privileged: true' "nvml plugin must run privileged"
@@ -105,7 +105,7 @@ must per-node -- '--profile=hgx-pcie-pairs' "per-node DaemonSet must pass its pr
 
 render everything "$BASE,$POLICIES,DaemonSet=1,ServiceMonitor=1" \
   --set metrics.serviceMonitor.enabled=true --set deviceClass.extendedResource.enabled=true \
-  --set-json 'topology.leafLabels=["example.com/leaf"]' --set topology.tierLabelPrefix= \
+  --set-json 'labelMapping.leaf=["example.com/leaf","example.com/rack"]' --set labelMapping.tierPrefix= \
   --set kubeletPlugin.numaNodeList=true --set nvml.driverRoot=/run/nvidia/driver \
   --set nvml.devRoot=/opt/devroot --set nvml.cdiHookPath=/usr/local/nvidia/toolkit/nvidia-cdi-hook \
   --set nvml.libraryPath=/usr/lib64/libnvidia-ml.so.1 --set-json 'nvml.ignoredXids=[13,79]' \
@@ -116,11 +116,13 @@ must everything 'path: /opt/devroot/dev$' "a dev root outside the driver root mu
 must everything -- '--nvml-library-path=/driver-root/usr/lib64/libnvidia-ml.so.1$' "libraryPath must be below the mounted driver root"
 must everything -- '--ignored-xids=13,79$' "ignoredXids must reach the plugin"
 must everything -- '--taint-effect=NoExecute$' "taintEffect must reach the plugin"
-must everything -- '--leaf-labels=example.com/leaf' "leaf labels must reach the plugin and controller"
-must everything -- '--tier-label-prefix=$' "an empty tier prefix must be passed through"
+must everything 'leaf: "example.com/leaf,example.com/rack"' "leaf labels must reach the label mapping ConfigMap"
+must everything 'tierPrefix: ""' "an empty tier prefix must be kept"
+[ "$(grep -c -- '- --label-mapping=gputopo/gputopo-label-mapping$' "$OUT/everything.yaml")" = 2 ] ||
+  { echo "FAIL: everything: the plugin and the controller must both read gputopo/gputopo-label-mapping"; fail=1; }
 must everything 'path: /run/nvidia/driver' "driverRoot must be mounted"
 
-render minimal "ServiceAccount=1,ClusterRole=1,ClusterRoleBinding=1,Deployment=1,Service=1,DaemonSet=0,DeviceClass=0,ValidatingAdmissionPolicy=0,MutatingAdmissionPolicy=0,PodDisruptionBudget=0,Role=0" \
+render minimal "ServiceAccount=1,ClusterRole=1,ClusterRoleBinding=1,Deployment=1,Service=1,DaemonSet=0,DeviceClass=0,ValidatingAdmissionPolicy=0,MutatingAdmissionPolicy=0,PodDisruptionBudget=0,Role=1,ConfigMap=1" \
   --set kubeletPlugin.enabled=false --set deviceClass.create=false \
   --set admission.placementValidation.enabled=false --set admission.schedulingGate.enabled=false \
   --set controller.replicas=1 --set controller.leaderElection=false

@@ -45,7 +45,11 @@ func run() error {
 		if err != nil {
 			return fmt.Errorf("discover GPUs: %w", err)
 		}
-		return kubeletplugin.PrintResourceSlices(os.Stdout, inv, slices.Node{Name: opts.NodeName, Labels: opts.NodeLabels}, opts.SliceConfig())
+		mapping, err := opts.LabelMapping.Mapping(ctx, nil)
+		if err != nil {
+			return err
+		}
+		return kubeletplugin.PrintResourceSlices(os.Stdout, inv, slices.Node{Name: opts.NodeName, Labels: opts.NodeLabels}, opts.SliceConfig(mapping))
 	}
 
 	edits, err := opts.NewDriverEdits(ctx, backend)
@@ -54,10 +58,18 @@ func run() error {
 	}
 	if opts.PrintCDISpec != "" {
 		defer func() { _ = backend.Close() }()
-		cfg := kubeletplugin.Config{NodeName: opts.NodeName, Backend: backend, Slices: opts.SliceConfig(), DriverEdits: edits}
+		mapping, err := opts.LabelMapping.Mapping(ctx, nil)
+		if err != nil {
+			return err
+		}
+		cfg := kubeletplugin.Config{NodeName: opts.NodeName, Backend: backend, Slices: opts.SliceConfig(mapping), DriverEdits: edits}
 		return kubeletplugin.PrintCDISpec(ctx, os.Stdout, cfg, opts.NodeLabels, opts.PrintCDISpec)
 	}
 	client, err := command.Client(opts.Kubeconfig, 0, 0)
+	if err != nil {
+		return err
+	}
+	mapping, err := opts.LabelMapping.Start(ctx, client)
 	if err != nil {
 		return err
 	}
@@ -71,7 +83,8 @@ func run() error {
 		NodeName:     opts.NodeName,
 		KubeClient:   client,
 		Backend:      backend,
-		Slices:       opts.SliceConfig(),
+		Slices:       opts.SliceConfig(mapping.Mapping()),
+		LabelMapping: mapping,
 		CDIRoot:      opts.CDIRoot,
 		RegistrarDir: opts.RegistrarDir,
 		PluginDir:    opts.PluginDir(),

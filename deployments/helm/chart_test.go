@@ -17,9 +17,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	yaml "go.yaml.in/yaml/v3"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 const chart = "gputopo"
@@ -152,4 +154,30 @@ func TestValuesDocumentedAndInSchema(t *testing.T) {
 		}
 	}
 	walk("", doc.Content[0], &root)
+}
+
+// The chart's default label mapping is the binaries' built-in one, so a
+// cluster installed with the chart and one without the ConfigMap place
+// nodes alike.
+func TestLabelMappingDefaultsMatchBinaries(t *testing.T) {
+	var values struct {
+		LabelMapping struct {
+			Leaf, Spine, Core, Clique []string
+			TierPrefix                string `yaml:"tierPrefix"`
+		} `yaml:"labelMapping"`
+	}
+	if err := yaml.Unmarshal(read(t, filepath.Join(chart, "values.yaml")), &values); err != nil {
+		t.Fatal(err)
+	}
+	v := values.LabelMapping
+	got := topology.LabelMapping{Leaf: v.Leaf, Spine: v.Spine, Core: v.Core, Clique: v.Clique, TierPrefix: v.TierPrefix}
+	if diff := cmp.Diff(topology.DefaultLabelMapping(), got); diff != "" {
+		t.Errorf("values.yaml labelMapping vs topology.DefaultLabelMapping (-binaries +chart):\n%s", diff)
+	}
+	tmpl := string(read(t, filepath.Join(chart, "templates/label-mapping.yaml")))
+	for k := range topology.DefaultLabelMapping().Data() {
+		if !strings.Contains(tmpl, "\n  "+k+": ") {
+			t.Errorf("templates/label-mapping.yaml does not write the key %q", k)
+		}
+	}
 }

@@ -48,7 +48,7 @@ import (
 // Config configures the controller.
 type Config struct {
 	Client  kubernetes.Interface
-	Network topology.NetworkLabels
+	Network topology.LabelMapping
 	// LeafOrder optionally fixes the order (adjacency) of leaves under each
 	// spine; by default leaves are ordered by name, naturally.
 	LeafOrder map[string][]string
@@ -86,7 +86,10 @@ type Controller struct {
 	index *claimIndex
 
 	mu sync.Mutex
-	// cluster is the static tree, rebuilt when nodes or slices change.
+	// network is the label mapping in force; it starts as Config.Network.
+	network topology.LabelMapping
+	// cluster is the static tree, rebuilt when nodes, slices or the label
+	// mapping change.
 	cluster      *planner.Cluster
 	clusterDirty bool
 	pending      map[string]bool         // groups that did not fit
@@ -134,6 +137,7 @@ func New(cfg Config) (*Controller, error) {
 		index:        newClaimIndex(),
 		bcast:        bcast,
 		recorder:     bcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "gputopo-controller"}),
+		network:      cfg.Network,
 		clusterDirty: true,
 		pending:      map[string]bool{},
 		settle:       map[string]time.Time{},
@@ -379,6 +383,15 @@ func nodeMoved(old, cur any) bool {
 		nodeReady(o) != nodeReady(n) || !equality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints)
 }
 
+// SetLabelMapping rebuilds the tree with a new label mapping, which can
+// move any node, and retries the groups that wait.
+func (c *Controller) SetLabelMapping(m topology.LabelMapping) {
+	c.mu.Lock()
+	c.network, c.clusterDirty = m, true
+	c.mu.Unlock()
+	c.requeuePending()
+}
+
 // sliceChanged skips resyncs of unchanged slices.
 func sliceChanged(old, cur any) bool {
 	o, ok1 := old.(*resourceapi.ResourceSlice)
@@ -465,7 +478,7 @@ func (c *Controller) snapshotCluster() (*planner.Cluster, error) {
 	}
 	infos := make([]planner.NodeInfo, 0, len(nodes))
 	for _, n := range nodes {
-		infos = append(infos, planner.NodeInfoFor(n, byNode[n.Name], c.cfg.Network))
+		infos = append(infos, planner.NodeInfoFor(n, byNode[n.Name], c.network))
 	}
 	cl, err := planner.NewCluster(infos, c.cfg.LeafOrder)
 	if err != nil {

@@ -87,7 +87,7 @@ func newHarness(t *testing.T, extra ...any) *harness {
 	for _, o := range append(testObjects(t), extra...) {
 		h.create(o)
 	}
-	c, err := New(Config{Client: client, Network: topology.DefaultNetworkLabels()})
+	c, err := New(Config{Client: client, Network: topology.DefaultLabelMapping()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/gputopo/gputopo/pkg/cdi"
 	"github.com/gputopo/gputopo/pkg/gpu"
+	"github.com/gputopo/gputopo/pkg/labelmapping"
 	"github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -50,6 +51,9 @@ type Config struct {
 	// fabric registration is in progress; 0 means DefaultFabricRetry.
 	FabricRetry time.Duration
 	Metrics     *Metrics
+	// LabelMapping, when set, replaces Slices.Network whenever the
+	// cluster's label mapping changes.
+	LabelMapping *labelmapping.Watcher
 }
 
 // DefaultFabricRetry is how often discovery is repeated while GPUs are
@@ -166,18 +170,25 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 func (d *Driver) SetLabels(ctx context.Context, labels map[string]string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	nl := d.cfg.Slices.Network
-	before, after := nl.Resolve(d.labels), nl.Resolve(labels)
-	d.labels = maps.Clone(labels)
-	if equalPlacement(before, after) {
-		return nil
-	}
-	klog.FromContext(ctx).Info("Node moved in the network tree; republishing", "leaf", after.Leaf, "spine", after.Spine)
-	return d.publishLocked(ctx)
+	return d.moveLocked(ctx, labels, d.cfg.Slices.Network)
 }
 
-func equalPlacement(a, b topology.NetworkPlacement) bool {
-	return a.Leaf == b.Leaf && a.Spine == b.Spine && a.Clique == b.Clique && maps.Equal(a.Tiers, b.Tiers)
+// SetLabelMapping reads the node's labels with a new mapping and
+// republishes when that moves the node in the network tree.
+func (d *Driver) SetLabelMapping(ctx context.Context, m topology.LabelMapping) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.moveLocked(ctx, d.labels, m)
+}
+
+func (d *Driver) moveLocked(ctx context.Context, labels map[string]string, m topology.LabelMapping) error {
+	before, after := d.cfg.Slices.Network.Resolve(d.labels), m.Resolve(labels)
+	d.labels, d.cfg.Slices.Network = maps.Clone(labels), m
+	if before.Equal(after) {
+		return nil
+	}
+	klog.FromContext(ctx).Info("Node moved in the network tree; republishing", "leaf", after.Leaf, "spine", after.Spine, "core", after.Core)
+	return d.publishLocked(ctx)
 }
 
 // applyHealth records a health change, republishes with the device taint

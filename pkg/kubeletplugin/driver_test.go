@@ -319,6 +319,39 @@ func TestLabelChangeRepublishes(t *testing.T) {
 	}
 }
 
+func TestLabelMappingChangeRepublishes(t *testing.T) {
+	e := newEnv(t, "pcie-only", "")
+	_, ctx := ktesting.NewTestContext(t)
+	labels := map[string]string{topology.LabelTopographLeaf: "leaf-0", "example.com/rack": "rack-9"}
+	if err := e.drv.SetLabels(ctx, labels); err != nil {
+		t.Fatal(err)
+	}
+	n := len(e.pub.published)
+	if err := e.drv.SetLabelMapping(ctx, topology.DefaultLabelMapping()); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.pub.published) != n {
+		t.Error("the same mapping again republished")
+	}
+	rack, err := topology.ParseLabelMapping(map[string]string{"leaf": "example.com/rack"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.drv.SetLabelMapping(ctx, rack); err != nil {
+		t.Fatal(err)
+	}
+	if got := *e.pub.last(t)[0].Attributes[topology.AttrLeaf].StringValue; got != "rack-9" {
+		t.Errorf("leaf after the mapping changed = %q, want rack-9", got)
+	}
+	// Later label changes are read with the new mapping.
+	if err := e.drv.SetLabels(ctx, map[string]string{"example.com/rack": "rack-3"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := *e.pub.last(t)[0].Attributes[topology.AttrLeaf].StringValue; got != "rack-3" {
+		t.Errorf("leaf after relabel = %q, want rack-3", got)
+	}
+}
+
 func BenchmarkPrepareResourceClaims(b *testing.B) {
 	dir := b.TempDir()
 	p, _ := sim.LoadBuiltin("dgx-h100")

@@ -17,6 +17,7 @@ import (
 	"github.com/gputopo/gputopo/pkg/gpu"
 	"github.com/gputopo/gputopo/pkg/gpu/nvml"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
+	"github.com/gputopo/gputopo/pkg/labelmapping"
 	"github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -35,10 +36,7 @@ type Options struct {
 	PluginsDir      string
 	CDIRoot         string
 	MetricsAddress  string
-	LeafLabels      []string
-	SpineLabels     []string
-	CliqueLabels    []string
-	TierLabelPrefix string
+	LabelMapping    labelmapping.Options
 	NUMAList        bool
 	PrintSlices     bool
 	PrintCDISpec    string
@@ -53,22 +51,18 @@ type Options struct {
 
 // NewOptions returns the defaults for a node of a real cluster.
 func NewOptions() *Options {
-	nl := topology.DefaultNetworkLabels()
 	return &Options{
-		Backend:         "nvml",
-		NodeName:        os.Getenv("NODE_NAME"),
-		RegistrarDir:    "/var/lib/kubelet/plugins_registry",
-		PluginsDir:      "/var/lib/kubelet/plugins",
-		CDIRoot:         "/var/run/cdi",
-		MetricsAddress:  ":9400",
-		LeafLabels:      nl.Leaf,
-		SpineLabels:     nl.Spine,
-		CliqueLabels:    nl.Clique,
-		TierLabelPrefix: nl.TierPrefix,
-		DriverRoot:      cdi.DefaultDriverRoot,
-		CDIHookPath:     cdi.DefaultHookPath,
-		IgnoredXids:     toUint(nvml.DefaultIgnoredXids()),
-		TaintEffect:     string(resourceapi.DeviceTaintEffectNoSchedule),
+		Backend:        "nvml",
+		NodeName:       os.Getenv("NODE_NAME"),
+		RegistrarDir:   "/var/lib/kubelet/plugins_registry",
+		PluginsDir:     "/var/lib/kubelet/plugins",
+		CDIRoot:        "/var/run/cdi",
+		MetricsAddress: ":9400",
+		LabelMapping:   labelmapping.NewOptions(),
+		DriverRoot:     cdi.DefaultDriverRoot,
+		CDIHookPath:    cdi.DefaultHookPath,
+		IgnoredXids:    toUint(nvml.DefaultIgnoredXids()),
+		TaintEffect:    string(resourceapi.DeviceTaintEffectNoSchedule),
 	}
 }
 
@@ -100,10 +94,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PluginsDir, "kubelet-plugins-directory-path", o.PluginsDir, "The kubelet's plugin directory; the plugin keeps its socket and checkpoint in <dir>/"+topology.DriverName+".")
 	fs.StringVar(&o.CDIRoot, "cdi-root", o.CDIRoot, "Directory where CDI specs for prepared claims are written.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Address serving Prometheus metrics on /metrics; empty disables it.")
-	fs.StringSliceVar(&o.LeafLabels, "leaf-labels", o.LeafLabels, "Node labels naming the leaf switch, first present wins.")
-	fs.StringSliceVar(&o.SpineLabels, "spine-labels", o.SpineLabels, "Node labels naming the spine switch, first present wins.")
-	fs.StringSliceVar(&o.CliqueLabels, "clique-labels", o.CliqueLabels, "Node labels naming the multi-node NVLink clique, first present wins.")
-	fs.StringVar(&o.TierLabelPrefix, "tier-label-prefix", o.TierLabelPrefix, "Label prefix of tiers above the spine (<prefix>3, ...) published as tier3, ...; empty disables.")
+	o.LabelMapping.AddFlags(fs)
 	fs.BoolVar(&o.NUMAList, "numa-node-list", o.NUMAList, "Publish resource.kubernetes.io/numaNode as a list (needs the DRAListTypeAttributes feature gate in the cluster).")
 	fs.BoolVar(&o.PrintSlices, "print-resource-slices", o.PrintSlices, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
 	fs.StringVar(&o.PrintCDISpec, "print-cdi-spec", o.PrintCDISpec, "Print the CDI spec a claim for this one device (e.g. gpu-0) would get, and exit; needs no cluster and changes nothing.")
@@ -133,7 +124,7 @@ func (o *Options) Validate() error {
 	if o.PrintSlices && o.PrintCDISpec != "" {
 		errs = append(errs, errors.New("--print-resource-slices and --print-cdi-spec are exclusive; run one, then the other"))
 	}
-	if err := o.SliceConfig().Network.Validate(); err != nil {
+	if err := o.LabelMapping.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	switch resourceapi.DeviceTaintEffect(o.TaintEffect) {
@@ -152,10 +143,11 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// SliceConfig is the attribute configuration the flags describe.
-func (o *Options) SliceConfig() slices.Config {
+// SliceConfig is the attribute configuration the flags describe, with
+// the label mapping the cluster (or --label-mapping-file) gives.
+func (o *Options) SliceConfig(mapping topology.LabelMapping) slices.Config {
 	cfg := slices.DefaultConfig()
-	cfg.Network = topology.NetworkLabels{Leaf: o.LeafLabels, Spine: o.SpineLabels, Clique: o.CliqueLabels, TierPrefix: o.TierLabelPrefix}
+	cfg.Network = mapping
 	if o.NUMAList {
 		cfg.NUMAForm = deviceattribute.ListAttribute
 	}

@@ -66,7 +66,9 @@ func BenchmarkPlan16Pods4000Nodes(b *testing.B) {
 		// Two adjacent leaves with every node free.
 		"auto/gpu-8-node": {job: makeJob(b, "j").Pods(16, "gpu-8-node").Obj()},
 		// One leaf: 8 nodes with two quads each.
-		"auto/gpu-4-nvlink":      {job: makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()},
+		"auto/gpu-4-nvlink": {job: makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()},
+		// Preference ladders whose first rung fits: as cheap as plain claims.
+		"auto/gpu-4-ladder":      {job: makeJob(b, "j").Pods(16, "gpu-4-ladder").Obj()},
 		"auto/gpu-1/distributed": {job: makeJob(b, "j").Pods(16, "gpu-1").Strategy(planner.StrategyDistributed).Obj()},
 		"mixed/consolidated":     {job: makeJob(b, "j").Pods(8, "gpu-4-nvlink").Pods(8, "gpu-2-nvlink-pair").Strategy(planner.StrategyConsolidated).Obj()},
 		"none/gpu-8-node":        {job: makeJob(b, "j").Pods(16, "gpu-8-node").Placement(planner.PlacementNone).Obj()},
@@ -128,18 +130,35 @@ func BenchmarkPlanFiltered4000Nodes(b *testing.B) {
 	}
 }
 
-// BenchmarkPlanRefused4000Nodes is the worst case for the pre-filter:
-// every node has enough free GPUs by count, none has a quad, so only the
-// allocator can say no, on every node, at every size up to the whole
-// cluster.
-func BenchmarkPlanRefused4000Nodes(b *testing.B) {
+// pcieSnapshot is bigPCIeCluster as a snapshot, with a planner.
+func pcieSnapshot(b *testing.B) (*planner.Snapshot, *planner.Planner) {
 	infos, used := bigPCIeCluster()
 	c, err := planner.NewCluster(infos, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	snap := planner.NewSnapshot(c, used)
-	p := newPlanner(b)
+	return planner.NewSnapshot(c, used), newPlanner(b)
+}
+
+// BenchmarkPlanLadderNoQuads4000Nodes is the worst case for ladders: no
+// node has an NVLink quad, so no domain gives the first rung and every
+// feasible leaf is tried for the best one.
+func BenchmarkPlanLadderNoQuads4000Nodes(b *testing.B) {
+	snap, p := pcieSnapshot(b)
+	job := makeJob(b, "j").Pods(16, "gpu-4-ladder").Obj()
+	for b.Loop() {
+		if _, err := p.Plan(context.Background(), snap, nil, job); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPlanRefused4000Nodes is the worst case for the pre-filter:
+// every node has enough free GPUs by count, none has a quad, so only the
+// allocator can say no, on every node, at every size up to the whole
+// cluster.
+func BenchmarkPlanRefused4000Nodes(b *testing.B) {
+	snap, p := pcieSnapshot(b)
 	job := makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()
 	for b.Loop() {
 		var u *planner.Unschedulable

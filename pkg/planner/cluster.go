@@ -38,7 +38,7 @@ type NodeInfo struct {
 
 // NodeInfoFor reads a Node's place in the network from its labels, and
 // its readiness, taints and allocatable from its spec and status.
-func NodeInfoFor(node *v1.Node, slices []*resourceapi.ResourceSlice, labels topology.NetworkLabels) NodeInfo {
+func NodeInfoFor(node *v1.Node, slices []*resourceapi.ResourceSlice, labels topology.LabelMapping) NodeInfo {
 	p := labels.Resolve(node.Labels)
 	alloc := node.Status.Allocatable
 	if alloc == nil {

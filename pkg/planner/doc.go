@@ -45,6 +45,11 @@
 //     stay free for big jobs; ties go to the smaller name.
 //  4. Strategy: inside the domain, consolidated, balanced or distributed
 //     decides the node of each pod.
+//  5. Preference ladders (firstAvailable requests) come before best fit and
+//     strategy: among domains of one size the one whose pods get the
+//     earliest subrequests wins, and inside it each pod goes to the node
+//     giving its claims the earliest ones. Jobs without ladders, or whose
+//     first choices fit, are planned exactly as without this rule.
 //
 // Pods are placed greedily (largest first). For jobs whose pods all have the
 // same claims, which is the common case, that is exact: the domain fits if

@@ -35,6 +35,10 @@ type fitKey struct {
 type fitResult struct {
 	ok  bool
 	pos []int // devices the allocator picked, by position in the node
+	// rank is how far down their firstAvailable ladders the claims had to
+	// go: the sum of the chosen subrequests' places (0 for first choices
+	// and plain requests). Lower is better.
+	rank int
 }
 
 // fitter answers "does a pod of this shape fit on this node on top of
@@ -253,6 +257,7 @@ func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
 			return fitResult{}, &BrokenClaimError{Job: f.job, Pod: s.pod, Node: nd.name, Err: err}
 		}
 		r.ok = results != nil
+		r.rank = ladderRank(s.claims, results)
 		for _, res := range results {
 			for _, d := range res.Devices.Results {
 				ref, ok := f.c.devIndex[devicefit.DeviceID(d.Driver, d.Pool, d.Device)]
@@ -265,6 +270,37 @@ func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
 	}
 	f.memo[key] = r
 	return r, nil
+}
+
+// ladderRank sums, over every firstAvailable request of the claims, the
+// place of the subrequest the allocator picked. The allocator names a
+// result of subrequest s of request r "r/s".
+func ladderRank(claims []*resourceapi.ResourceClaim, results []resourceapi.AllocationResult) int {
+	rank := 0
+	for i, res := range results {
+		if i >= len(claims) {
+			break
+		}
+		seen := map[string]bool{}
+		for _, d := range res.Devices.Results {
+			req, sub, ok := strings.Cut(d.Request, "/")
+			if !ok || seen[d.Request] {
+				continue
+			}
+			seen[d.Request] = true
+			for _, r := range claims[i].Spec.Devices.Requests {
+				if r.Name != req {
+					continue
+				}
+				for j, alt := range r.FirstAvailable {
+					if alt.Name == sub {
+						rank += j
+					}
+				}
+			}
+		}
+	}
+	return rank
 }
 
 // capacity is how many pods of shape sh fit on node n one after the other

@@ -340,7 +340,7 @@ func TestNodeInfoFor(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			got := planner.NodeInfoFor(tc.node, nil, topology.DefaultNetworkLabels())
+			got := planner.NodeInfoFor(tc.node, nil, topology.DefaultLabelMapping())
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("NodeInfo (-want +got):\n%s", diff)
 			}

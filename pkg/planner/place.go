@@ -19,6 +19,7 @@ type attempt struct {
 	assign   []int           // by pod index; -1 while unplaced
 	placed   int
 	nodes    int // nodes the attempt used
+	rank     int // sum of the placed pods' ladder ranks (fitResult.rank)
 }
 
 // tryPlace places as many pods as it can inside nodes, in strategy order.
@@ -42,6 +43,11 @@ func (st *state) tryPlace(nodes []int) (*attempt, error) {
 	for _, p := range st.podOrder {
 		sh := st.podShape[p]
 		st.sortNodes(a, order)
+		// The first node in strategy order that gives the pod's claims
+		// their first choices; with preference ladders, the node giving
+		// the best rung, strategy order breaking ties.
+		best, bestRank := -1, 0
+		var bestPos []int
 		for _, n := range order {
 			if st.filters[sh].why[n] != "" || st.room(sh, n, a.req[n], 1) == 0 || !st.f.mayFit(n, sh, a.extra[n]) {
 				continue
@@ -50,11 +56,17 @@ func (st *state) tryPlace(nodes []int) (*attempt, error) {
 			if err != nil {
 				return nil, err
 			}
-			if !r.ok {
+			if !r.ok || (best >= 0 && r.rank >= bestRank) {
 				continue
 			}
-			a.take(p, n, r.pos)
-			break
+			best, bestRank, bestPos = n, r.rank, r.pos
+			if r.rank == 0 {
+				break
+			}
+		}
+		if best >= 0 {
+			a.take(p, best, bestPos)
+			a.rank += bestRank
 		}
 	}
 	return a, nil

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -302,6 +303,12 @@ func (st *state) pick(cands []*candidate, lv level) (*Plan, error) {
 		}
 		return topology.NaturalLess(feasible[a].key, feasible[b].key)
 	})
+	// The first domain in best-fit order where every pod gets its claims'
+	// first choices; with preference ladders, the domain with the best
+	// rungs, best fit breaking ties.
+	var best *candidate
+	var bestA *attempt
+	var bestAllocs map[string][]resourceapi.AllocationResult
 	for _, c := range feasible {
 		out, err := st.evaluate(c)
 		if err != nil {
@@ -313,7 +320,7 @@ func (st *state) pick(cands []*candidate, lv level) (*Plan, error) {
 		if out, err = st.attemptOn(c); err != nil {
 			return nil, err
 		}
-		if out.a == nil || out.a.placed < st.n {
+		if out.a == nil || out.a.placed < st.n || (best != nil && out.a.rank >= bestA.rank) {
 			continue
 		}
 		allocs, err := st.verify(out.a)
@@ -324,9 +331,15 @@ func (st *state) pick(cands []*candidate, lv level) (*Plan, error) {
 		if err != nil {
 			return nil, err
 		}
-		return st.makePlan(c, out.a, allocs, lv.label, len(feasible)), nil
+		best, bestA, bestAllocs = c, out.a, allocs
+		if out.a.rank == 0 {
+			break
+		}
 	}
-	return nil, nil
+	if best == nil {
+		return nil, nil
+	}
+	return st.makePlan(best, bestA, bestAllocs, lv.label, len(feasible)), nil
 }
 
 func (st *state) totalNeed() int {

@@ -30,17 +30,17 @@ type Node struct {
 
 // Config controls how attributes are derived.
 type Config struct {
-	Network topology.NetworkLabels
+	Network topology.LabelMapping
 	// NUMAForm must match the cluster's DRAListTypeAttributes gate.
 	NUMAForm deviceattribute.AttributeForm
 	// TaintEffect of the unhealthy taint; empty means NoSchedule.
 	TaintEffect resourceapi.DeviceTaintEffect
 }
 
-// DefaultConfig reads the default network labels and publishes numaNode as
+// DefaultConfig reads the default label mapping and publishes numaNode as
 // a scalar, which every 1.37 cluster accepts.
 func DefaultConfig() Config {
-	return Config{Network: topology.DefaultNetworkLabels(), NUMAForm: deviceattribute.ScalarAttribute, TaintEffect: resourceapi.DeviceTaintEffectNoSchedule}
+	return Config{Network: topology.DefaultLabelMapping(), NUMAForm: deviceattribute.ScalarAttribute, TaintEffect: resourceapi.DeviceTaintEffectNoSchedule}
 }
 
 // DeviceName is the name of GPU index in the node's pool.
@@ -140,6 +140,7 @@ func deviceAttributes(d gpu.Device, g topology.GPUPlacement, net topology.Networ
 	setStr(topology.AttrNVLinkClique, truncate(topology.Clique(net, d.Fabric)))
 	setStr(topology.AttrLeaf, truncate(net.Leaf))
 	setStr(topology.AttrSpine, truncate(net.Spine))
+	setStr(topology.AttrCore, truncate(net.Core))
 	for _, t := range net.TierNumbers() {
 		setStr(topology.TierAttr(t), truncate(net.Tiers[t]))
 	}

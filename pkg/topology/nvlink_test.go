@@ -148,26 +148,6 @@ func TestUniqueIDFitsAttribute(t *testing.T) {
 	}
 }
 
-func TestNetworkLabelsResolve(t *testing.T) {
-	nl := topology.DefaultNetworkLabels()
-	got := nl.Resolve(map[string]string{
-		topology.LabelTopographLeaf:               "leaf-3",
-		topology.LabelNVIDIASpine:                 "spine-old",
-		topology.LabelTopographSpine:              "spine-1",
-		topology.LabelTopographTierPrefix + "3":   "core-0",
-		topology.LabelTopographTierPrefix + "bad": "x",
-		topology.LabelNVIDIAClique:                "clq.7",
-	})
-	want := topology.NetworkPlacement{Leaf: "leaf-3", Spine: "spine-1", Tiers: map[int]string{3: "core-0"}, Clique: "clq.7"}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("(-want +got):\n%s", diff)
-	}
-	// The older NVIDIA labels are used when topograph's are absent.
-	if got := nl.Resolve(map[string]string{topology.LabelNVIDIALeaf: "l"}); got.Leaf != "l" {
-		t.Errorf("fallback leaf label ignored: %+v", got)
-	}
-}
-
 // graphInventory builds n GPUs with the given undirected links (2 lanes
 // each), listed in the device order given by perm (nil: index order).
 func graphInventory(n int, edges [][2]int, perm []int) *gpu.Inventory {

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	placementapi "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	cluster "github.com/gputopo/gputopo/test/cluster"
 	"github.com/gputopo/gputopo/test/e2e/framework"
 )
 
@@ -34,18 +35,18 @@ func TestTwoPodJobOneLeaf(t *testing.T) {
 		t.Fatalf("the two pods are in leaves %v, want one leaf: %s", pl.leaves, pl)
 	}
 	// The nodes say so themselves.
-	var tier1 []string
+	var leaves []string
 	for _, n := range pl.nodes {
 		node, err := client.CoreV1().Nodes().Get(framework.Ctx(t), n, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		tier1 = append(tier1, node.Labels["fabric.topograph.run/tier-1"])
+		leaves = append(leaves, node.Labels[cluster.LabelLeaf])
 	}
-	if tier1[0] == "" || tier1[0] != tier1[1] {
-		t.Errorf("nodes %v have fabric.topograph.run/tier-1 %v, want one leaf", pl.nodes, tier1)
+	if leaves[0] == "" || leaves[0] != leaves[1] {
+		t.Errorf("nodes %v have %s %v, want one leaf", pl.nodes, cluster.LabelLeaf, leaves)
 	}
-	if want := "leaf:" + tier1[0]; pl.domain != want {
+	if want := "leaf:" + leaves[0]; pl.domain != want {
 		t.Errorf("%s=%q, want %q", placementapi.AnnotationDomain, pl.domain, want)
 	}
 }
