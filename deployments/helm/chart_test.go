@@ -1,6 +1,7 @@
 // Package helm_test checks the gputopo Helm chart against the rest of the
 // repository without a helm binary (hack/verify-chart.sh renders it):
 // the admission policies it ships are deployments/admission/*.yaml verbatim,
+// its controller holds the permission the placement policy asks for,
 // its DeviceClass selects what demo/specs/deviceclass.yaml selects, and
 // values.yaml, values.schema.json and the comments in values.yaml agree.
 package helm_test
@@ -8,6 +9,7 @@ package helm_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +18,8 @@ import (
 	"testing"
 
 	yaml "go.yaml.in/yaml/v3"
+
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 )
 
 const chart = "gputopo"
@@ -56,6 +60,19 @@ func TestAdmissionPoliciesMatchDeployments(t *testing.T) {
 		if want := `.Files.Get "files/admission/` + filepath.Base(s) + `"`; !strings.Contains(tmpl, want) {
 			t.Errorf("templates/admission.yaml does not render %s (no %s)", filepath.Base(s), want)
 		}
+	}
+}
+
+// The admission policy lets only a requester with the controller's
+// permission write the controller's annotations; the chart must grant it
+// to the controller.
+func TestControllerMayWriteItsAnnotations(t *testing.T) {
+	rule := fmt.Sprintf("- apiGroups: [%q]\n  resources: [%q]\n  verbs: [%q]\n",
+		placement.ControllerPermissionGroup, placement.ControllerPermissionResource, placement.ControllerPermissionVerb)
+	rbac := string(read(t, filepath.Join(chart, "templates/controller/rbac.yaml")))
+	role, _, _ := strings.Cut(rbac, "kind: ClusterRoleBinding")
+	if !strings.Contains(role, rule) {
+		t.Errorf("the controller's ClusterRole in templates/controller/rbac.yaml lacks the rule\n%s", rule)
 	}
 }
 

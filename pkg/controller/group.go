@@ -20,11 +20,11 @@ const groupIndex = "gputopo-group"
 
 // Group kinds, the middle part of a group key.
 const (
-	kindGroup  = "group"  // gputopo.dev/group annotation
-	kindLWS    = "lws"    // one replica group of a LeaderWorkerSet
-	kindJobSet = "jobset" // all child Jobs of a JobSet
-	kindJob    = "job"
-	kindPod    = "pod"
+	kindGroup  = string(placement.GroupKindGroup)
+	kindLWS    = string(placement.GroupKindLWS)
+	kindJobSet = string(placement.GroupKindJobSet)
+	kindJob    = string(placement.GroupKindJob)
+	kindPod    = string(placement.GroupKindPod)
 )
 
 // Labels and annotations of the workload controllers whose pods form

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -22,11 +21,11 @@ import (
 // Why a pod's claims were taken back, for events, metrics and the pod's
 // gputopo.dev/released annotation.
 const (
-	ReleaseTimeout      = "BindTimeout"
-	ReleaseNodeGone     = "NodeGone"
-	ReleaseNodeNotReady = "NodeNotReady"
-	ReleaseNodeTainted  = "NodeTainted"
-	ReleaseConflict     = "DeviceConflict"
+	ReleaseTimeout      = placement.ReleaseBindTimeout
+	ReleaseNodeGone     = placement.ReleaseNodeDeleted
+	ReleaseNodeNotReady = placement.ReleaseNodeNotReady
+	ReleaseNodeTainted  = placement.ReleaseNodeTainted
+	ReleaseConflict     = placement.ReleaseDeviceConflict
 )
 
 // resolveConflicts takes back the group's claims that share a device with
@@ -191,12 +190,7 @@ func (c *Controller) releaseWithReason(ctx context.Context, g *group, m *member,
 	if err := c.releaseMember(ctx, m); err != nil {
 		return err
 	}
-	count := 1
-	if prev, _, ok := strings.Cut(m.pod.Annotations[placement.AnnotationReleased], ";"); ok {
-		if n, err := strconv.Atoi(prev); err == nil {
-			count = n + 1
-		}
-	}
+	prev, _ := placement.ParseRelease(m.pod.Annotations[placement.AnnotationReleased])
 	klog.FromContext(ctx).Info("Released the claims of a pod to plan it again", "pod", klog.KObj(m.pod), "reason", reason, "detail", detail)
 	c.cfg.Metrics.Released.WithLabelValues(reason).Inc()
 	c.recorder.Eventf(m.pod, v1.EventTypeWarning, ReasonReleased, "%s: %s; planning the pod again", reason, truncate(detail))
@@ -204,8 +198,8 @@ func (c *Controller) releaseWithReason(ctx context.Context, g *group, m *member,
 	delete(c.opened, m.pod.UID)
 	c.mu.Unlock()
 	return c.annotate(ctx, m.pod, map[string]any{
-		placement.AnnotationReleased: fmt.Sprintf("%d;%s", count, reason),
-		placement.AnnotationStatus:   truncate(reason + ": " + detail),
+		placement.AnnotationReleased: prev.Next(reason).Format(),
+		placement.AnnotationStatus:   placement.Status{Reason: reason, Message: detail}.Format(),
 	})
 }
 
@@ -250,9 +244,9 @@ func (c *Controller) annotate(ctx context.Context, p *v1.Pod, ann map[string]any
 	return nil
 }
 
-// setStatus writes the waiting reason on pods whose annotation differs.
-func (c *Controller) setStatus(ctx context.Context, pods []*v1.Pod, msg string) error {
-	msg = truncate(msg)
+// setStatus writes why the pods wait on those whose annotation differs.
+func (c *Controller) setStatus(ctx context.Context, pods []*v1.Pod, reason, message string) error {
+	msg := placement.Status{Reason: reason, Message: message}.Format()
 	for _, p := range pods {
 		if p.Annotations[placement.AnnotationStatus] == msg {
 			continue

@@ -196,7 +196,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 
 	if len(g.toPlace) == 0 {
 		if len(g.waiting) > 0 {
-			return done, c.setStatus(ctx, g.gatedWaiting(), "waiting for the pods' ResourceClaims to be created")
+			return done, c.setStatus(ctx, g.gatedWaiting(), placement.StatusWaitingForPods, "waiting for the pods' ResourceClaims to be created")
 		}
 		return done, c.release(ctx, g)
 	}
@@ -209,7 +209,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		if g.members() < g.size || len(g.waiting) > 0 {
 			c.cfg.Metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
 			msg := fmt.Sprintf("waiting for all %d pods of the group and their ResourceClaims to exist", g.size)
-			return done, c.setStatus(ctx, append(g.pods(g.toPlace), g.pods(g.held)...), msg)
+			return done, c.setStatus(ctx, append(g.pods(g.toPlace), g.pods(g.held)...), placement.StatusWaitingForPods, msg)
 		}
 		for _, m := range g.held {
 			if err := c.releaseMember(ctx, m); err != nil {
@@ -230,8 +230,8 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		Pinned:            map[string]string{},
 	}
 	for _, m := range append(append(g.bound, g.steered...), g.held...) {
-		if d := parseDomain(m.pod.Annotations[placement.AnnotationDomain]); d != nil {
-			job.Domain = d
+		if d, err := placement.ParseDomain(m.pod.Annotations[placement.AnnotationDomain]); err == nil {
+			job.Domain = &d
 		}
 		if m.node != "" {
 			job.Pinned[m.pod.Name] = m.node
@@ -289,7 +289,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 // allocate writes the plan into the claims, all or nothing: when one
 // write fails, the claims written so far are released again.
 func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan) error {
-	domain := formatDomain(plan.Domain)
+	domain := plan.Domain.Format()
 	var written []*resourceapi.ResourceClaim
 	undo := func(cause error) error {
 		for _, cl := range written {
@@ -350,7 +350,7 @@ func (c *Controller) release(ctx context.Context, g *group) error {
 func (c *Controller) refuse(ctx context.Context, g *group, outcome, reason, msg string) {
 	c.cfg.Metrics.Decisions.WithLabelValues(outcome).Inc()
 	c.recorder.Event(g.subject, v1.EventTypeWarning, reason, truncate(msg))
-	if err := c.setStatus(ctx, append(g.pods(g.toPlace), g.gatedWaiting()...), msg); err != nil {
+	if err := c.setStatus(ctx, append(g.pods(g.toPlace), g.gatedWaiting()...), reason, msg); err != nil {
 		klog.FromContext(ctx).Error(err, "Recording why the group waits failed")
 	}
 }
@@ -392,24 +392,6 @@ func rankMembers(ms []*member) {
 	for i, p := range pods {
 		ms[i] = byPod[p]
 	}
-}
-
-// formatDomain writes a domain as "<level>:<name>,<name>", which
-// parseDomain reads back.
-func formatDomain(d planner.Domain) string {
-	return string(d.Level) + ":" + strings.Join(d.Names, ",")
-}
-
-func parseDomain(s string) *planner.Domain {
-	level, names, ok := strings.Cut(s, ":")
-	if !ok || level == "" {
-		return nil
-	}
-	d := &planner.Domain{Level: planner.Level(level)}
-	if names != "" {
-		d.Names = strings.Split(names, ",")
-	}
-	return d
 }
 
 // truncate keeps messages within what an annotation or event should carry.

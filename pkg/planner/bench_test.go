@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
+
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/planner"
@@ -76,6 +79,49 @@ func BenchmarkPlan16Pods4000Nodes(b *testing.B) {
 				var u *planner.Unschedulable
 				if tc.refused != errors.As(err, &u) || (!tc.refused && err != nil) {
 					b.Fatalf("refused %v, want %v: %v", err != nil, tc.refused, err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPlanFiltered4000Nodes is BenchmarkPlan16Pods4000Nodes with
+// every node filter at work: each node offers 64 cpus, 1 in 20 nodes is
+// NotReady, 1 in 20 is tainted, and pods already take cpu on 3 in 10.
+// The pods ask for 24 cpus each.
+func BenchmarkPlanFiltered4000Nodes(b *testing.B) {
+	base, used := bigCluster()
+	infos := slices.Clone(base)
+	r := rand.New(rand.NewPCG(3, 4))
+	usage := planner.NodeUsage{}
+	for i := range infos {
+		infos[i].Allocatable = resources("cpu", "64", "memory", "1Ti", "pods", "110")
+		switch r.IntN(20) {
+		case 0:
+			infos[i].NotReady = true
+		case 1:
+			infos[i].Taints = []v1.Taint{parseTaint(maint)}
+		}
+		if r.IntN(10) < 3 {
+			usage.Add(infos[i].Name, podRequesting("other", resources("cpu", fmt.Sprint(8*(r.IntN(8)+1)))))
+		}
+	}
+	c, err := planner.NewCluster(infos, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	snap := planner.NewSnapshot(c, used, planner.WithUsed(usage))
+	p := newPlanner(b)
+	cpu := resources("cpu", "24")
+	for name, job := range map[string]planner.Job{
+		"auto/gpu-8-node": makeJob(b, "j").Pods(16, "gpu-8-node").Request(cpu).Obj(),
+		"mixed/consolidated": makeJob(b, "j").Pods(8, "gpu-4-nvlink").Request(cpu).Tolerate(maint).
+			Pods(8, "gpu-2-nvlink-pair").Request(cpu).Strategy(planner.StrategyConsolidated).Obj(),
+	} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := p.Plan(context.Background(), snap, nil, job); err != nil {
+					b.Fatal(err)
 				}
 			}
 		})

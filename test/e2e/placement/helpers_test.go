@@ -72,8 +72,8 @@ func newJob(name string, pods int32, tmpl string, ann map[string]string) *batchv
 }
 
 // placed asks for placement p and nothing else.
-func placed(p string) map[string]string {
-	return map[string]string{placementapi.AnnotationPlacement: p}
+func placed(p placementapi.Placement) map[string]string {
+	return map[string]string{placementapi.AnnotationPlacement: string(p)}
 }
 
 // createJob creates a Job of 8-GPU pods (gpu-8-node) and deletes it with

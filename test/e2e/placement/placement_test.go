@@ -354,7 +354,7 @@ func TestPlacedJobRuns(t *testing.T) {
 		t.Fatal("testdata/topology.yaml has no real node")
 	}
 	createJob(t, "runs", 4, map[string]string{
-		placementapi.AnnotationPlacement:         placementapi.PlacementSameLeaf,
+		placementapi.AnnotationPlacement:         string(placementapi.PlacementSameLeaf),
 		placementapi.AnnotationPreferredDomain:   leaf,
 		placementapi.AnnotationPreferredRequired: "true",
 	})

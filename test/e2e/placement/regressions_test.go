@@ -50,7 +50,7 @@ func TestDeletedJobReleasesDevices(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
 	ann := map[string]string{
-		placementapi.AnnotationPlacement:         placementapi.PlacementSameLeaf,
+		placementapi.AnnotationPlacement:         string(placementapi.PlacementSameLeaf),
 		placementapi.AnnotationPreferredDomain:   leaf,
 		placementapi.AnnotationPreferredRequired: "true",
 	}
