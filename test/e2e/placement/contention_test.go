@@ -76,7 +76,7 @@ func (j *ctJob) key() string { return namespace + "/job/" + j.name }
 // required asks for placement auto inside domain.
 func required(domain string, extra ...string) map[string]string {
 	ann := map[string]string{
-		placementapi.AnnotationPlacement:         placementapi.PlacementAuto,
+		placementapi.AnnotationPlacement:         string(placementapi.PlacementAuto),
 		placementapi.AnnotationPreferredDomain:   domain,
 		placementapi.AnnotationPreferredRequired: "true",
 	}
@@ -100,9 +100,9 @@ func TestContention(t *testing.T) {
 		t.Fatalf("leaf %s has no real node", realLeaf)
 	}
 	jobs := []*ctJob{
-		{name: "ct-quads", tmpl: "gpu-4-nvlink", pods: 4, within: spineA, ann: required(spineA, placementapi.AnnotationStrategy, placementapi.StrategyConsolidated)},
+		{name: "ct-quads", tmpl: "gpu-4-nvlink", pods: 4, within: spineA, ann: required(spineA, placementapi.AnnotationStrategy, string(placementapi.StrategyConsolidated))},
 		{name: "ct-pairs", tmpl: "gpu-2-nvlink-pair", pods: 4, within: spineA, ann: required(spineA)},
-		{name: "ct-indexed", tmpl: "gpu-2-nvlink-pair", pods: 12, indexed: true, within: spineA, ann: required(spineA, placementapi.AnnotationStrategy, placementapi.StrategyConsolidated)},
+		{name: "ct-indexed", tmpl: "gpu-2-nvlink-pair", pods: 12, indexed: true, within: spineA, ann: required(spineA, placementapi.AnnotationStrategy, string(placementapi.StrategyConsolidated))},
 		{name: "ct-whole", tmpl: "gpu-8-node", pods: 4, within: topo.leaves[4], ann: required(topo.leaves[4])},
 		{name: "ct-waves", tmpl: "gpu-8-node", pods: 2, completions: 4, within: topo.leaves[5], ann: required(topo.leaves[5])},
 		{name: "ct-gone", tmpl: "gpu-8-node", pods: 2, within: topo.leaves[6], ann: required(topo.leaves[6])},
