@@ -229,8 +229,14 @@ func TestContention(t *testing.T) {
 	ch.mu.Unlock()
 	for _, j := range jobs[:len(jobs)-1] {
 		checkCtJob(t, j, ch)
-		t.Logf("Job %s (%d × %s, in %s): created → all pods bound %s; node lost → bound again %s; waves %v",
-			j.name, j.pods, j.tmpl, j.within, j.bound.Round(100*time.Millisecond), j.recovered.Round(100*time.Millisecond), j.waves)
+		line := fmt.Sprintf("Job %s (%d × %s in %s): created → all pods bound in %s", j.name, j.pods, j.tmpl, j.within, j.bound.Round(100*time.Millisecond))
+		if j.recovered > 0 {
+			line += fmt.Sprintf("; its node lost → bound again off it in %s", j.recovered.Round(100*time.Millisecond))
+		}
+		if len(j.waves) > 0 {
+			line += fmt.Sprintf("; waves bound in %v", j.waves)
+		}
+		t.Log(line)
 	}
 	checkTooBig(t, byName["ct-too-big"])
 	logUngated(t, ungatedSel)
