@@ -23,12 +23,11 @@ import (
 
 // chaos is what the test did to the cluster while Jobs were placed.
 type chaos struct {
-	mu                  sync.Mutex
-	gone, tainted       string
-	goneAt, taintedAt   time.Time
-	killedAt, restarted time.Time
-	notes, errs         []string
-	ledger              *ledger
+	mu                sync.Mutex
+	gone, tainted     string
+	goneAt, taintedAt time.Time
+	notes, errs       []string
+	ledger            *ledger
 }
 
 func ledgerOf(c *chaos) *ledger {
@@ -74,14 +73,8 @@ func deleteNodeMidPlan(ch *chaos, node string) {
 // taintNodeMidPlan taints the node of a claim the controller just wrote.
 func taintNodeMidPlan(ch *chaos, node string) {
 	ctx := context.Background()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: contentionTaint, Effect: corev1.TaintEffectNoExecute})
-		_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
-		return err
+	err := editTaints(ctx, node, func(ts []corev1.Taint) []corev1.Taint {
+		return append(ts, corev1.Taint{Key: contentionTaint, Effect: corev1.TaintEffectNoExecute})
 	})
 	if err != nil {
 		ch.fail("taint node %s: %v", node, err)
@@ -97,6 +90,19 @@ func taintNodeMidPlan(ch *chaos, node string) {
 	}
 }
 
+// editTaints changes a node's taints.
+func editTaints(ctx context.Context, node string, edit func([]corev1.Taint) []corev1.Taint) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Spec.Taints = edit(n.Spec.Taints)
+		_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+}
+
 // killController kills the controller as soon as it wrote the first claim
 // of a group, so that it dies between that group's claim writes, and starts
 // a new one at once.
@@ -105,9 +111,6 @@ func killController(ch *chaos, first string) {
 		ch.fail("kill controller: %v", err)
 		return
 	}
-	ch.mu.Lock()
-	ch.killedAt = time.Now()
-	ch.mu.Unlock()
 	if claims, err := claimsByName(context.Background()); err == nil {
 		n := 0
 		for _, c := range claims {
@@ -121,9 +124,6 @@ func killController(ch *chaos, first string) {
 		ch.fail("restart controller: %v", err)
 		return
 	}
-	ch.mu.Lock()
-	ch.restarted = time.Now()
-	ch.mu.Unlock()
 	ch.note("controller restarted")
 }
 
@@ -137,14 +137,8 @@ func restoreNodes(t *testing.T, ch *chaos) {
 	gone, tainted := ch.gone, ch.tainted
 	ch.mu.Unlock()
 	if tainted != "" {
-		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			n, err := client.CoreV1().Nodes().Get(ctx, tainted, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(tt corev1.Taint) bool { return tt.Key == contentionTaint })
-			_, err = client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
-			return err
+		err := editTaints(ctx, tainted, func(ts []corev1.Taint) []corev1.Taint {
+			return slices.DeleteFunc(ts, func(tt corev1.Taint) bool { return tt.Key == contentionTaint })
 		})
 		if err != nil {
 			t.Errorf("remove taint from %s: %v", tainted, err)
