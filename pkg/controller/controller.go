@@ -92,6 +92,7 @@ type Controller struct {
 	pending      map[string]bool         // groups that did not fit
 	settle       map[string]time.Time    // groups whose gates stay closed until then
 	opened       map[types.UID]time.Time // when this process opened a pod's gate
+	usage        planner.NodeUsage       // what the pods on each node request
 }
 
 // New wires the informers. Call Run to start.
@@ -137,6 +138,7 @@ func New(cfg Config) (*Controller, error) {
 		pending:      map[string]bool{},
 		settle:       map[string]time.Time{},
 		opened:       map[types.UID]time.Time{},
+		usage:        planner.NodeUsage{},
 	}
 	c.planner = planner.New(devicefit.NewEvaluator(classLister{c.classes}))
 
@@ -144,7 +146,7 @@ func New(cfg Config) (*Controller, error) {
 		inf cache.SharedIndexInformer
 		h   cache.ResourceEventHandler
 	}{
-		{podInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onPod, UpdateFunc: c.onPodUpdate, DeleteFunc: c.onPodDelete}},
+		{podInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onPodAdd, UpdateFunc: c.onPodUpdate, DeleteFunc: c.onPodDelete}},
 		{f.Core().V1().Nodes().Informer(), c.topologyChanged(nodeMoved)},
 		{f.Resource().V1().ResourceSlices().Informer(), c.topologyChanged(sliceChanged)},
 		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaim, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
@@ -179,6 +181,33 @@ func podOf(obj any) *v1.Pod {
 	return p
 }
 
+// usageNode is where a pod takes cpu, memory and a pod slot: its node, or
+// the node its claims were allocated on once its gate opened.
+func usageNode(p *v1.Pod) string {
+	if p.Spec.NodeName != "" || hasGate(p) {
+		return p.Spec.NodeName
+	}
+	return p.Annotations[placement.AnnotationNode]
+}
+
+func (c *Controller) countPod(old, cur *v1.Pod) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old != nil {
+		c.usage.Remove(usageNode(old), old)
+	}
+	if cur != nil {
+		c.usage.Add(usageNode(cur), cur)
+	}
+}
+
+func (c *Controller) onPodAdd(obj any) {
+	if pod := podOf(obj); pod != nil {
+		c.countPod(nil, pod)
+		c.onPod(pod)
+	}
+}
+
 func (c *Controller) onPod(obj any) {
 	if pod := podOf(obj); pod != nil {
 		if key, ok := groupKey(pod); ok {
@@ -193,6 +222,10 @@ func (c *Controller) onPodUpdate(old, cur any) {
 	o, n := podOf(old), podOf(cur)
 	if o == nil || n == nil {
 		return
+	}
+	c.countPod(o, n)
+	if o.Status.Phase != n.Status.Phase && !active(n) {
+		c.requeuePending() // a finished pod frees cpu and memory
 	}
 	if _, ok := groupKey(n); !ok {
 		return
@@ -225,6 +258,7 @@ func (c *Controller) onPodDelete(obj any) {
 	c.mu.Lock()
 	delete(c.opened, pod.UID)
 	c.mu.Unlock()
+	c.countPod(pod, nil)
 	c.onPod(pod)
 }
 

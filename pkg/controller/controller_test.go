@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
@@ -42,7 +43,10 @@ func testObjects(t *testing.T) []any {
 		name := fmt.Sprintf("n%d", i)
 		labels := map[string]string{topology.LabelTopographLeaf: fmt.Sprintf("leaf-%d", i/2), topology.LabelTopographSpine: "spine-0"}
 		objs = append(objs, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
-			Status: v1.NodeStatus{Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}}})
+			Status: v1.NodeStatus{
+				Conditions:  []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}},
+				Allocatable: v1.ResourceList{v1.ResourcePods: resource.MustParse("110"), v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi")},
+			}})
 		res, err := slices.Build(p.Inventory(name), slices.Node{Name: name, Labels: labels}, slices.DefaultConfig(), nil)
 		if err != nil {
 			t.Fatal(err)

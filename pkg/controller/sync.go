@@ -238,7 +238,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		}
 	}
 	for _, m := range g.toPlace {
-		job.Pods = append(job.Pods, planner.Pod{Name: m.pod.Name, Claims: m.claims})
+		job.Pods = append(job.Pods, planner.PodFor(m.pod, m.claims))
 	}
 	cl, err := c.snapshotCluster()
 	if err != nil {
@@ -250,7 +250,10 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		}
 	}
 	start := time.Now()
-	plan, err := c.planner.Plan(ctx, planner.NewSnapshot(cl, c.index.allocated()), nil, job)
+	c.mu.Lock()
+	snap := planner.NewSnapshot(cl, c.index.allocated(), planner.WithUsed(c.usage))
+	c.mu.Unlock()
+	plan, err := c.planner.Plan(ctx, snap, nil, job)
 	c.cfg.Metrics.PlanDuration.Observe(time.Since(start).Seconds())
 	var unsched *planner.Unschedulable
 	var broken *planner.BrokenClaimError

@@ -54,7 +54,6 @@ const (
 	// GroupKey.Format writes it ("default/job/train").
 	AnnotationAllocatedBy = Prefix + "allocated-by"
 
-
 	// SchedulingGate keeps an opted-in pod out of the scheduler until the
 	// controller has planned its whole group and allocated its claims.
 	SchedulingGate = Prefix + "topology"
