@@ -238,6 +238,13 @@ func TestContention(t *testing.T) {
 		}
 		t.Log(line)
 	}
+	ch.mu.Lock()
+	gone, tainted := ch.gone, ch.tainted
+	ch.mu.Unlock()
+	// The controller says so on each pod it takes back from a lost node;
+	// a pod already bound on the tainted node is the taint manager's.
+	checkLostEvent(t, "ct-gone", gone, "Released")
+	checkLostEvent(t, "ct-tainted", tainted, "Released", "TaintManagerEviction")
 	checkTooBig(t, byName["ct-too-big"])
 	logUngated(t, ungatedSel)
 
@@ -437,6 +444,28 @@ func checkCtJob(t *testing.T, j *ctJob, ch *chaos) {
 			t.Logf("pod %s of %s was released before it landed on %s: %s=%q", p.Name, j.name, node, placementapi.AnnotationReleased, r)
 		}
 	}
+}
+
+// checkLostEvent checks that a pod of job has an event with one of
+// reasons that names the lost node.
+func checkLostEvent(t *testing.T, job, node string, reasons ...string) {
+	t.Helper()
+	events, err := client.CoreV1().Events(namespace).List(framework.Ctx(t), metav1.ListOptions{FieldSelector: "involvedObject.kind=Pod"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	for _, e := range events.Items {
+		if !strings.HasPrefix(e.InvolvedObject.Name, job+"-") {
+			continue
+		}
+		seen = append(seen, e.Reason)
+		if slices.Contains(reasons, e.Reason) && (e.Reason != "Released" || strings.Contains(e.Message, node)) {
+			t.Logf("pod %s: %s event: %s", e.InvolvedObject.Name, e.Reason, e.Message)
+			return
+		}
+	}
+	t.Errorf("no pod of %s has a %v event about its lost node %s; its pods' events: %v", job, reasons, node, seen)
 }
 
 // checkTooBig: the Job that cannot fit stays gated and says why.
