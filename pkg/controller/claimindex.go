@@ -142,3 +142,13 @@ func (ix *claimIndex) key(uid types.UID) string {
 	defer ix.mu.Unlock()
 	return ix.claims[uid].key
 }
+
+// ahead reports whether the index holds a newer version of the claim than
+// rv: the controller wrote it and the informer has not caught up yet.
+func (ix *claimIndex) ahead(uid types.UID, rv string) bool {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	c, ok := ix.claims[uid]
+	v := parseVersion(rv)
+	return ok && v != 0 && c.version > v
+}

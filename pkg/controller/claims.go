@@ -70,7 +70,7 @@ func ownedBy(claim *resourceapi.ResourceClaim, key string) bool {
 // status gets the allocation. From then on the scheduler places the pod on
 // the allocation's node and counts the devices as taken for every other
 // pod. The returned claim is the stored one.
-func (c *Controller) writeAllocation(ctx context.Context, claim *resourceapi.ResourceClaim, key, domain string, alloc resourceapi.AllocationResult) (*resourceapi.ResourceClaim, error) {
+func (c *Controller) writeAllocation(ctx context.Context, pod *v1.Pod, claim *resourceapi.ResourceClaim, key, domain string, alloc resourceapi.AllocationResult) (*resourceapi.ResourceClaim, error) {
 	cl := claim.DeepCopy()
 	if cl.Status.Allocation != nil {
 		return nil, fmt.Errorf("claim %s/%s is already allocated", cl.Namespace, cl.Name)
@@ -91,6 +91,9 @@ func (c *Controller) writeAllocation(ctx context.Context, claim *resourceapi.Res
 		cl = updated
 	}
 	cl.Status.Allocation = alloc.DeepCopy()
+	// Reserved for its pod in the same write, as the scheduler does: the
+	// scheduler then only binds the pod and does not write the claim.
+	cl.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
 	updated, err := c.cfg.Client.ResourceV1().ResourceClaims(cl.Namespace).UpdateStatus(ctx, cl, metav1.UpdateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("write allocation of claim %s/%s: %w", cl.Namespace, cl.Name, err)
@@ -100,20 +103,30 @@ func (c *Controller) writeAllocation(ctx context.Context, claim *resourceapi.Res
 }
 
 // releasable reports whether the controller may take back the claim's
-// allocation: it made it, and no pod has been admitted to use it.
-func releasable(claim *resourceapi.ResourceClaim) bool {
-	return claim.Status.Allocation != nil && ownedBy(claim, "") && len(claim.Status.ReservedFor) == 0 && claim.DeletionTimestamp == nil
+// allocation: it made it, and it is reserved for no pod that is bound.
+func (c *Controller) releasable(claim *resourceapi.ResourceClaim) bool {
+	if claim.Status.Allocation == nil || !ownedBy(claim, "") || claim.DeletionTimestamp != nil {
+		return false
+	}
+	for _, r := range claim.Status.ReservedFor {
+		p, err := c.pods.Pods(claim.Namespace).Get(r.Name)
+		if err != nil || p.UID != r.UID || p.Spec.NodeName != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // releaseClaim clears an allocation the controller made and no pod uses
 // yet. A claim that changed meanwhile (the scheduler reserved it) is left
 // alone: errReserved.
 func (c *Controller) releaseClaim(ctx context.Context, claim *resourceapi.ResourceClaim) error {
-	if !releasable(claim) {
+	if !c.releasable(claim) {
 		return nil
 	}
 	cl := claim.DeepCopy()
 	cl.Status.Allocation = nil
+	cl.Status.ReservedFor = nil
 	updated, err := c.cfg.Client.ResourceV1().ResourceClaims(cl.Namespace).UpdateStatus(ctx, cl, metav1.UpdateOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -123,7 +136,7 @@ func (c *Controller) releaseClaim(ctx context.Context, claim *resourceapi.Resour
 		if gerr != nil {
 			return fmt.Errorf("release claim %s/%s: %w", cl.Namespace, cl.Name, gerr)
 		}
-		if !releasable(fresh) {
+		if !c.releasable(fresh) {
 			c.index.update(fresh)
 			return nil
 		}

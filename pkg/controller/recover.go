@@ -82,7 +82,7 @@ func (c *Controller) resolveConflicts(ctx context.Context, g *group) error {
 // controller's and unreserved.
 func (c *Controller) canRelease(m *member) bool {
 	for _, cl := range m.claims {
-		if cl.Status.Allocation != nil && !releasable(cl) {
+		if cl.Status.Allocation != nil && !c.releasable(cl) {
 			return false
 		}
 	}
@@ -194,8 +194,9 @@ func (c *Controller) releaseWithReason(ctx context.Context, g *group, m *member,
 	klog.FromContext(ctx).Info("Released the claims of a pod to plan it again", "pod", klog.KObj(m.pod), "reason", reason, "detail", detail)
 	c.cfg.Metrics.Released.WithLabelValues(reason).Inc()
 	c.recorder.Eventf(m.pod, v1.EventTypeWarning, ReasonReleased, "%s: %s; planning the pod again", reason, truncate(detail))
+	// The pod gets a whole timeout again from now.
 	c.mu.Lock()
-	delete(c.opened, m.pod.UID)
+	c.opened[m.pod.UID] = time.Now()
 	c.mu.Unlock()
 	return c.annotate(ctx, m.pod, map[string]any{
 		placement.AnnotationReleased: prev.Next(reason).Format(),
@@ -211,6 +212,7 @@ func (c *Controller) releaseMember(ctx context.Context, m *member) error {
 		}
 		cp := cl.DeepCopy()
 		cp.Status.Allocation = nil
+		cp.Status.ReservedFor = nil
 		m.claims[i] = cp
 	}
 	m.node = ""

@@ -64,6 +64,9 @@ type group struct {
 	toPlace []*member // need a plan: gated, or released
 	waiting []*member // their claims do not exist yet
 	broken  error     // a pod's claims cannot be read
+	// lagging is set when the informer has not yet shown a claim the
+	// controller wrote: planning on that view would undo the write.
+	lagging bool
 }
 
 func (g *group) members() int {
@@ -100,6 +103,9 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 			continue
 		}
 		m.claims = claims
+		for _, cl := range claims {
+			g.lagging = g.lagging || c.index.ahead(cl.UID, cl.ResourceVersion)
+		}
 		ours := m.allocated() && len(claims) > 0
 		for _, cl := range claims {
 			ours = ours && ownedBy(cl, key)
@@ -173,6 +179,9 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	if g.gone || g.members() == 0 {
 		c.forgetGroup(key)
 		return done, nil
+	}
+	if g.lagging {
+		return done, nil // the claim's event requeues the group
 	}
 	first := g.anyPod()
 	req, err := placement.Parse(first.Annotations)
@@ -308,7 +317,7 @@ func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan)
 			return undo(fmt.Errorf("plan for pod %s has %d allocations for %d claims", m.pod.Name, len(results), len(m.claims)))
 		}
 		for i, claim := range m.claims {
-			stored, err := c.writeAllocation(ctx, claim, g.key, domain, results[i])
+			stored, err := c.writeAllocation(ctx, m.pod, claim, g.key, domain, results[i])
 			if err != nil {
 				return undo(err)
 			}
