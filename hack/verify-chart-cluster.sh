@@ -12,7 +12,9 @@
 #     takes the leader Lease and places a gated pod group (the chart's
 #     scheduling-gate policy gates it) without any "forbidden" error,
 #   - the controller's RBAC denies what it must not do,
-#   - both read the chart's label mapping ConfigMap, and no other.
+#   - both read the chart's label mapping ConfigMap, and no other,
+#   - the placement policy lets the controller's ServiceAccount, and not a
+#     user who may edit pods, write the controller's annotations.
 # The binaries run on this machine with the ServiceAccount tokens, as the
 # image cannot run here (the nodes are fake).
 #
@@ -239,6 +241,7 @@ can "$CT" yes update leases.coordination.k8s.io/gputopo-controller -n "$NS"
 can "$CT" no update leases.coordination.k8s.io/kube-scheduler -n kube-system
 can "$CT" no list secrets -A
 can "$CT" yes get configmaps/gputopo-label-mapping -n "$NS"
+can "$CT" yes update placements.gputopo.dev
 
 step "admission policies from the chart"
 kubectl apply -f demo/specs/claims/gpu-1.yaml >/dev/null
@@ -301,6 +304,38 @@ fi
 events=$(kubectl get events --field-selector involvedObject.name=verify-0,source=gputopo-controller -o name 2>/dev/null | wc -l)
 if [ "$events" -gt 0 ]; then ok "the controller recorded $events event(s) on verify-0"; else echo "note: no controller events on verify-0"; fi
 if grep -Eiq 'forbidden' "$WORK/controller.log"; then bad "controller log: $(grep -i forbidden "$WORK/controller.log" | head -n 3)"; else ok "no forbidden in the controller log"; fi
+
+step "controller-written annotations: only the controller's ServiceAccount writes them"
+# A pod neither the controller nor the scheduler acts on, and a user who
+# may edit pods in default but holds no gputopo permission.
+held() { # NAME [ANNOTATION: VALUE]
+  cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  annotations: {${2:-}}
+spec:
+  schedulingGates: [{name: verify.gputopo.dev/hold}]
+  containers: [{name: c, image: registry.k8s.io/pause:3.10}]
+EOF
+}
+expect_denied "create a pod with gputopo.dev/node" "gputopo.dev/node is written by the gputopo controller" \
+  "$KUBECONFIG" create -f - <<<"$(held verify-node 'gputopo.dev/node: n1')"
+held verify-held | kubectl create -f - >/dev/null
+kubectl -n default create rolebinding verify-user-edit --clusterrole=edit --user=verify-user >/dev/null
+for _ in $(seq 30); do
+  [ "$(kubectl auth can-i patch pods -n default --as verify-user 2>/dev/null)" = yes ] && break
+  sleep 1
+done
+expect_allowed "verify-user sets another annotation" "$KUBECONFIG" annotate pod verify-held --as verify-user example.com/note=x
+expect_denied "verify-user sets gputopo.dev/status" "gputopo.dev/status is written by the gputopo controller" \
+  "$KUBECONFIG" annotate pod verify-held --as verify-user 'gputopo.dev/status=Unschedulable: by hand'
+expect_allowed "the controller's ServiceAccount sets gputopo.dev/status" "$CT" annotate pod verify-held -n default 'gputopo.dev/status=Unschedulable: verify'
+expect_denied "verify-user removes gputopo.dev/status" "gputopo.dev/status is written by the gputopo controller" \
+  "$KUBECONFIG" annotate pod verify-held --as verify-user gputopo.dev/status-
+kubectl delete pod verify-held --force --grace-period=0 >/dev/null 2>&1 || true
+kubectl -n default delete rolebinding verify-user-edit >/dev/null
 curl -sf "http://$CONTROLLER_METRICS/metrics" | grep -E '^gputopo_controller_(decisions_total|pending_groups|leaf_gpu_utilization)' | sed 's/^/  /' || bad "controller metrics"
 
 step "helm uninstall"
