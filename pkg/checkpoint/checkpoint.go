@@ -58,6 +58,9 @@ type PreparedDevice struct {
 	// capacity name (see shares.go).
 	ShareID  string            `json:"shareID,omitempty"`
 	Consumed map[string]string `json:"consumed,omitempty"`
+	// AdminAccess marks a device prepared for an admin-access request
+	// (monitoring): it does not hold the device against other claims.
+	AdminAccess bool `json:"adminAccess,omitempty"`
 }
 
 // ClaimState is the preparation record of one claim.
@@ -72,6 +75,10 @@ type ClaimState struct {
 // Checkpoint is the whole on-disk document.
 type Checkpoint struct {
 	Version string `json:"version"`
+	// BootID is the host's boot ID when the checkpoint was written. CDI
+	// specs live on tmpfs and GPUs are reset by a reboot, so a checkpoint
+	// from an earlier boot describes nothing that still exists.
+	BootID string `json:"bootID,omitempty"`
 	// Claims is keyed by claim UID.
 	Claims map[string]ClaimState `json:"claims"`
 	// Checksum is a CRC-32C over the canonical JSON encoding of Claims. It
@@ -83,27 +90,6 @@ type Checkpoint struct {
 // New returns an empty checkpoint of the current version.
 func New() *Checkpoint {
 	return &Checkpoint{Version: Version, Claims: map[string]ClaimState{}}
-}
-
-// DeviceOwner reports which claim holds device in pool, in any state. A
-// claim in PrepareStarted counts as owner because its side effects may
-// already exist.
-func (cp *Checkpoint) DeviceOwner(pool, device string) (claimUID string, ok bool) {
-	// Iterate in UID order so the answer is deterministic even if a damaged
-	// checkpoint lists the same device under two claims.
-	uids := make([]string, 0, len(cp.Claims))
-	for uid := range cp.Claims {
-		uids = append(uids, uid)
-	}
-	slices.Sort(uids)
-	for _, uid := range uids {
-		for _, d := range cp.Claims[uid].Devices {
-			if d.Pool == pool && d.Device == device {
-				return uid, true
-			}
-		}
-	}
-	return "", false
 }
 
 // checksum computes the CRC over the canonical encoding of the claims.
@@ -142,6 +128,7 @@ func (cp *Checkpoint) validate() error {
 func (cp *Checkpoint) Clone() *Checkpoint {
 	out := &Checkpoint{
 		Version:  cp.Version,
+		BootID:   cp.BootID,
 		Checksum: cp.Checksum,
 		Claims:   make(map[string]ClaimState, len(cp.Claims)),
 	}

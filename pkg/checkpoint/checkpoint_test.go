@@ -26,6 +26,11 @@ func sample() *Checkpoint {
 		UID: "uid-b", Namespace: "ns", Name: "claim-b", State: PrepareStarted,
 		Devices: []PreparedDevice{{Request: "gpu", Pool: "node-1", Device: "gpu-5", UUID: "GPU-5555"}},
 	}
+	cp.Claims["uid-c"] = ClaimState{
+		UID: "uid-c", Namespace: "monitoring", Name: "dcgm", State: PrepareCompleted,
+		Devices: []PreparedDevice{{Request: "all", Pool: "node-1", Device: "gpu-7", UUID: "GPU-7777", AdminAccess: true}},
+	}
+	cp.BootID = "9f3c1e2a-5b6d-4c7e-8f90-a1b2c3d4e5f6"
 	return cp
 }
 
@@ -240,24 +245,26 @@ func TestClone(t *testing.T) {
 	}
 }
 
-func TestDeviceOwner(t *testing.T) {
+func TestHolders(t *testing.T) {
 	cp := sample()
 	tests := []struct {
 		pool, device string
-		wantUID      string
-		wantOK       bool
+		want         []string
 	}{
-		{"node-1", "gpu-0", "uid-a", true},
-		{"node-1", "gpu-1", "uid-a", true},
-		{"node-1", "gpu-5", "uid-b", true}, // PrepareStarted still owns it
-		{"node-1", "gpu-2", "", false},
-		{"node-2", "gpu-0", "", false},
+		{"node-1", "gpu-0", []string{"uid-a"}},
+		{"node-1", "gpu-1", []string{"uid-a"}},
+		{"node-1", "gpu-5", []string{"uid-b"}}, // PrepareStarted still holds it
+		{"node-1", "gpu-2", nil},
+		{"node-1", "gpu-7", nil}, // admin access holds nothing
+		{"node-2", "gpu-0", nil},
 	}
 	for _, tt := range tests {
-		uid, ok := cp.DeviceOwner(tt.pool, tt.device)
-		if uid != tt.wantUID || ok != tt.wantOK {
-			t.Errorf("DeviceOwner(%q, %q) = %q, %v; want %q, %v",
-				tt.pool, tt.device, uid, ok, tt.wantUID, tt.wantOK)
+		var got []string
+		for _, h := range cp.Holders(tt.pool, tt.device, "") {
+			got = append(got, h.ClaimUID)
+		}
+		if diff := cmp.Diff(tt.want, got); diff != "" {
+			t.Errorf("Holders(%q, %q) (-want +got):\n%s", tt.pool, tt.device, diff)
 		}
 	}
 }

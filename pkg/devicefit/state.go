@@ -54,9 +54,13 @@ func (s State) Remove(results ...resourceapi.AllocationResult) {
 }
 
 // each calls whole for every device held whole and share for every share.
+// Admin access holds nothing, as the scheduler counts it.
 func each(results []resourceapi.AllocationResult, whole func(structured.DeviceID), share func(Share)) {
 	for _, r := range results {
 		for _, d := range r.Devices.Results {
+			if d.AdminAccess != nil && *d.AdminAccess {
+				continue
+			}
 			id := structured.MakeDeviceID(d.Driver, d.Pool, d.Device)
 			if d.ShareID == nil {
 				whole(id)

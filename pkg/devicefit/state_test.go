@@ -12,8 +12,8 @@ import (
 	"github.com/gputopo/gputopo/pkg/devicefit"
 )
 
-// Shares of one device add up; a device held whole is held whole; Remove
-// undoes Add.
+// Shares of one device add up; a device held whole is held whole; admin
+// access holds nothing; Remove undoes Add.
 func TestState(t *testing.T) {
 	result := func(device string, share string, milli int64) resourceapi.AllocationResult {
 		d := resourceapi.DeviceRequestAllocationResult{Request: "r", Driver: "d", Pool: "p", Device: device}
@@ -24,7 +24,9 @@ func TestState(t *testing.T) {
 		return resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{d}}}
 	}
 	st := devicefit.NewState()
-	all := []resourceapi.AllocationResult{result("gpu-0", "a", 250), result("gpu-0", "b", 500), result("gpu-1", "", 0)}
+	admin := result("gpu-2", "", 0)
+	admin.Devices.Results[0].AdminAccess = ptr.To(true)
+	all := []resourceapi.AllocationResult{result("gpu-0", "a", 250), result("gpu-0", "b", 500), result("gpu-1", "", 0), admin}
 	st.Add(all...)
 	type view struct {
 		Whole  []string

@@ -16,8 +16,8 @@ import (
 
 // preparedDevice is what the checkpoint records of one allocated device:
 // for a share, its share ID and the capacity it consumes.
-func preparedDevice(r resourceapi.DeviceRequestAllocationResult, g gpu.Device) checkpoint.PreparedDevice {
-	d := checkpoint.PreparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device, UUID: g.UUID}
+func preparedDevice(r resourceapi.DeviceRequestAllocationResult, g gpu.Device, admin bool) checkpoint.PreparedDevice {
+	d := checkpoint.PreparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device, UUID: g.UUID, AdminAccess: admin}
 	if r.ShareID != nil {
 		d.ShareID = string(*r.ShareID)
 		d.Consumed = map[string]string{}
@@ -31,10 +31,10 @@ func preparedDevice(r resourceapi.DeviceRequestAllocationResult, g gpu.Device) c
 // checkHolders refuses a device another claim holds, unless every holder,
 // the new one included, holds a share and the shares fit the GPU
 // together. The scheduler never allocates more; this catches a plan or an
-// allocation written by hand that would.
+// allocation written by hand that would. Admin access holds nothing.
 func (s *state) checkHolders(uid string, d checkpoint.PreparedDevice, g gpu.Device) error {
 	holders := s.cp.Holders(d.Pool, d.Device, uid)
-	if len(holders) == 0 {
+	if len(holders) == 0 || d.AdminAccess {
 		return nil
 	}
 	if d.ShareID == "" || holders[0].Device.ShareID == "" {

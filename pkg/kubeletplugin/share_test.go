@@ -133,7 +133,7 @@ func TestShareEnvOnRealGPUsSetsMPSLimits(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var devs []checkpoint.PreparedDevice
 			for _, r := range tc.claim.Status.Allocation.Devices.Results {
-				devs = append(devs, preparedDevice(r, gpus[r.Device]))
+				devs = append(devs, preparedDevice(r, gpus[r.Device], false))
 			}
 			got, err := shareEnv(devs, gpus, true)
 			if err != nil {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gputopo/gputopo/pkg/topology"
@@ -28,9 +29,10 @@ type WorkloadClass struct {
 	// GPUs per pod; MilliGPU per GPU: 1000 for whole GPUs, less for a
 	// share of one GPU.
 	GPUs, MilliGPU int
-	// Requests is what the pod asks of its node besides GPUs; a node
-	// without that much left strands all its free GPUs for the kind.
-	Requests Resources
+	// Requests is what the pod asks of its node besides GPUs (cpu,
+	// memory, ...); a node without that much left of its allocatable
+	// strands all its free GPUs for the kind.
+	Requests v1.ResourceList
 	// Weight is how common the kind is; weights need not sum to 1.
 	Weight float64
 }
@@ -58,8 +60,11 @@ func (w Workload) Validate() error {
 			return fmt.Errorf("workload class %+v: only a one-GPU pod can ask for a share of a GPU", c)
 		case c.Weight < 0 || math.IsNaN(c.Weight) || math.IsInf(c.Weight, 0):
 			return fmt.Errorf("workload class %+v: weight must be a number of at least 0", c)
-		case c.Requests.CPUMilli < 0 || c.Requests.MemoryMiB < 0:
-			return fmt.Errorf("workload class %+v: requests must not be negative", c)
+		}
+		for name, q := range c.Requests {
+			if q.Sign() < 0 {
+				return fmt.Errorf("workload class %+v: request %s must not be negative", c, name)
+			}
 		}
 		sum += c.Weight
 	}
@@ -93,16 +98,22 @@ type slot struct {
 type gpuShape struct{ gpus, milli int }
 
 // fragModel is a workload prepared for scoring: its distinct GPU shapes,
-// and each class's shape.
+// and each class's shape and requests (by resource index, one pod slot
+// included; nil where the cluster counts no resource).
 type fragModel struct {
 	w      Workload
 	shapes []gpuShape
-	shape  []int // by class
+	shape  []int     // by class
+	req    [][]int64 // by class
 }
 
-func newFragModel(w Workload) *fragModel {
-	m := &fragModel{w: w, shape: make([]int, len(w))}
+func newFragModel(w Workload, res *resources) *fragModel {
+	m := &fragModel{w: w, shape: make([]int, len(w)), req: make([][]int64, len(w))}
 	for i, c := range w {
+		if len(res.names) > 0 {
+			m.req[i] = res.vector(c.Requests)
+			m.req[i][res.idx[v1.ResourcePods]]++
+		}
 		k := gpuShape{c.GPUs, c.MilliGPU}
 		j := slices.Index(m.shapes, k)
 		if j < 0 {
@@ -147,18 +158,32 @@ func (m *fragModel) change(s *fragStats, free int, shared bool, sign int) {
 }
 
 // frag is the expected free compute the workload cannot use on a node
-// with stats s and rest left besides GPUs (known: counted at all).
-func (m *fragModel) frag(s *fragStats, rest Resources, known bool) float64 {
+// with stats s and rest left of its allocatable (nil: not counted).
+func (m *fragModel) frag(s *fragStats, rest []int64) float64 {
 	f := 0.0
 	for i, c := range m.w {
 		k := m.shape[i]
-		if s.usable[k] < c.GPUs || (known && !c.Requests.fits(rest)) {
+		if s.usable[k] < c.GPUs || !fits(m.req[i], rest) {
 			f += c.Weight * float64(s.total)
 		} else {
 			f += c.Weight * float64(s.stranded[k])
 		}
 	}
 	return f
+}
+
+// fits says whether req fits in rest; nothing is counted when either is
+// nil.
+func fits(req, rest []int64) bool {
+	if req == nil || rest == nil {
+		return true
+	}
+	for i, r := range req {
+		if r > rest[i] {
+			return false
+		}
+	}
+	return true
 }
 
 func (s fragStats) clone() fragStats {
@@ -171,12 +196,12 @@ type podDemand struct{ gpus, milli int }
 // demand reads the pod's claims; ok is false for claims the scoring does
 // not model (prioritized lists, "All", devices of other drivers), which
 // the domain search places instead. A pod without claims is placed by
-// fragmentation only when the job says what nodes have left (NodeFree):
-// its CPU and memory can strand a node's GPUs.
+// fragmentation only when the cluster counts what nodes have left of
+// their allocatable: its CPU and memory can strand a node's GPUs.
 func (st *state) demand(pod Pod) (podDemand, bool) {
 	var d podDemand
 	if len(pod.Claims) == 0 {
-		return d, st.job.NodeFree != nil
+		return d, len(st.c.res.names) > 0
 	}
 	for _, cl := range pod.Claims {
 		for _, r := range cl.Spec.Devices.Requests {
@@ -287,8 +312,9 @@ func (c choice) better(o choice, spread bool) bool {
 
 // planOnePod places a one-pod job of GPU claims by fragmentation (or by
 // packing or spreading, per strategy). ok is false when the job is not
-// such a job, or no choice the scoring offers passes the allocator: the
-// domain search then decides and explains.
+// such a job, or no node may take it whatever its GPUs, or no choice the
+// scoring offers passes the allocator: the domain search then decides
+// and explains.
 func (st *state) planOnePod() (*Plan, bool, error) {
 	job := st.job
 	if st.n != 1 || job.Placement != PlacementAuto || len(job.Pinned) > 0 || job.Domain != nil || job.PreferredDomain != "" {
@@ -303,20 +329,23 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 	if len(w) == 0 {
 		w = DefaultWorkload()
 	}
-	m := newFragModel(w)
+	m := newFragModel(w, &st.c.res)
 	spread := job.Strategy == StrategyDistributed
+	sh := st.podShape[0]
 	var choices []choice // the best of each node
 	var buf []slot
 	freeNodes := map[*leaf]int{}
+	open := 0 // nodes the pod may use, whatever their GPUs
 	for n, nd := range st.c.nodes {
-		if !nd.schedulable || !st.roomBesidesDevices(pod, n) {
+		if st.filters[sh].why[n] != "" || st.room(sh, n, nil, 1) == 0 {
 			continue
 		}
+		open++
 		buf = st.slots(n, buf)
 		if allFree(buf) && nd.leaf != nil {
 			freeNodes[nd.leaf]++
 		}
-		if c, ok := st.score(n, buf, d, m, pod.Requests, spread); ok {
+		if c, ok := st.score(n, buf, d, m, spread); ok {
 			choices = append(choices, c)
 		}
 	}
@@ -325,8 +354,10 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 			choices[i].leafFree = freeNodes[l]
 		}
 	}
-	if len(choices) == 0 {
-		return nil, true, &Unschedulable{Job: job.Key, Reason: fmt.Sprintf("no node has room for %s%s", st.demandDesc(d), st.requestsDesc(pod))}
+	if len(choices) == 0 && open > 0 {
+		// The GPUs are what is missing; the domain search would ask the
+		// allocator on every node to say the same.
+		return nil, true, &Unschedulable{Job: job.Key, Reason: fmt.Sprintf("no node has room for %s: %s the pod may use have too little free", st.demandDesc(d), plural(open, "node")), Filtered: st.filtered(nil)}
 	}
 	slices.SortStableFunc(choices, func(a, b choice) int {
 		if a.better(b, spread) {
@@ -360,29 +391,30 @@ func allFree(slots []slot) bool {
 	return len(slots) > 0
 }
 
-// roomBesidesDevices says whether node n has what the pod asks for
-// besides devices.
-func (st *state) roomBesidesDevices(pod Pod, n int) bool {
-	if st.job.NodeFree == nil {
-		return true
+// rest is what node n has left of its allocatable before and after the
+// job's pod takes its requests; nil where the node's is not counted.
+func (st *state) rest(n int) (before, after []int64) {
+	nd := st.c.nodes[n]
+	if nd.alloc == nil {
+		return nil, nil
 	}
-	free, known := st.job.NodeFree(st.c.nodes[n].name)
-	return !known || pod.Requests.fits(free)
+	req := st.f.shapes[st.podShape[0]].needs.req
+	before, after = make([]int64, len(nd.alloc)), make([]int64, len(nd.alloc))
+	for i, a := range nd.alloc {
+		before[i] = a - at(st.resBase[n], i)
+		after[i] = before[i] - at(req, i)
+	}
+	return before, after
 }
 
-// score finds the best place on node n (slots: its GPUs) for a pod of
-// demand d asking req besides; lower scores are better.
-func (st *state) score(n int, slots []slot, d podDemand, m *fragModel, req Resources, spread bool) (choice, bool) {
-	var rest Resources
-	known := false
-	if st.job.NodeFree != nil {
-		rest, known = st.job.NodeFree(st.c.nodes[n].name)
-	}
-	after := Resources{CPUMilli: rest.CPUMilli - req.CPUMilli, MemoryMiB: rest.MemoryMiB - req.MemoryMiB}
+// score finds the best place on node n (slots: its GPUs) for the job's
+// pod of demand d; lower scores are better.
+func (st *state) score(n int, slots []slot, d podDemand, m *fragModel, spread bool) (choice, bool) {
+	rest, after := st.rest(n)
 	stats := m.stats(slots)
 	var before float64
 	if st.job.Strategy != StrategyConsolidated && !spread {
-		before = m.frag(&stats, rest, known)
+		before = m.frag(&stats, rest)
 	}
 	best, found := choice{}, false
 	consider := func(gpu string, gpuLeft int, s fragStats) {
@@ -393,7 +425,7 @@ func (st *state) score(n int, slots []slot, d podDemand, m *fragModel, req Resou
 		case spread:
 			c.score = -float64(s.total)
 		default:
-			c.score = m.frag(&s, after, known) - before
+			c.score = m.frag(&s, after) - before
 		}
 		if !found || c.better(best, spread) {
 			best, found = c, true
@@ -439,13 +471,6 @@ func (st *state) demandDesc(d podDemand) string {
 		return fmt.Sprintf("%d milliGPU of a shared GPU", d.milli)
 	}
 	return plural(d.gpus, "whole GPU")
-}
-
-func (st *state) requestsDesc(pod Pod) string {
-	if st.job.NodeFree == nil || pod.Requests == (Resources{}) {
-		return ""
-	}
-	return fmt.Sprintf(" and %dm CPU, %d MiB memory", pod.Requests.CPUMilli, pod.Requests.MemoryMiB)
 }
 
 // confirm allocates the pod's claims on the chosen node; a share only on
@@ -496,8 +521,10 @@ func (st *state) onePodPlan(c choice, pod Pod, results []resourceapi.AllocationR
 		Job: st.job.Key, Domain: Domain{Level: LevelNode, Names: []string{node}},
 		Assignments: map[string]string{pod.Name: node},
 		Allocations: map[string][]resourceapi.AllocationResult{pod.Name: results},
+		Requests:    NodeUsage{},
 		Reasons:     slices.Clone(st.reasons), AllocatorRuns: st.f.runs,
 	}
+	p.Requests.addRequests(node, pod.Requests)
 	where := node
 	if c.gpu != "" {
 		where = node + " " + c.gpu

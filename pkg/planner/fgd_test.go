@@ -23,7 +23,13 @@ import (
 //	leaf-0: l0n0, l0n1 (8 shared GPUs each)
 func sharedCluster(t testing.TB) *planner.Cluster {
 	t.Helper()
-	infos := makeCluster().Leaf("spine-0", 0, "dgx-h100", 2).Infos(t)
+	return sharedClusterOf(t, makeCluster().Leaf("spine-0", 0, "dgx-h100", 2))
+}
+
+// sharedClusterOf is the cluster b builds with every GPU shared.
+func sharedClusterOf(t testing.TB, b *clusterBuilder) *planner.Cluster {
+	t.Helper()
+	infos := b.Infos(t)
 	for _, in := range infos {
 		for _, sl := range in.Slices {
 			for i := range sl.Spec.Devices {
@@ -132,15 +138,11 @@ func TestOnePodPlansRespectSharesAndNodeFits(t *testing.T) {
 		t.Errorf("placements (-want +got):\n%s", diff)
 	}
 
+	// l0n0 offers 3 CPUs; l0n1 does not say, so nothing is checked there.
+	fenced := sharedClusterOf(t, makeCluster().Leaf("spine-0", 0, "dgx-h100", 2).Allocatable(resources("cpu", "3", "memory", "1Ti", "pods", "110"), "l0n0"))
 	j := shareJob(t, "fenced", 100)
-	j.Pods[0].Requests = planner.Resources{CPUMilli: 4000}
-	j.NodeFree = func(node string) (planner.Resources, bool) {
-		if node == "l0n0" {
-			return planner.Resources{CPUMilli: 3000, MemoryMiB: 1 << 20}, true
-		}
-		return planner.Resources{}, false
-	}
-	if got := planAll(t, p, snap, j); got[0] != "l0n1/gpu-0" {
+	j.Pods[0].Requests = resources("cpu", "4")
+	if got := planAll(t, p, planner.NewSnapshotFromState(fenced, state), j); got[0] != "l0n1/gpu-0" {
 		t.Errorf("l0n0 lacks the CPU the pod asks for, got %v", got)
 	}
 	whole := makeJob(t, "whole").Pods(1, "gpu-8-node").Obj()
@@ -207,29 +209,29 @@ func TestWorkloadValidate(t *testing.T) {
 // GPUs: the pod goes where its CPU strands nothing, and so does a pod
 // without GPUs.
 func TestFragmentationCountsCPU(t *testing.T) {
-	c := sharedCluster(t)
-	halves := planner.Workload{{GPUs: 1, MilliGPU: 500, Requests: planner.Resources{CPUMilli: 8000}, Weight: 1}}
+	halves := planner.Workload{{GPUs: 1, MilliGPU: 500, Requests: resources("cpu", "8"), Weight: 1}}
 	p := planner.New(newEvaluator(t), planner.WithWorkload(halves))
-	free := map[string]planner.Resources{"l0n0": {CPUMilli: 10000, MemoryMiB: 1 << 20}, "l0n1": {CPUMilli: 40000, MemoryMiB: 1 << 20}}
-	nodeFree := func(node string) (planner.Resources, bool) { r, ok := free[node]; return r, ok }
+	leaf := func() *clusterBuilder { return makeCluster().Leaf("spine-0", 0, "dgx-h100", 2) }
+	uncounted := sharedCluster(t)
+	counted := sharedClusterOf(t, leaf().
+		Allocatable(resources("cpu", "10", "memory", "1Ti", "pods", "110"), "l0n0").
+		Allocatable(resources("cpu", "40", "memory", "1Ti", "pods", "110"), "l0n1"))
 
 	half := shareJob(t, "half", 500)
-	half.Pods[0].Requests = planner.Resources{CPUMilli: 4000}
-	cpuOnly := planner.Job{Key: "cpu", Pods: []planner.Pod{{Name: "p0", Requests: planner.Resources{CPUMilli: 4000}}}}
+	half.Pods[0].Requests = resources("cpu", "4")
+	cpuOnly := planner.Job{Key: "cpu", Pods: []planner.Pod{{Name: "p0", Requests: resources("cpu", "4")}}}
 	tests := map[string]struct {
-		job      planner.Job
-		nodeFree func(string) (planner.Resources, bool)
-		want     string
+		job     planner.Job
+		cluster *planner.Cluster
+		want    string
 	}{
-		"CPU not counted: the first node":          {half, nil, "l0n0"},
-		"CPU counted: the node it does not strand": {half, nodeFree, "l0n1"},
-		"a pod without GPUs":                       {cpuOnly, nodeFree, "l0n1"},
+		"CPU not counted: the first node":          {half, uncounted, "l0n0"},
+		"CPU counted: the node it does not strand": {half, counted, "l0n1"},
+		"a pod without GPUs":                       {cpuOnly, counted, "l0n1"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			j := tc.job
-			j.NodeFree = tc.nodeFree
-			plan, err := p.Plan(context.Background(), planner.NewSnapshot(c, nil), nil, j)
+			plan, err := p.Plan(context.Background(), planner.NewSnapshot(tc.cluster, nil), nil, tc.job)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -238,12 +240,17 @@ func TestFragmentationCountsCPU(t *testing.T) {
 			}
 		})
 	}
+	// What the pods on a node already take counts too: with 38 of l0n1's
+	// CPUs in use, the pod only fits on l0n0.
+	snap := planner.NewSnapshot(counted, nil, planner.WithUsed(onNodes(resources("cpu", "38"), "l0n1")))
+	if plan, err := p.Plan(context.Background(), snap, nil, half); err != nil || plan.Assignments["p0"] != "l0n0" {
+		t.Errorf("with l0n1 busy, want l0n0: %v, %v", plan, err)
+	}
 	// No node has the CPU: a refusal that says what is missing.
 	big := shareJob(t, "big", 500)
-	big.Pods[0].Requests = planner.Resources{CPUMilli: 64000}
-	big.NodeFree = nodeFree
+	big.Pods[0].Requests = resources("cpu", "64")
 	var refused *planner.Unschedulable
-	if _, err := p.Plan(context.Background(), planner.NewSnapshot(c, nil), nil, big); !errors.As(err, &refused) || !strings.Contains(err.Error(), "64000m CPU") {
+	if _, err := p.Plan(context.Background(), planner.NewSnapshot(counted, nil), nil, big); !errors.As(err, &refused) || !strings.Contains(err.Error(), "2 without enough cpu") {
 		t.Errorf("want Unschedulable naming the CPU, got %v", err)
 	}
 }

@@ -36,8 +36,8 @@ func (ns *nodeShares) add(sh devicefit.Share) {
 // NewSnapshotFromState records what allocated claims hold: devices held
 // whole, and the shares of shared devices, which leave the rest of those
 // devices to other shares.
-func NewSnapshotFromState(c *Cluster, st devicefit.State) *Snapshot {
-	s := NewSnapshot(c, st.Devices)
+func NewSnapshotFromState(c *Cluster, st devicefit.State, opts ...SnapshotOption) *Snapshot {
+	s := NewSnapshot(c, st.Devices, opts...)
 	for id := range st.ShareIDs {
 		if ref, ok := c.devIndex[id.GetDeviceID()]; ok {
 			s.sharesOf(s.shares, ref.node).ids.Insert(id)

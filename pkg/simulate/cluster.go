@@ -3,12 +3,14 @@ package simulate
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gputopo/gputopo/pkg/clustertopo"
@@ -186,7 +188,7 @@ func NewCluster(specs []NodeSpec, opt ClusterOptions) (*Cluster, error) {
 			Slices: objs,
 		})
 		c.GPUs += gpus
-		infos = append(infos, planner.NodeInfo{Name: s.Name, Leaf: s.Leaf, Spine: s.Spine, Labels: labels, Slices: objs})
+		infos = append(infos, planner.NodeInfo{Name: s.Name, Leaf: s.Leaf, Spine: s.Spine, Labels: labels, Slices: objs, Allocatable: s.allocatable()})
 	}
 	// Leaves are adjacent in the order the nodes list them, which is how
 	// both the generator and the node-list grouping number them.
@@ -207,6 +209,23 @@ func NewCluster(specs []NodeSpec, opt ClusterOptions) (*Cluster, error) {
 	}
 	c.Planner, c.Leaves, c.Spines = pc, len(leafSize), len(spines)
 	return c, nil
+}
+
+// allocatable is what the planner counts of the node: nil where the
+// cluster file does not say (nothing is counted), memory as
+// unknownMemoryMiB where only CPU is known, and pods without a limit, as
+// the baselines count them.
+func (s NodeSpec) allocatable() v1.ResourceList {
+	if s.CPUMilli == 0 {
+		return nil
+	}
+	mem := s.MemoryMiB
+	if mem == 0 {
+		mem = unknownMemoryMiB
+	}
+	l := requests(s.CPUMilli, mem)
+	l[v1.ResourcePods] = *resource.NewQuantity(math.MaxInt32, resource.DecimalSI)
+	return l
 }
 
 // Node returns the index of the named node.

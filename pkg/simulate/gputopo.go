@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -59,8 +60,10 @@ func podClaims(cl *Claims, name string, j Job, sharing bool) []*resourceapi.Reso
 }
 
 // gputopoPlacer plans every job with the planner, exactly as the
-// controller does, and holds the plan's devices and shares as a
-// reservation. CPU and memory come in through Job.NodeFree.
+// controller does, and holds the plan's devices, shares and requests as a
+// reservation. Jobs without GPUs that the default scheduler places hold
+// their requests the same way, so the planner sees every node's CPU and
+// memory in use against its allocatable.
 //
 // Snapshots are immutable and every plan walks all reservations, so
 // placed jobs are folded into a fresh snapshot every commitEvery jobs
@@ -107,15 +110,19 @@ func newGputopo(c *Cluster, cl *Claims, opt Options, w planner.Workload, seed ui
 func (g *gputopoPlacer) name() string { return "gputopo" }
 
 func (g *gputopoPlacer) place(ctx context.Context, key string, j Job, waited time.Duration) (placement, error) {
-	if j.GPUsPerPod == 0 && !g.allPods {
-		return g.cpuOnly.place(ctx, key, j, waited)
-	}
 	g.commit(false)
-	job := planner.Job{Key: key, Strategy: g.strategy, NodeFree: g.cpu.nodeFree}
+	if j.GPUsPerPod == 0 && !g.allPods {
+		out, err := g.cpuOnly.place(ctx, key, j, waited)
+		if err != nil || !out.ok {
+			return out, err
+		}
+		return out, g.holdRequests(key, j, out.nodes)
+	}
+	job := planner.Job{Key: key, Strategy: g.strategy}
 	for i := range j.Pods {
 		name := fmt.Sprintf("%s-%d", key, i)
 		job.Pods = append(job.Pods, planner.Pod{Name: name, Claims: podClaims(g.claims, name, j, g.c.Sharing),
-			Requests: planner.Resources{CPUMilli: j.CPUMilli, MemoryMiB: j.MemoryMiB}})
+			Requests: requests(j.CPUMilli, j.MemoryMiB)})
 	}
 	plan, err := g.p.Plan(ctx, g.snap, g.res, job)
 	var refused *planner.Unschedulable
@@ -148,6 +155,22 @@ func (g *gputopoPlacer) place(ctx context.Context, key string, j Job, waited tim
 	return out, nil
 }
 
+// holdRequests reserves what the pods of a job the default scheduler
+// placed on nodes take from their allocatable.
+func (g *gputopoPlacer) holdRequests(key string, j Job, nodes []int) error {
+	r := planner.Reservation{Job: key, Pods: map[string]string{}, Requests: planner.NodeUsage{}}
+	pod := &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Resources: v1.ResourceRequirements{Requests: requests(j.CPUMilli, j.MemoryMiB)}}}}}
+	for i, n := range nodes {
+		node := g.c.Nodes[n].Name
+		r.Pods[fmt.Sprintf("%s-%d", key, i)] = node
+		r.Requests.Add(node, pod)
+	}
+	if err := g.res.Add(r); err != nil {
+		return fmt.Errorf("hold the requests of job %s: %w", key, err)
+	}
+	return nil
+}
+
 // commit folds the reservations into a new snapshot when there are
 // enough of them, or when force is set, and rebuilds a stale snapshot.
 func (g *gputopoPlacer) commit(force bool) {
@@ -161,6 +184,7 @@ func (g *gputopoPlacer) commit(force bool) {
 		g.res.Remove(job)
 	}
 	st := devicefit.NewState()
+	used := planner.NodeUsage{}
 	for _, r := range g.committed {
 		for _, ids := range r.Devices {
 			st.Devices.Insert(ids...)
@@ -170,8 +194,20 @@ func (g *gputopoPlacer) commit(force bool) {
 				st.AddShare(sh)
 			}
 		}
+		for node, l := range r.Requests {
+			sum := used[node]
+			if sum == nil {
+				sum = v1.ResourceList{}
+				used[node] = sum
+			}
+			for name, q := range l {
+				v := sum[name]
+				v.Add(q)
+				sum[name] = v
+			}
+		}
 	}
-	g.snap, g.stale = planner.NewSnapshotFromState(g.c.Planner, st), false
+	g.snap, g.stale = planner.NewSnapshotFromState(g.c.Planner, st, planner.WithUsed(used)), false
 }
 
 // domainLeaves is how many adjacent leaves the planner's domain spans.
@@ -191,12 +227,12 @@ func (g *gputopoPlacer) domainLeaves(d planner.Domain) (int, bool) {
 func (g *gputopoPlacer) release(key string) {
 	if _, ok := g.cpuOnly.ledger.held[key]; ok {
 		g.cpuOnly.release(key)
-		return
+	} else {
+		for _, h := range g.pods[key] {
+			g.cpuOnly.takeScored(h, Job{CPUMilli: h.cpu, MemoryMiB: h.mem}, -1)
+		}
+		delete(g.pods, key)
 	}
-	for _, h := range g.pods[key] {
-		g.cpuOnly.takeScored(h, Job{CPUMilli: h.cpu, MemoryMiB: h.mem}, -1)
-	}
-	delete(g.pods, key)
 	if g.res.Remove(key) {
 		return
 	}

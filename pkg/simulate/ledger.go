@@ -6,7 +6,9 @@ import (
 	"strconv"
 	"strings"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -104,19 +106,20 @@ func (l *ledger) hasCPU(n int, j Job) bool {
 	return (nd.CPUMilli == 0 || l.cpu[n]+j.CPUMilli <= nd.CPUMilli) && (nd.MemoryMiB == 0 || l.mem[n]+j.MemoryMiB <= nd.MemoryMiB)
 }
 
-// nodeFree is what a node has left of CPU and memory, for the planner;
-// known is false for nodes that do not say what they have.
-func (l *ledger) nodeFree(node string) (planner.Resources, bool) {
-	n, ok := l.c.Node(node)
-	if !ok || l.c.Nodes[n].CPUMilli == 0 {
-		return planner.Resources{}, false
+// requests is what a pod asking cpu milli-CPUs and mem MiB takes from
+// its node's allocatable, as the planner counts it; nil for nothing.
+func requests(cpu, mem int64) v1.ResourceList {
+	if cpu <= 0 && mem <= 0 {
+		return nil
 	}
-	nd := &l.c.Nodes[n]
-	mem := nd.MemoryMiB - l.mem[n]
-	if nd.MemoryMiB == 0 {
-		mem = unknownMemoryMiB
+	l := v1.ResourceList{}
+	if cpu > 0 {
+		l[v1.ResourceCPU] = *resource.NewMilliQuantity(cpu, resource.DecimalSI)
 	}
-	return planner.Resources{CPUMilli: nd.CPUMilli - l.cpu[n], MemoryMiB: mem}, true
+	if mem > 0 {
+		l[v1.ResourceMemory] = *resource.NewQuantity(mem<<20, resource.BinarySI)
+	}
+	return l
 }
 
 // allocate runs the allocator for one pod's claims on node n.

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/gputopo/gputopo/pkg/planner"
 )
@@ -36,11 +38,11 @@ func TestWorkloadOf(t *testing.T) {
 		want    planner.Workload
 	}{
 		"shared": {true, planner.Workload{
-			{GPUs: 1, MilliGPU: 500, Requests: planner.Resources{CPUMilli: 4000}, Weight: 2},
+			{GPUs: 1, MilliGPU: 500, Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("4")}, Weight: 2},
 			{GPUs: 8, MilliGPU: 1000, Weight: 2},
 		}},
 		"whole GPUs": {false, planner.Workload{
-			{GPUs: 1, MilliGPU: 1000, Requests: planner.Resources{CPUMilli: 4000}, Weight: 2},
+			{GPUs: 1, MilliGPU: 1000, Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("4")}, Weight: 2},
 			{GPUs: 8, MilliGPU: 1000, Weight: 2},
 		}},
 	}

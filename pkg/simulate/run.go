@@ -179,7 +179,7 @@ func traceInfo(tr *Trace, jobs []Job, sampled int) TraceInfo {
 func workloadOf(jobs []Job, sharing bool) planner.Workload {
 	type class struct {
 		gpus, milli int
-		req         planner.Resources
+		cpu, mem    int64
 	}
 	count := map[class]float64{}
 	var order []class
@@ -187,7 +187,7 @@ func workloadOf(jobs []Job, sharing bool) planner.Workload {
 		if j.GPUsPerPod == 0 {
 			continue
 		}
-		k := class{j.GPUsPerPod, topology.MilliPerGPU, planner.Resources{CPUMilli: j.CPUMilli, MemoryMiB: j.MemoryMiB}}
+		k := class{j.GPUsPerPod, topology.MilliPerGPU, j.CPUMilli, j.MemoryMiB}
 		if share := shareOf(j, sharing); share > 0 {
 			k.milli = share
 		}
@@ -198,7 +198,7 @@ func workloadOf(jobs []Job, sharing bool) planner.Workload {
 	}
 	w := make(planner.Workload, len(order))
 	for i, k := range order {
-		w[i] = planner.WorkloadClass{GPUs: k.gpus, MilliGPU: k.milli, Requests: k.req, Weight: count[k]}
+		w[i] = planner.WorkloadClass{GPUs: k.gpus, MilliGPU: k.milli, Requests: requests(k.cpu, k.mem), Weight: count[k]}
 	}
 	return w
 }

@@ -158,6 +158,8 @@ func BenchmarkAllocate(b *testing.B) {
 		{"hgx-pcie-pairs", "gpu-4-nvlink"}, // unsatisfiable
 		{"pcie-only", "gpu-2-nvlink-pair"}, // unsatisfiable
 		{"dgx-h100", "gpu-2-pcie-root"},
+		{"dgx-h100", "gpu-4-ladder"},       // first rung
+		{"hgx-pcie-pairs", "gpu-4-ladder"}, // third rung, after two that fail
 	} {
 		b.Run(tc.profile+"/"+tc.template, func(b *testing.B) {
 			f := newFixture(b, tc.profile, nil)

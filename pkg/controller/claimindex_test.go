@@ -1,0 +1,61 @@
+package controller
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/gputopo/gputopo/pkg/devicefit"
+	"github.com/gputopo/gputopo/pkg/topology"
+)
+
+// shareClaim holds milli thousandths of a shared GPU of node n0.
+func shareClaim(name, device string, milli int64) *resourceapi.ResourceClaim {
+	c := foreignClaim(name, "n0", device)
+	r := &c.Status.Allocation.Devices.Results[0]
+	r.ShareID = ptr.To(types.UID("share-" + name))
+	r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{topology.CapacityMilliGPU: *resource.NewQuantity(milli, resource.DecimalSI)}
+	return c
+}
+
+// Shares of one device are no clash; every plan sees what they consume
+// together, beside the devices held whole. Admin access holds nothing.
+func TestClaimIndexCountsShares(t *testing.T) {
+	ix := newClaimIndex()
+	monitor := foreignClaim("dcgm", "n0", "gpu-0", "gpu-1")
+	for i := range monitor.Status.Allocation.Devices.Results {
+		monitor.Status.Allocation.Devices.Results[i].AdminAccess = ptr.To(true)
+	}
+	for _, c := range []*resourceapi.ResourceClaim{shareClaim("a", "gpu-0", 250), shareClaim("b", "gpu-0", 500), foreignClaim("whole", "n0", "gpu-1"), monitor} {
+		if clash := ix.update(c); len(clash) > 0 {
+			t.Errorf("claim %s clashes with %v", c.Name, clash)
+		}
+	}
+	type view struct {
+		Whole  []string
+		Shares int
+		Milli  int64
+	}
+	look := func() view {
+		st := ix.allocated()
+		v := view{Shares: st.ShareIDs.Len()}
+		for id := range st.Devices {
+			v.Whole = append(v.Whole, id.Device.String())
+		}
+		if c := st.Consumed[devicefit.DeviceID(topology.DriverName, "n0", "gpu-0")]; c != nil {
+			v.Milli = c[topology.CapacityMilliGPU].Value()
+		}
+		return v
+	}
+	if diff := cmp.Diff(view{Whole: []string{"gpu-1"}, Shares: 2, Milli: 750}, look()); diff != "" {
+		t.Errorf("allocated (-want +got):\n%s", diff)
+	}
+	ix.remove("claim-b")
+	if diff := cmp.Diff(view{Whole: []string{"gpu-1"}, Shares: 1, Milli: 250}, look()); diff != "" {
+		t.Errorf("allocated after a share is gone (-want +got):\n%s", diff)
+	}
+}
