@@ -7,6 +7,7 @@ require (
 	github.com/NVIDIA/nvidia-container-toolkit v1.19.1
 	github.com/blang/semver/v4 v4.0.0
 	github.com/google/go-cmp v0.7.0
+	github.com/gputopo/gputopo/pkg/clustertopo v0.0.0
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/spf13/cobra v1.10.2
@@ -109,3 +110,5 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 )
+
+replace github.com/gputopo/gputopo/pkg/clustertopo => ./pkg/clustertopo
