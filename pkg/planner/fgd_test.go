@@ -254,3 +254,25 @@ func TestFragmentationCountsCPU(t *testing.T) {
 		t.Errorf("want Unschedulable naming the CPU, got %v", err)
 	}
 }
+
+// When the nodes a one-pod job may use lack only GPUs, the refusal says
+// so at once and names the nodes its filters rule out.
+func TestOnePodRefusalWhenGPUsAreFull(t *testing.T) {
+	c := sharedClusterOf(t, makeCluster().Leaf("spine-0", 0, "dgx-h100", 3).Cordon("l0n2"))
+	state := devicefit.NewState()
+	for _, node := range []string{"l0n0", "l0n1"} {
+		for g := range 8 {
+			state.Devices.Insert(gpuID(node, g))
+		}
+	}
+	p := planner.New(newEvaluator(t))
+	_, err := p.Plan(context.Background(), planner.NewSnapshotFromState(c, state), nil, shareJob(t, "late", 250))
+	var refused *planner.Unschedulable
+	if !errors.As(err, &refused) {
+		t.Fatalf("want Unschedulable, got %v", err)
+	}
+	want := []planner.FilteredNodes{{Filter: planner.FilterCordoned, Nodes: 1}}
+	if diff := cmp.Diff(want, refused.Filtered); diff != "" || !strings.Contains(refused.Reason, "2 nodes the pod may use have too little free") {
+		t.Errorf("refusal %q, filtered (-want +got):\n%s", refused.Reason, diff)
+	}
+}
