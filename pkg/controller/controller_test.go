@@ -41,7 +41,7 @@ func testObjects(t *testing.T) []any {
 	}
 	for i := range 4 {
 		name := fmt.Sprintf("n%d", i)
-		labels := map[string]string{topology.LabelTopographLeaf: fmt.Sprintf("leaf-%d", i/2), topology.LabelTopographSpine: "spine-0"}
+		labels := map[string]string{topology.LabelTopographLeaf: fmt.Sprintf("leaf-%d", i/2), topology.LabelTopographSpine: "spine-0", v1.LabelHostname: "host-" + name}
 		objs = append(objs, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 			Status: v1.NodeStatus{
 				Conditions:  []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}},

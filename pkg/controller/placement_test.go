@@ -63,6 +63,53 @@ func TestPlanIsWrittenIntoClaimsBeforeGatesOpen(t *testing.T) {
 		if p.Annotations[placement.AnnotationNode] != h.allocatedNode(pod) || !strings.HasPrefix(p.Annotations[placement.AnnotationDomain], "leaf:") {
 			t.Errorf("%s annotations %v", pod, p.Annotations)
 		}
+		// Should the scheduler allocate the claims again by itself, the
+		// pod still may only go to its leaf's nodes.
+		var want []string
+		for _, n := range []string{"n0", "n1", "n2", "n3"} {
+			if leafOf(n) == leafOf(n0) {
+				want = append(want, "host-"+n)
+			}
+		}
+		wantAff := &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
+			{Key: v1.LabelHostname, Operator: v1.NodeSelectorOpIn, Values: want}}}}}
+		var got *v1.NodeSelector
+		if p.Spec.Affinity != nil && p.Spec.Affinity.NodeAffinity != nil {
+			got = p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+		}
+		if diff := cmp.Diff(wantAff, got); diff != "" {
+			t.Errorf("%s required node affinity (-want +got):\n%s", pod, diff)
+		}
+	}
+}
+
+func TestNarrowedAffinityKeepsTheUsersTerms(t *testing.T) {
+	req := v1.NodeSelectorRequirement{Key: v1.LabelHostname, Operator: v1.NodeSelectorOpIn, Values: []string{"a", "b"}}
+	zone := v1.NodeSelectorRequirement{Key: "zone", Operator: v1.NodeSelectorOpIn, Values: []string{"z1"}}
+	gpu := v1.NodeSelectorRequirement{Key: "gpu", Operator: v1.NodeSelectorOpExists}
+	pod := &v1.Pod{Spec: v1.PodSpec{Affinity: &v1.Affinity{NodeAffinity: &v1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
+			{MatchExpressions: []v1.NodeSelectorRequirement{zone}},
+			{MatchExpressions: []v1.NodeSelectorRequirement{gpu}},
+		}}}}}}
+	// Every term (they are ORed) gains the requirement, nothing is lost.
+	want := &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
+		{MatchExpressions: []v1.NodeSelectorRequirement{zone, req}},
+		{MatchExpressions: []v1.NodeSelectorRequirement{gpu, req}},
+	}}
+	got := narrowedAffinity(pod, req)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("(-want +got):\n%s", diff)
+	}
+	if zone := pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions; len(zone) != 1 {
+		t.Errorf("the pod's own terms were modified: %v", zone)
+	}
+	pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution = got
+	if again := narrowedAffinity(pod, req); again != nil {
+		t.Errorf("a pod already narrowed got another change: %v", again)
+	}
+	if got := narrowedAffinity(&v1.Pod{}, req); got == nil || len(got.NodeSelectorTerms) != 1 {
+		t.Errorf("a pod without affinity gets one term, got %v", got)
 	}
 }
 

@@ -124,7 +124,32 @@ func (c *Controller) recover(ctx context.Context, g *group) error {
 		}
 	}
 	g.bound = keep
+	for _, m := range g.bound {
+		if err := c.noteMove(ctx, m); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// noteMove records a pod the scheduler bound somewhere other than the
+// node the controller planned: when the planned node was lost, the
+// scheduler takes back the allocation of a claim reserved only for that
+// pod and allocates it again by itself, within the pod's domain affinity.
+// The pod's gputopo.dev/node follows, with a Moved event and metric.
+func (c *Controller) noteMove(ctx context.Context, m *member) error {
+	planned := m.pod.Annotations[placement.AnnotationNode]
+	if planned == "" || planned == m.pod.Spec.NodeName {
+		return nil
+	}
+	why := "node " + planned + " could not take it"
+	if reason, detail := c.stuck(&member{pod: m.pod, node: planned}); reason != "" && reason != ReleaseTimeout {
+		why = detail
+	}
+	c.recorder.Eventf(m.pod, v1.EventTypeNormal, ReasonMoved, "bound to node %s instead of the planned %s (%s); the scheduler allocated its claims again in domain %s",
+		m.pod.Spec.NodeName, planned, why, m.pod.Annotations[placement.AnnotationDomain])
+	c.cfg.Metrics.Released.WithLabelValues(ReasonMoved).Inc()
+	return c.annotate(ctx, m.pod, map[string]any{placement.AnnotationNode: m.pod.Spec.NodeName})
 }
 
 // stuck says why a steered pod cannot bind where its claims are, or "".
@@ -260,13 +285,15 @@ func (c *Controller) setStatus(ctx context.Context, pods []*v1.Pod, reason, mess
 	return nil
 }
 
-// ungate opens the pod's gate and records where its claims are, in one
-// write. Other gates stay.
-func (c *Controller) ungate(ctx context.Context, m *member) error {
-	domain := ""
-	for _, cl := range m.claims {
-		if d := cl.Annotations[placement.AnnotationDomain]; d != "" {
-			domain = d
+// ungate opens the pod's gate, records where its claims are and, with req,
+// narrows its required node affinity to the group's domain, in one write.
+// Other gates stay.
+func (c *Controller) ungate(ctx context.Context, m *member, req *v1.NodeSelectorRequirement) error {
+	domain := memberDomain(m)
+	spec := map[string]any{"schedulingGates": []map[string]string{{"$patch": "delete", "name": placement.SchedulingGate}}}
+	if req != nil {
+		if sel := narrowedAffinity(m.pod, *req); sel != nil {
+			spec["affinity"] = map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": sel}}
 		}
 	}
 	patch, err := json.Marshal(map[string]any{
@@ -275,7 +302,7 @@ func (c *Controller) ungate(ctx context.Context, m *member) error {
 			placement.AnnotationNode:   m.node,
 			placement.AnnotationStatus: nil,
 		}},
-		"spec": map[string]any{"schedulingGates": []map[string]string{{"$patch": "delete", "name": placement.SchedulingGate}}},
+		"spec": spec,
 	})
 	if err != nil {
 		return err

@@ -28,6 +28,9 @@ const (
 	ReasonInvalidClaim     = "InvalidClaim"
 	ReasonReleased         = "Released"
 	ReasonDeviceConflict   = "DeviceConflict"
+	// ReasonMoved: the scheduler bound the pod to another node of its
+	// domain than the planned one.
+	ReasonMoved = "Moved"
 )
 
 // member is one pod of a group with its ResourceClaims.
@@ -348,8 +351,9 @@ func (c *Controller) release(ctx context.Context, g *group) error {
 			}
 		}
 	}
+	req := c.groupRequirement(ctx, g)
 	for _, m := range g.held {
-		if err := c.ungate(ctx, m); err != nil {
+		if err := c.ungate(ctx, m, req); err != nil {
 			return err
 		}
 	}
