@@ -10,7 +10,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
+	"k8s.io/klog/v2"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 )
@@ -70,7 +72,29 @@ func ownedBy(claim *resourceapi.ResourceClaim, key string) bool {
 // status gets the allocation. From then on the scheduler places the pod on
 // the allocation's node and counts the devices as taken for every other
 // pod. The returned claim is the stored one.
+//
+// A conflict is retried from a fresh read a few times: the claim
+// controller of kube-controller-manager may remove the finalizer from a
+// claim that is not allocated yet between the two writes.
 func (c *Controller) writeAllocation(ctx context.Context, pod *v1.Pod, claim *resourceapi.ResourceClaim, key, domain string, alloc resourceapi.AllocationResult) (*resourceapi.ResourceClaim, error) {
+	var out *resourceapi.ResourceClaim
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var err error
+		out, err = c.writeAllocationOnce(ctx, pod, claim, key, domain, alloc)
+		if apierrors.IsConflict(err) {
+			klog.FromContext(ctx).V(2).Info("Claim changed while its allocation was written; reading it again", "claim", klog.KObj(claim), "reason", err)
+			fresh, gerr := c.cfg.Client.ResourceV1().ResourceClaims(claim.Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
+			if gerr != nil {
+				return gerr
+			}
+			claim = fresh
+		}
+		return err
+	})
+	return out, err
+}
+
+func (c *Controller) writeAllocationOnce(ctx context.Context, pod *v1.Pod, claim *resourceapi.ResourceClaim, key, domain string, alloc resourceapi.AllocationResult) (*resourceapi.ResourceClaim, error) {
 	cl := claim.DeepCopy()
 	if cl.Status.Allocation != nil {
 		return nil, fmt.Errorf("claim %s/%s is already allocated", cl.Namespace, cl.Name)

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,7 +12,10 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
@@ -415,5 +419,35 @@ func TestJobSize(t *testing.T) {
 	j.Status.Succeeded = 8
 	if got := jobSize(j); got != 2 {
 		t.Errorf("jobSize = %d, want the 2 remaining completions", got)
+	}
+}
+
+// kube-controller-manager's claim controller may change a claim between
+// the controller's two writes (it drops the finalizer of a claim that is
+// not allocated yet): the allocation is written from a fresh read, not
+// abandoned.
+func TestAllocationWriteSurvivesAConflict(t *testing.T) {
+	h := newHarness(t, job("train", 2))
+	conflicts := 0
+	h.client.PrependReactor("update", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "status" && conflicts < 2 {
+			conflicts++
+			return true, nil, apierrors.NewConflict(resourceapi.Resource("resourceclaims"), "x", errors.New("the object has been modified"))
+		}
+		return false, nil, nil
+	})
+	h.addPod(jobPod("train", 0, "gpu-8-node", nil))
+	h.addPod(jobPod("train", 1, "gpu-8-node", nil))
+	h.settle()
+	if _, err := h.c.sync(h.ctx, "default/job/train"); err != nil {
+		t.Fatalf("sync failed on a conflict it should have retried: %v", err)
+	}
+	if conflicts != 2 {
+		t.Fatalf("%d conflicts injected, want 2", conflicts)
+	}
+	for _, pod := range []string{"train-0", "train-1"} {
+		if h.claim(pod+"-gpus").Status.Allocation == nil {
+			t.Errorf("claim of %s not allocated", pod)
+		}
 	}
 }

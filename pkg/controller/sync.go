@@ -184,7 +184,9 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		return done, nil
 	}
 	if g.lagging {
-		return done, nil // the claim's event requeues the group
+		// The claim's event requeues the group.
+		klog.FromContext(ctx).V(4).Info("Waiting for the informer to show the controller's own claim writes")
+		return done, nil
 	}
 	first := g.anyPod()
 	req, err := placement.Parse(first.Annotations)
@@ -347,7 +349,9 @@ func (c *Controller) release(ctx context.Context, g *group) error {
 	for _, m := range g.held {
 		for _, cl := range m.claims {
 			if !c.index.seen(cl.UID, cl.ResourceVersion) {
-				return nil // the claim's event requeues the group
+				// The claim's event requeues the group.
+				klog.FromContext(ctx).V(4).Info("Gates stay closed until the index shows the claim", "claim", klog.KObj(cl))
+				return nil
 			}
 		}
 	}

@@ -40,7 +40,7 @@ func TestRecoveryTime(t *testing.T) {
 // bound again in the leaf, off the deleted node. The node comes back after.
 func loseNode(t *testing.T, name, leaf string, afterBind bool) time.Duration {
 	t.Helper()
-	ctx := framework.Ctx(t)
+	ctx := context.Background()
 	job := newJob(name, 2, "gpu-8-node", required(leaf))
 	if _, err := client.BatchV1().Jobs(namespace).Create(ctx, job, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
