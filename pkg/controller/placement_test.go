@@ -451,3 +451,38 @@ func TestAllocationWriteSurvivesAConflict(t *testing.T) {
 		}
 	}
 }
+
+// A lost node re-syncs the groups with pods bound or steered there at once,
+// not at their next bind timeout; groups elsewhere are left alone.
+func TestLostNodeResyncsTheGroupsOnIt(t *testing.T) {
+	h := newHarness(t, job("train", 2), job("other", 1))
+	h.addPod(jobPod("train", 0, "gpu-8-node", nil))
+	h.addPod(jobPod("train", 1, "gpu-8-node", nil))
+	h.addPod(jobPod("other", 0, "gpu-8-node", nil))
+	h.settle()
+	h.sync("default/job/train")
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync("default/job/train")
+	h.sync("default/job/other")
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync("default/job/other")
+	h.bind("train-0") // train-1 stays steered
+	lost := h.allocatedNode("train-1")
+	for h.c.queue.Len() > 0 {
+		k, _ := h.c.queue.Get()
+		h.c.queue.Forget(k)
+		h.c.queue.Done(k)
+	}
+	for _, node := range []string{h.allocatedNode("train-0"), lost} {
+		if err := h.client.CoreV1().Nodes().Delete(h.ctx, node, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		h.eventually("the group on node "+node+" queued", func() bool { return h.c.queue.Len() == 1 })
+		k, _ := h.c.queue.Get()
+		if k != "default/job/train" {
+			t.Errorf("deleting node %s queued %q, want the group on it", node, k)
+		}
+		h.c.queue.Forget(k)
+		h.c.queue.Done(k)
+	}
+}
