@@ -127,14 +127,20 @@ func (c *Controller) writeAllocationOnce(ctx context.Context, pod *v1.Pod, claim
 }
 
 // releasable reports whether the controller may take back the claim's
-// allocation: it made it, and it is reserved for no pod that is bound.
+// allocation: it made it, and every pod it is reserved for is still behind
+// the gate. Once a pod's gate is open only the scheduler changes its
+// claims: it may have written an allocation of its own (its PostFilter
+// takes back the allocation of a pod that fits nowhere and allocates
+// again) and be about to bind the pod, which it does without reading the
+// claim again; clearing that allocation would leave the pod bound where
+// its claim is not.
 func (c *Controller) releasable(claim *resourceapi.ResourceClaim) bool {
 	if claim.Status.Allocation == nil || !ownedBy(claim, "") || claim.DeletionTimestamp != nil {
 		return false
 	}
 	for _, r := range claim.Status.ReservedFor {
 		p, err := c.pods.Pods(claim.Namespace).Get(r.Name)
-		if err != nil || p.UID != r.UID || p.Spec.NodeName != "" {
+		if err != nil || p.UID != r.UID || p.Spec.NodeName != "" || !hasGate(p) {
 			return false
 		}
 	}

@@ -266,6 +266,23 @@ func (h *harness) bind(pod string) {
 	h.settle()
 }
 
+// postFilter does what the scheduler's DynamicResources PostFilter does
+// for an ungated pod that fits nowhere: it takes back the allocation of a
+// claim reserved for that pod alone.
+func (h *harness) postFilter(pod string) {
+	h.t.Helper()
+	c := h.claim(pod + "-gpus")
+	p := h.pod(pod)
+	if len(c.Status.ReservedFor) > 1 || (len(c.Status.ReservedFor) == 1 && c.Status.ReservedFor[0].UID != p.UID) {
+		h.t.Fatalf("claim of %s is reserved for others: %v", pod, c.Status.ReservedFor)
+	}
+	c.Status.Allocation, c.Status.ReservedFor = nil, nil
+	if _, err := h.client.ResourceV1().ResourceClaims("default").UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+	h.settle()
+}
+
 // devicesOf lists the devices allocated to the pod's claim.
 func (h *harness) devicesOf(pod string) []string {
 	var out []string

@@ -233,7 +233,11 @@ func TestCompletionsAboveParallelismPlansTheFirstWave(t *testing.T) {
 	}
 }
 
-func TestPodThatDoesNotBindIsReleasedAndPlannedAgain(t *testing.T) {
+// Once a pod's gate is open the controller never clears its claims: the
+// scheduler may be binding it on an allocation of its own. A pod that
+// does not bind gets its claims taken back by the scheduler's PostFilter,
+// and the controller plans it again and says so.
+func TestUngatedPodIsPlannedAgainOnceTheSchedulerTakesItsClaimBack(t *testing.T) {
 	h := newHarness(t, job("one", 1))
 	h.c.cfg.BindTimeout = 50 * time.Millisecond
 	h.addPod(jobPod("one", 0, "gpu-8-node", nil))
@@ -244,15 +248,24 @@ func TestPodThatDoesNotBindIsReleasedAndPlannedAgain(t *testing.T) {
 	if hasGate(h.pod("one-0")) {
 		t.Fatal("pod still gated")
 	}
+	node := h.allocatedNode("one-0")
 	time.Sleep(100 * time.Millisecond)
 	h.sync("default/job/one")
-	p := h.pod("one-0")
-	if r := p.Annotations[placement.AnnotationReleased]; !strings.HasSuffix(r, ";"+ReleaseTimeout) {
-		t.Errorf("released annotation %q, want a BindTimeout release", r)
+	if got := h.allocatedNode("one-0"); got != node {
+		t.Fatalf("the controller moved an ungated pod's claim from %s to %q itself", node, got)
 	}
-	c := h.claim("one-0-gpus")
-	if c.Status.Allocation == nil {
-		t.Errorf("claim not allocated again after the release")
+	h.postFilter("one-0")
+	h.sync("default/job/one")
+	p := h.pod("one-0")
+	if r := p.Annotations[placement.AnnotationReleased]; r != "1;"+ReleaseUnschedulable {
+		t.Errorf("released annotation %q, want 1;%s", r, ReleaseUnschedulable)
+	}
+	got := h.allocatedNode("one-0")
+	if got == "" {
+		t.Fatal("claim not allocated again")
+	}
+	if p.Annotations[placement.AnnotationNode] != got {
+		t.Errorf("%s=%q, want the new allocation's node %s", placement.AnnotationNode, p.Annotations[placement.AnnotationNode], got)
 	}
 }
 
@@ -292,8 +305,17 @@ func TestPodOfDeletedNodeIsSteeredElsewhere(t *testing.T) {
 				return err != nil || !nodeReady(n) || len(n.Spec.Taints) > 0
 			})
 			h.sync("default/job/one")
+			if got := h.allocatedNode("one-0"); got != node {
+				t.Fatalf("the controller moved an ungated pod's claim from %s to %q itself", node, got)
+			}
+			// The pod fits nowhere now: the scheduler takes its claim back.
+			h.postFilter("one-0")
+			h.sync("default/job/one")
 			if got := h.allocatedNode("one-0"); got == node || got == "" {
 				t.Errorf("claim allocated on %q after node %s failed", got, node)
+			}
+			if r := h.pod("one-0").Annotations[placement.AnnotationReleased]; !strings.HasPrefix(r, "1;Node") {
+				t.Errorf("released annotation %q, want the node's failure as the reason", r)
 			}
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -26,6 +27,9 @@ const (
 	ReleaseNodeNotReady = placement.ReleaseNodeNotReady
 	ReleaseNodeTainted  = placement.ReleaseNodeTainted
 	ReleaseConflict     = placement.ReleaseDeviceConflict
+	// ReleaseUnschedulable: the scheduler took back the claims of a pod
+	// it could not place where they were allocated.
+	ReleaseUnschedulable = placement.ReleaseUnschedulable
 )
 
 // resolveConflicts takes back the group's claims that share a device with
@@ -98,6 +102,16 @@ func (c *Controller) recover(ctx context.Context, g *group) error {
 	for _, m := range g.steered {
 		reason, detail := c.stuck(m)
 		if reason == "" || !c.canRelease(m) {
+			if reason != "" {
+				// The scheduler takes the allocation back (its PostFilter)
+				// and the pod is planned again, or it moves the pod itself
+				// within the domain affinity; see again after a while.
+				klog.FromContext(ctx).V(2).Info("Steered pod cannot bind where its claims are; the scheduler takes them back", "pod", klog.KObj(m.pod), "reason", reason, "detail", detail)
+				if reason == ReleaseTimeout {
+					c.recorder.Eventf(m.pod, v1.EventTypeWarning, ReasonNotBound, "%s; its claims stay until the scheduler takes them back", detail)
+				}
+				c.queue.AddAfter(g.key, c.cfg.BindTimeout)
+			}
 			keep = append(keep, m)
 			continue
 		}
@@ -215,6 +229,23 @@ func (c *Controller) releaseWithReason(ctx context.Context, g *group, m *member,
 	if err := c.releaseMember(ctx, m); err != nil {
 		return err
 	}
+	return c.noteRelease(ctx, m, reason, detail)
+}
+
+// noteReplanned records, for a pod whose gate was open and whose claims
+// the scheduler took back, why it is planned again: the planned node was
+// lost, else the scheduler found no node for it.
+// The pod's gputopo.dev/node and domain follow its new allocation.
+func (c *Controller) noteReplanned(ctx context.Context, m *member, node, domain string) error {
+	planned := m.pod.Annotations[placement.AnnotationNode]
+	reason, detail := c.stuck(&member{pod: m.pod, node: planned})
+	if reason == "" || reason == ReleaseTimeout {
+		reason, detail = ReleaseUnschedulable, fmt.Sprintf("the scheduler took back the claims allocated on node %s", planned)
+	}
+	return c.noteRelease(ctx, m, reason, detail, map[string]any{placement.AnnotationNode: node, placement.AnnotationDomain: domain, placement.AnnotationStatus: nil})
+}
+
+func (c *Controller) noteRelease(ctx context.Context, m *member, reason, detail string, extra ...map[string]any) error {
 	prev, _ := placement.ParseRelease(m.pod.Annotations[placement.AnnotationReleased])
 	klog.FromContext(ctx).Info("Released the claims of a pod to plan it again", "pod", klog.KObj(m.pod), "reason", reason, "detail", detail)
 	c.cfg.Metrics.Released.WithLabelValues(reason).Inc()
@@ -223,10 +254,14 @@ func (c *Controller) releaseWithReason(ctx context.Context, g *group, m *member,
 	c.mu.Lock()
 	c.opened[m.pod.UID] = time.Now()
 	c.mu.Unlock()
-	return c.annotate(ctx, m.pod, map[string]any{
+	ann := map[string]any{
 		placement.AnnotationReleased: prev.Next(reason).Format(),
 		placement.AnnotationStatus:   placement.Status{Reason: reason, Message: detail}.Format(),
-	})
+	}
+	for _, e := range extra {
+		maps.Copy(ann, e)
+	}
+	return c.annotate(ctx, m.pod, ann)
 }
 
 // releaseMember clears the allocations the controller made for the pod.

@@ -31,6 +31,9 @@ const (
 	// ReasonMoved: the scheduler bound the pod to another node of its
 	// domain than the planned one.
 	ReasonMoved = "Moved"
+	// ReasonNotBound: a pod whose gate opened is not bound after the bind
+	// timeout.
+	ReasonNotBound = "NotBound"
 )
 
 // member is one pod of a group with its ResourceClaims.
@@ -285,6 +288,13 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	}
 	if err := c.allocate(ctx, g, plan); err != nil {
 		return done, err
+	}
+	for _, m := range g.toPlace {
+		if !hasGate(m.pod) && m.pod.Annotations[placement.AnnotationNode] != "" {
+			if err := c.noteReplanned(ctx, m, plan.Assignments[m.pod.Name], plan.Domain.Format()); err != nil {
+				return done, err
+			}
+		}
 	}
 	klog.FromContext(ctx).Info("Allocated the claims of the pod group", "domain", plan.Domain.String(), "pods", len(plan.Assignments), "fallback", plan.Fallback)
 	c.setPending(key, false)
