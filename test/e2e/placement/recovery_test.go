@@ -16,7 +16,7 @@ import (
 )
 
 // recoveryRounds is how many times TestRecoveryTime loses a planned node.
-const recoveryRounds = 5
+const recoveryRounds = 3
 
 // TestRecoveryTime measures how long a group takes to be whole again in its
 // leaf after the node a pod was planned on is deleted: once while the pod
