@@ -30,8 +30,11 @@ type PodPlan struct {
 	State string `json:"state"` // placed, or waiting (gated)
 	Node  string `json:"node,omitempty"`
 	// Why the pod still waits, from the controller.
-	Why    string      `json:"why,omitempty"`
-	Claims []ClaimPlan `json:"claims,omitempty"`
+	Why string `json:"why,omitempty"`
+	// Released says how often the controller took the pod's claims back
+	// to plan it again, and why the last time (gputopo.dev/released).
+	Released string      `json:"released,omitempty"`
+	Claims   []ClaimPlan `json:"claims,omitempty"`
 }
 
 // ClaimPlan is what one request of a pod's claim was allocated.
@@ -75,6 +78,13 @@ func BuildExplanation(group string, pods []v1.Pod, claims []resourceapi.Resource
 		}
 		if d := p.Annotations[placement.AnnotationDomain]; d != "" {
 			domains[d] = true
+		}
+		if v := p.Annotations[placement.AnnotationReleased]; v != "" {
+			if r, err := placement.ParseRelease(v); err == nil {
+				pp.Released = fmt.Sprintf("%d× (last: %s)", r.Count, r.Reason)
+			} else {
+				pp.Released = err.Error()
+			}
 		}
 		for _, name := range podClaimNames(&p) {
 			if c := byName[name]; c != nil {
@@ -195,6 +205,9 @@ func RenderExplanation(w io.Writer, e Explanation, o TreeOptions) error {
 		fmt.Fprintf(&b, "  %-32s %s node=%s\n", p.Name, state, node)
 		if p.Why != "" {
 			fmt.Fprintf(&b, "      why: %s\n", p.Why)
+		}
+		if p.Released != "" {
+			fmt.Fprintf(&b, "      released and planned again: %s\n", p.Released)
 		}
 		for _, c := range p.Claims {
 			line := "      " + c.Request

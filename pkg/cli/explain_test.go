@@ -52,6 +52,7 @@ func jobPod(name, node string, gated bool) v1.Pod {
 
 func TestExplainShowsRungs(t *testing.T) {
 	pods := []v1.Pod{jobPod("train-1", "b", false), jobPod("train-0", "a", false), jobPod("train-2", "", true)}
+	pods[0].Annotations[placement.AnnotationReleased] = placement.Release{Count: 2, Reason: placement.ReleaseNodeNotReady}.Format()
 	claims := []resourceapi.ResourceClaim{
 		ladderClaim(t, "train-0", "a", "nvlink", "gpu-0", "gpu-1", "gpu-2", "gpu-3"),
 		ladderClaim(t, "train-1", "b", "numa", "gpu-4", "gpu-5", "gpu-6", "gpu-7"),
@@ -67,7 +68,7 @@ func TestExplainShowsRungs(t *testing.T) {
 		Domains: []string{"leaf:leaf-0"},
 		Pods: []cli.PodPlan{
 			{Name: "train-0", State: "placed", Node: "a", Claims: []cli.ClaimPlan{{Claim: "train-0-gpus", Request: "gpus", Rung: "nvlink", RungIndex: 1, Rungs: 4, Node: "a", Devices: []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}}}},
-			{Name: "train-1", State: "placed", Node: "b", Claims: []cli.ClaimPlan{{Claim: "train-1-gpus", Request: "gpus", Rung: "numa", RungIndex: 3, Rungs: 4, Node: "b", Devices: []string{"gpu-4", "gpu-5", "gpu-6", "gpu-7"}}}},
+			{Name: "train-1", State: "placed", Node: "b", Released: "2× (last: NodeNotReady)", Claims: []cli.ClaimPlan{{Claim: "train-1-gpus", Request: "gpus", Rung: "numa", RungIndex: 3, Rungs: 4, Node: "b", Devices: []string{"gpu-4", "gpu-5", "gpu-6", "gpu-7"}}}},
 			{Name: "train-2", State: "waiting (gated)", Why: "no leaf has room"},
 		},
 		Decisions: []cli.Decision{{Time: at.Time, Type: "Normal", Reason: "Placed", Message: "leaf leaf-0"}},
@@ -83,6 +84,7 @@ func TestExplainShowsRungs(t *testing.T) {
 		"      gpus → nvlink (1st choice of 4): 4 GPUs\n",
 		"      gpus → numa (3rd choice of 4): 4 GPUs\n",
 		"      why: no leaf has room\n",
+		"      released and planned again: 2× (last: NodeNotReady)\n",
 		"domain: leaf:leaf-0\n",
 		"  09:30:00 Normal Placed: leaf leaf-0\n",
 	} {

@@ -10,7 +10,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
+	"k8s.io/klog/v2"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 )
@@ -70,7 +72,29 @@ func ownedBy(claim *resourceapi.ResourceClaim, key string) bool {
 // status gets the allocation. From then on the scheduler places the pod on
 // the allocation's node and counts the devices as taken for every other
 // pod. The returned claim is the stored one.
+//
+// A conflict is retried from a fresh read a few times: the claim
+// controller of kube-controller-manager may remove the finalizer from a
+// claim that is not allocated yet between the two writes.
 func (c *Controller) writeAllocation(ctx context.Context, pod *v1.Pod, claim *resourceapi.ResourceClaim, key, domain string, alloc resourceapi.AllocationResult) (*resourceapi.ResourceClaim, error) {
+	var out *resourceapi.ResourceClaim
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var err error
+		out, err = c.writeAllocationOnce(ctx, pod, claim, key, domain, alloc)
+		if apierrors.IsConflict(err) {
+			klog.FromContext(ctx).V(2).Info("Claim changed while its allocation was written; reading it again", "claim", klog.KObj(claim), "reason", err)
+			fresh, gerr := c.cfg.Client.ResourceV1().ResourceClaims(claim.Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
+			if gerr != nil {
+				return gerr
+			}
+			claim = fresh
+		}
+		return err
+	})
+	return out, err
+}
+
+func (c *Controller) writeAllocationOnce(ctx context.Context, pod *v1.Pod, claim *resourceapi.ResourceClaim, key, domain string, alloc resourceapi.AllocationResult) (*resourceapi.ResourceClaim, error) {
 	cl := claim.DeepCopy()
 	if cl.Status.Allocation != nil {
 		return nil, fmt.Errorf("claim %s/%s is already allocated", cl.Namespace, cl.Name)
@@ -103,14 +127,20 @@ func (c *Controller) writeAllocation(ctx context.Context, pod *v1.Pod, claim *re
 }
 
 // releasable reports whether the controller may take back the claim's
-// allocation: it made it, and it is reserved for no pod that is bound.
+// allocation: it made it, and every pod it is reserved for is still behind
+// the gate. Once a pod's gate is open only the scheduler changes its
+// claims: it may have written an allocation of its own (its PostFilter
+// takes back the allocation of a pod that fits nowhere and allocates
+// again) and be about to bind the pod, which it does without reading the
+// claim again; clearing that allocation would leave the pod bound where
+// its claim is not.
 func (c *Controller) releasable(claim *resourceapi.ResourceClaim) bool {
 	if claim.Status.Allocation == nil || !ownedBy(claim, "") || claim.DeletionTimestamp != nil {
 		return false
 	}
 	for _, r := range claim.Status.ReservedFor {
 		p, err := c.pods.Pods(claim.Namespace).Get(r.Name)
-		if err != nil || p.UID != r.UID || p.Spec.NodeName != "" {
+		if err != nil || p.UID != r.UID || p.Spec.NodeName != "" || !hasGate(p) {
 			return false
 		}
 	}

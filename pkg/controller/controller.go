@@ -114,7 +114,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	f := informers.NewSharedInformerFactory(cfg.Client, 10*time.Minute)
 	podInf := f.Core().V1().Pods().Informer()
-	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup}); err != nil {
+	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode}); err != nil {
 		return nil, fmt.Errorf("add pod group index: %w", err)
 	}
 	bcast := record.NewBroadcaster()
@@ -152,6 +152,14 @@ func New(cfg Config) (*Controller, error) {
 	}{
 		{podInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onPodAdd, UpdateFunc: c.onPodUpdate, DeleteFunc: c.onPodDelete}},
 		{f.Core().V1().Nodes().Informer(), c.topologyChanged(nodeMoved)},
+		{f.Core().V1().Nodes().Informer(), cache.ResourceEventHandlerFuncs{
+			UpdateFunc: func(old, cur any) {
+				if nodeMoved(old, cur) {
+					c.syncGroupsOn(cur)
+				}
+			},
+			DeleteFunc: c.syncGroupsOn,
+		}},
 		{f.Resource().V1().ResourceSlices().Informer(), c.topologyChanged(sliceChanged)},
 		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaim, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
 		{f.Batch().V1().Jobs().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onJob, UpdateFunc: func(_, o any) { c.onJob(o) }, DeleteFunc: c.onJob}},
@@ -397,6 +405,28 @@ func sliceChanged(old, cur any) bool {
 	o, ok1 := old.(*resourceapi.ResourceSlice)
 	n, ok2 := cur.(*resourceapi.ResourceSlice)
 	return !ok1 || !ok2 || o.ResourceVersion != n.ResourceVersion
+}
+
+// syncGroupsOn re-syncs the groups with pods bound or steered to a node
+// that was deleted or changed (readiness, taints, cordon, labels), so their
+// pods are recovered at once rather than at the bind timeout.
+func (c *Controller) syncGroupsOn(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	node, ok := obj.(*v1.Node)
+	if !ok {
+		return
+	}
+	pods, err := c.podIdx.ByIndex(nodeIndex, node.Name)
+	if err != nil {
+		return
+	}
+	for _, o := range pods {
+		if key, ok := groupKey(o.(*v1.Pod)); ok {
+			c.queue.Add(key)
+		}
+	}
 }
 
 // requeuePending retries every group still waiting for room. The queue

@@ -41,7 +41,7 @@ func testObjects(t *testing.T) []any {
 	}
 	for i := range 4 {
 		name := fmt.Sprintf("n%d", i)
-		labels := map[string]string{topology.LabelTopographLeaf: fmt.Sprintf("leaf-%d", i/2), topology.LabelTopographSpine: "spine-0"}
+		labels := map[string]string{topology.LabelTopographLeaf: fmt.Sprintf("leaf-%d", i/2), topology.LabelTopographSpine: "spine-0", v1.LabelHostname: "host-" + name}
 		objs = append(objs, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 			Status: v1.NodeStatus{
 				Conditions:  []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}},
@@ -261,6 +261,23 @@ func (h *harness) bind(pod string) {
 	}
 	p.Spec.NodeName = node
 	if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+	h.settle()
+}
+
+// postFilter does what the scheduler's DynamicResources PostFilter does
+// for an ungated pod that fits nowhere: it takes back the allocation of a
+// claim reserved for that pod alone.
+func (h *harness) postFilter(pod string) {
+	h.t.Helper()
+	c := h.claim(pod + "-gpus")
+	p := h.pod(pod)
+	if len(c.Status.ReservedFor) > 1 || (len(c.Status.ReservedFor) == 1 && c.Status.ReservedFor[0].UID != p.UID) {
+		h.t.Fatalf("claim of %s is reserved for others: %v", pod, c.Status.ReservedFor)
+	}
+	c.Status.Allocation, c.Status.ReservedFor = nil, nil
+	if _, err := h.client.ResourceV1().ResourceClaims("default").UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
 		h.t.Fatal(err)
 	}
 	h.settle()

@@ -18,6 +18,24 @@ import (
 // groupIndex indexes pods by their group key.
 const groupIndex = "gputopo-group"
 
+// nodeIndex indexes the pods of groups by the node they are bound or
+// steered to, so a node that is lost re-syncs just the groups on it.
+const nodeIndex = "gputopo-node"
+
+func indexByNode(obj any) ([]string, error) {
+	p, ok := obj.(*v1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	if _, ok := groupKey(p); !ok {
+		return nil, nil
+	}
+	if n := usageNode(p); n != "" {
+		return []string{n}, nil
+	}
+	return nil, nil
+}
+
 // Group kinds, the middle part of a group key.
 const (
 	kindGroup  = string(placement.GroupKindGroup)

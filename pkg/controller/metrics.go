@@ -53,7 +53,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		Released: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gputopo", Subsystem: "controller", Name: "released_pods_total",
-			Help: "Pods whose claims were taken back and planned again, by reason (BindTimeout, NodeGone, NodeNotReady, NodeTainted, DeviceConflict).",
+			Help: "Pods whose claims were taken back and planned again, by reason (NodeDeleted, NodeNotReady, NodeTainted, Unschedulable, DeviceConflict), or that the scheduler moved within their domain (Moved).",
 		}, []string{"reason"}),
 		Conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "gputopo", Subsystem: "controller", Name: "device_conflicts_total",

@@ -56,7 +56,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader Lease (default $POD_NAMESPACE, else kube-system).")
 	fs.StringVar(&o.LeaderElectionIdentity, "leader-election-identity", o.LeaderElectionIdentity, "This replica's name in the Lease (default $POD_NAME, else the host name).")
 	fs.DurationVar(&o.RetryInterval, "retry-interval", o.RetryInterval, "How often groups that did not fit are planned again; a group's retries back off up to this.")
-	fs.DurationVar(&o.BindTimeout, "bind-timeout", o.BindTimeout, "How long a pod whose gate opened may take to bind before its claims are taken back and it is planned again.")
+	fs.DurationVar(&o.BindTimeout, "bind-timeout", o.BindTimeout, "How long a pod whose gate opened may take to bind before a NotBound Warning event reports it (the scheduler takes back the claims of a pod it cannot place, and the controller plans it again).")
 	fs.DurationVar(&o.SettleDelay, "settle-delay", o.SettleDelay, "How long gates stay closed after a group's claims are written, so allocations the scheduler had in flight are seen first.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server; placing a pod costs about two.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the API server, so a large group is pinned and released at once.")

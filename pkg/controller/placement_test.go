@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,7 +12,10 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
@@ -63,6 +67,53 @@ func TestPlanIsWrittenIntoClaimsBeforeGatesOpen(t *testing.T) {
 		if p.Annotations[placement.AnnotationNode] != h.allocatedNode(pod) || !strings.HasPrefix(p.Annotations[placement.AnnotationDomain], "leaf:") {
 			t.Errorf("%s annotations %v", pod, p.Annotations)
 		}
+		// Should the scheduler allocate the claims again by itself, the
+		// pod still may only go to its leaf's nodes.
+		var want []string
+		for _, n := range []string{"n0", "n1", "n2", "n3"} {
+			if leafOf(n) == leafOf(n0) {
+				want = append(want, "host-"+n)
+			}
+		}
+		wantAff := &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
+			{Key: v1.LabelHostname, Operator: v1.NodeSelectorOpIn, Values: want}}}}}
+		var got *v1.NodeSelector
+		if p.Spec.Affinity != nil && p.Spec.Affinity.NodeAffinity != nil {
+			got = p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+		}
+		if diff := cmp.Diff(wantAff, got); diff != "" {
+			t.Errorf("%s required node affinity (-want +got):\n%s", pod, diff)
+		}
+	}
+}
+
+func TestNarrowedAffinityKeepsTheUsersTerms(t *testing.T) {
+	req := v1.NodeSelectorRequirement{Key: v1.LabelHostname, Operator: v1.NodeSelectorOpIn, Values: []string{"a", "b"}}
+	zone := v1.NodeSelectorRequirement{Key: "zone", Operator: v1.NodeSelectorOpIn, Values: []string{"z1"}}
+	gpu := v1.NodeSelectorRequirement{Key: "gpu", Operator: v1.NodeSelectorOpExists}
+	pod := &v1.Pod{Spec: v1.PodSpec{Affinity: &v1.Affinity{NodeAffinity: &v1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
+			{MatchExpressions: []v1.NodeSelectorRequirement{zone}},
+			{MatchExpressions: []v1.NodeSelectorRequirement{gpu}},
+		}}}}}}
+	// Every term (they are ORed) gains the requirement, nothing is lost.
+	want := &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
+		{MatchExpressions: []v1.NodeSelectorRequirement{zone, req}},
+		{MatchExpressions: []v1.NodeSelectorRequirement{gpu, req}},
+	}}
+	got := narrowedAffinity(pod, req)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("(-want +got):\n%s", diff)
+	}
+	if zone := pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions; len(zone) != 1 {
+		t.Errorf("the pod's own terms were modified: %v", zone)
+	}
+	pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution = got
+	if again := narrowedAffinity(pod, req); again != nil {
+		t.Errorf("a pod already narrowed got another change: %v", again)
+	}
+	if got := narrowedAffinity(&v1.Pod{}, req); got == nil || len(got.NodeSelectorTerms) != 1 {
+		t.Errorf("a pod without affinity gets one term, got %v", got)
 	}
 }
 
@@ -182,7 +233,11 @@ func TestCompletionsAboveParallelismPlansTheFirstWave(t *testing.T) {
 	}
 }
 
-func TestPodThatDoesNotBindIsReleasedAndPlannedAgain(t *testing.T) {
+// Once a pod's gate is open the controller never clears its claims: the
+// scheduler may be binding it on an allocation of its own. A pod that
+// does not bind gets its claims taken back by the scheduler's PostFilter,
+// and the controller plans it again and says so.
+func TestUngatedPodIsPlannedAgainOnceTheSchedulerTakesItsClaimBack(t *testing.T) {
 	h := newHarness(t, job("one", 1))
 	h.c.cfg.BindTimeout = 50 * time.Millisecond
 	h.addPod(jobPod("one", 0, "gpu-8-node", nil))
@@ -193,15 +248,24 @@ func TestPodThatDoesNotBindIsReleasedAndPlannedAgain(t *testing.T) {
 	if hasGate(h.pod("one-0")) {
 		t.Fatal("pod still gated")
 	}
+	node := h.allocatedNode("one-0")
 	time.Sleep(100 * time.Millisecond)
 	h.sync("default/job/one")
-	p := h.pod("one-0")
-	if r := p.Annotations[placement.AnnotationReleased]; !strings.HasSuffix(r, ";"+ReleaseTimeout) {
-		t.Errorf("released annotation %q, want a BindTimeout release", r)
+	if got := h.allocatedNode("one-0"); got != node {
+		t.Fatalf("the controller moved an ungated pod's claim from %s to %q itself", node, got)
 	}
-	c := h.claim("one-0-gpus")
-	if c.Status.Allocation == nil {
-		t.Errorf("claim not allocated again after the release")
+	h.postFilter("one-0")
+	h.sync("default/job/one")
+	p := h.pod("one-0")
+	if r := p.Annotations[placement.AnnotationReleased]; r != "1;"+ReleaseUnschedulable {
+		t.Errorf("released annotation %q, want 1;%s", r, ReleaseUnschedulable)
+	}
+	got := h.allocatedNode("one-0")
+	if got == "" {
+		t.Fatal("claim not allocated again")
+	}
+	if p.Annotations[placement.AnnotationNode] != got {
+		t.Errorf("%s=%q, want the new allocation's node %s", placement.AnnotationNode, p.Annotations[placement.AnnotationNode], got)
 	}
 }
 
@@ -241,8 +305,17 @@ func TestPodOfDeletedNodeIsSteeredElsewhere(t *testing.T) {
 				return err != nil || !nodeReady(n) || len(n.Spec.Taints) > 0
 			})
 			h.sync("default/job/one")
+			if got := h.allocatedNode("one-0"); got != node {
+				t.Fatalf("the controller moved an ungated pod's claim from %s to %q itself", node, got)
+			}
+			// The pod fits nowhere now: the scheduler takes its claim back.
+			h.postFilter("one-0")
+			h.sync("default/job/one")
 			if got := h.allocatedNode("one-0"); got == node || got == "" {
 				t.Errorf("claim allocated on %q after node %s failed", got, node)
+			}
+			if r := h.pod("one-0").Annotations[placement.AnnotationReleased]; !strings.HasPrefix(r, "1;Node") {
+				t.Errorf("released annotation %q, want the node's failure as the reason", r)
 			}
 		})
 	}
@@ -368,5 +441,70 @@ func TestJobSize(t *testing.T) {
 	j.Status.Succeeded = 8
 	if got := jobSize(j); got != 2 {
 		t.Errorf("jobSize = %d, want the 2 remaining completions", got)
+	}
+}
+
+// kube-controller-manager's claim controller may change a claim between
+// the controller's two writes (it drops the finalizer of a claim that is
+// not allocated yet): the allocation is written from a fresh read, not
+// abandoned.
+func TestAllocationWriteSurvivesAConflict(t *testing.T) {
+	h := newHarness(t, job("train", 2))
+	conflicts := 0
+	h.client.PrependReactor("update", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "status" && conflicts < 2 {
+			conflicts++
+			return true, nil, apierrors.NewConflict(resourceapi.Resource("resourceclaims"), "x", errors.New("the object has been modified"))
+		}
+		return false, nil, nil
+	})
+	h.addPod(jobPod("train", 0, "gpu-8-node", nil))
+	h.addPod(jobPod("train", 1, "gpu-8-node", nil))
+	h.settle()
+	if _, err := h.c.sync(h.ctx, "default/job/train"); err != nil {
+		t.Fatalf("sync failed on a conflict it should have retried: %v", err)
+	}
+	if conflicts != 2 {
+		t.Fatalf("%d conflicts injected, want 2", conflicts)
+	}
+	for _, pod := range []string{"train-0", "train-1"} {
+		if h.claim(pod+"-gpus").Status.Allocation == nil {
+			t.Errorf("claim of %s not allocated", pod)
+		}
+	}
+}
+
+// A lost node re-syncs the groups with pods bound or steered there at once,
+// not at their next bind timeout; groups elsewhere are left alone.
+func TestLostNodeResyncsTheGroupsOnIt(t *testing.T) {
+	h := newHarness(t, job("train", 2), job("other", 1))
+	h.addPod(jobPod("train", 0, "gpu-8-node", nil))
+	h.addPod(jobPod("train", 1, "gpu-8-node", nil))
+	h.addPod(jobPod("other", 0, "gpu-8-node", nil))
+	h.settle()
+	h.sync("default/job/train")
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync("default/job/train")
+	h.sync("default/job/other")
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync("default/job/other")
+	h.bind("train-0") // train-1 stays steered
+	lost := h.allocatedNode("train-1")
+	for h.c.queue.Len() > 0 {
+		k, _ := h.c.queue.Get()
+		h.c.queue.Forget(k)
+		h.c.queue.Done(k)
+	}
+	for _, node := range []string{h.allocatedNode("train-0"), lost} {
+		if err := h.client.CoreV1().Nodes().Delete(h.ctx, node, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		h.eventually("the group on node "+node+" queued", func() bool { return h.c.queue.Len() == 1 })
+		k, _ := h.c.queue.Get()
+		if k != "default/job/train" {
+			t.Errorf("deleting node %s queued %q, want the group on it", node, k)
+		}
+		h.c.queue.Forget(k)
+		h.c.queue.Done(k)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -26,6 +27,9 @@ const (
 	ReleaseNodeNotReady = placement.ReleaseNodeNotReady
 	ReleaseNodeTainted  = placement.ReleaseNodeTainted
 	ReleaseConflict     = placement.ReleaseDeviceConflict
+	// ReleaseUnschedulable: the scheduler took back the claims of a pod
+	// it could not place where they were allocated.
+	ReleaseUnschedulable = placement.ReleaseUnschedulable
 )
 
 // resolveConflicts takes back the group's claims that share a device with
@@ -98,6 +102,16 @@ func (c *Controller) recover(ctx context.Context, g *group) error {
 	for _, m := range g.steered {
 		reason, detail := c.stuck(m)
 		if reason == "" || !c.canRelease(m) {
+			if reason != "" {
+				// The scheduler takes the allocation back (its PostFilter)
+				// and the pod is planned again, or it moves the pod itself
+				// within the domain affinity; see again after a while.
+				klog.FromContext(ctx).V(2).Info("Steered pod cannot bind where its claims are; the scheduler takes them back", "pod", klog.KObj(m.pod), "reason", reason, "detail", detail)
+				if reason == ReleaseTimeout {
+					c.recorder.Eventf(m.pod, v1.EventTypeWarning, ReasonNotBound, "%s; its claims stay until the scheduler takes them back", detail)
+				}
+				c.queue.AddAfter(g.key, c.cfg.BindTimeout)
+			}
 			keep = append(keep, m)
 			continue
 		}
@@ -124,7 +138,32 @@ func (c *Controller) recover(ctx context.Context, g *group) error {
 		}
 	}
 	g.bound = keep
+	for _, m := range g.bound {
+		if err := c.noteMove(ctx, m); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// noteMove records a pod the scheduler bound somewhere other than the
+// node the controller planned: when the planned node was lost, the
+// scheduler takes back the allocation of a claim reserved only for that
+// pod and allocates it again by itself, within the pod's domain affinity.
+// The pod's gputopo.dev/node follows, with a Moved event and metric.
+func (c *Controller) noteMove(ctx context.Context, m *member) error {
+	planned := m.pod.Annotations[placement.AnnotationNode]
+	if planned == "" || planned == m.pod.Spec.NodeName {
+		return nil
+	}
+	why := "node " + planned + " could not take it"
+	if reason, detail := c.stuck(&member{pod: m.pod, node: planned}); reason != "" && reason != ReleaseTimeout {
+		why = detail
+	}
+	c.recorder.Eventf(m.pod, v1.EventTypeNormal, ReasonMoved, "bound to node %s instead of the planned %s (%s); the scheduler allocated its claims again in domain %s",
+		m.pod.Spec.NodeName, planned, why, m.pod.Annotations[placement.AnnotationDomain])
+	c.cfg.Metrics.Released.WithLabelValues(ReasonMoved).Inc()
+	return c.annotate(ctx, m.pod, map[string]any{placement.AnnotationNode: m.pod.Spec.NodeName})
 }
 
 // stuck says why a steered pod cannot bind where its claims are, or "".
@@ -190,6 +229,23 @@ func (c *Controller) releaseWithReason(ctx context.Context, g *group, m *member,
 	if err := c.releaseMember(ctx, m); err != nil {
 		return err
 	}
+	return c.noteRelease(ctx, m, reason, detail)
+}
+
+// noteReplanned records, for a pod whose gate was open and whose claims
+// the scheduler took back, why it is planned again: the planned node was
+// lost, else the scheduler found no node for it.
+// The pod's gputopo.dev/node and domain follow its new allocation.
+func (c *Controller) noteReplanned(ctx context.Context, m *member, node, domain string) error {
+	planned := m.pod.Annotations[placement.AnnotationNode]
+	reason, detail := c.stuck(&member{pod: m.pod, node: planned})
+	if reason == "" || reason == ReleaseTimeout {
+		reason, detail = ReleaseUnschedulable, fmt.Sprintf("the scheduler took back the claims allocated on node %s", planned)
+	}
+	return c.noteRelease(ctx, m, reason, detail, map[string]any{placement.AnnotationNode: node, placement.AnnotationDomain: domain, placement.AnnotationStatus: nil})
+}
+
+func (c *Controller) noteRelease(ctx context.Context, m *member, reason, detail string, extra ...map[string]any) error {
 	prev, _ := placement.ParseRelease(m.pod.Annotations[placement.AnnotationReleased])
 	klog.FromContext(ctx).Info("Released the claims of a pod to plan it again", "pod", klog.KObj(m.pod), "reason", reason, "detail", detail)
 	c.cfg.Metrics.Released.WithLabelValues(reason).Inc()
@@ -198,10 +254,14 @@ func (c *Controller) releaseWithReason(ctx context.Context, g *group, m *member,
 	c.mu.Lock()
 	c.opened[m.pod.UID] = time.Now()
 	c.mu.Unlock()
-	return c.annotate(ctx, m.pod, map[string]any{
+	ann := map[string]any{
 		placement.AnnotationReleased: prev.Next(reason).Format(),
 		placement.AnnotationStatus:   placement.Status{Reason: reason, Message: detail}.Format(),
-	})
+	}
+	for _, e := range extra {
+		maps.Copy(ann, e)
+	}
+	return c.annotate(ctx, m.pod, ann)
 }
 
 // releaseMember clears the allocations the controller made for the pod.
@@ -260,13 +320,15 @@ func (c *Controller) setStatus(ctx context.Context, pods []*v1.Pod, reason, mess
 	return nil
 }
 
-// ungate opens the pod's gate and records where its claims are, in one
-// write. Other gates stay.
-func (c *Controller) ungate(ctx context.Context, m *member) error {
-	domain := ""
-	for _, cl := range m.claims {
-		if d := cl.Annotations[placement.AnnotationDomain]; d != "" {
-			domain = d
+// ungate opens the pod's gate, records where its claims are and, with req,
+// narrows its required node affinity to the group's domain, in one write.
+// Other gates stay.
+func (c *Controller) ungate(ctx context.Context, m *member, req *v1.NodeSelectorRequirement) error {
+	domain := memberDomain(m)
+	spec := map[string]any{"schedulingGates": []map[string]string{{"$patch": "delete", "name": placement.SchedulingGate}}}
+	if req != nil {
+		if sel := narrowedAffinity(m.pod, *req); sel != nil {
+			spec["affinity"] = map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": sel}}
 		}
 	}
 	patch, err := json.Marshal(map[string]any{
@@ -275,7 +337,7 @@ func (c *Controller) ungate(ctx context.Context, m *member) error {
 			placement.AnnotationNode:   m.node,
 			placement.AnnotationStatus: nil,
 		}},
-		"spec": map[string]any{"schedulingGates": []map[string]string{{"$patch": "delete", "name": placement.SchedulingGate}}},
+		"spec": spec,
 	})
 	if err != nil {
 		return err

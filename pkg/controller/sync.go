@@ -28,6 +28,12 @@ const (
 	ReasonInvalidClaim     = "InvalidClaim"
 	ReasonReleased         = "Released"
 	ReasonDeviceConflict   = "DeviceConflict"
+	// ReasonMoved: the scheduler bound the pod to another node of its
+	// domain than the planned one.
+	ReasonMoved = "Moved"
+	// ReasonNotBound: a pod whose gate opened is not bound after the bind
+	// timeout.
+	ReasonNotBound = "NotBound"
 )
 
 // member is one pod of a group with its ResourceClaims.
@@ -181,7 +187,9 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		return done, nil
 	}
 	if g.lagging {
-		return done, nil // the claim's event requeues the group
+		// The claim's event requeues the group.
+		klog.FromContext(ctx).V(4).Info("Waiting for the informer to show the controller's own claim writes")
+		return done, nil
 	}
 	first := g.anyPod()
 	req, err := placement.Parse(first.Annotations)
@@ -281,6 +289,13 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	if err := c.allocate(ctx, g, plan); err != nil {
 		return done, err
 	}
+	for _, m := range g.toPlace {
+		if !hasGate(m.pod) && m.pod.Annotations[placement.AnnotationNode] != "" {
+			if err := c.noteReplanned(ctx, m, plan.Assignments[m.pod.Name], plan.Domain.Format()); err != nil {
+				return done, err
+			}
+		}
+	}
 	klog.FromContext(ctx).Info("Allocated the claims of the pod group", "domain", plan.Domain.String(), "pods", len(plan.Assignments), "fallback", plan.Fallback)
 	c.setPending(key, false)
 	c.cfg.Metrics.Decisions.WithLabelValues(OutcomePlaced).Inc()
@@ -344,12 +359,15 @@ func (c *Controller) release(ctx context.Context, g *group) error {
 	for _, m := range g.held {
 		for _, cl := range m.claims {
 			if !c.index.seen(cl.UID, cl.ResourceVersion) {
-				return nil // the claim's event requeues the group
+				// The claim's event requeues the group.
+				klog.FromContext(ctx).V(4).Info("Gates stay closed until the index shows the claim", "claim", klog.KObj(cl))
+				return nil
 			}
 		}
 	}
+	req := c.groupRequirement(ctx, g)
 	for _, m := range g.held {
-		if err := c.ungate(ctx, m); err != nil {
+		if err := c.ungate(ctx, m, req); err != nil {
 			return err
 		}
 	}

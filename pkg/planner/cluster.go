@@ -335,3 +335,57 @@ func sortedNat(set map[string]bool) []string {
 	sort.Slice(out, func(a, b int) bool { return topology.NaturalLess(out[a], out[b]) })
 	return out
 }
+
+// DomainNodes lists the nodes of a domain in topology order; nil for the
+// whole cluster, which needs no list. A name the cluster lacks is an error.
+func (c *Cluster) DomainNodes(d Domain) ([]string, error) {
+	var idx []int
+	switch d.Level {
+	case LevelNode:
+		for _, name := range d.Names {
+			i, ok := c.byName[name]
+			if !ok {
+				return nil, fmt.Errorf("node %s is not in the cluster", name)
+			}
+			idx = append(idx, i)
+		}
+	case LevelLeaf, LevelLeaves:
+		for _, name := range d.Names {
+			l := c.leafByN[name]
+			if l == nil {
+				return nil, fmt.Errorf("leaf %s is not in the cluster", name)
+			}
+			idx = append(idx, l.nodes...)
+		}
+	case LevelSpine, LevelCluster:
+		if len(d.Names) == 0 {
+			return nil, nil
+		}
+		for _, name := range d.Names {
+			s := c.spineByN[name]
+			if s == nil {
+				return nil, fmt.Errorf("spine %s is not in the cluster", name)
+			}
+			idx = append(idx, s.nodes...)
+		}
+	default:
+		return nil, fmt.Errorf("unknown domain level %q", d.Level)
+	}
+	out := make([]string, len(idx))
+	for i, n := range idx {
+		out[i] = c.nodes[n].name
+	}
+	return out, nil
+}
+
+// LeafOf is the node's leaf, empty when it has none.
+func (c *Cluster) LeafOf(node string) (string, error) {
+	i, ok := c.byName[node]
+	if !ok {
+		return "", fmt.Errorf("node %s is not in the cluster", node)
+	}
+	if l := c.nodes[i].leaf; l != nil {
+		return l.name, nil
+	}
+	return "", nil
+}

@@ -257,6 +257,9 @@ const (
 	ReleaseNodeTainted = "NodeTainted"
 	// ReleaseNodeDeleted: a node of the plan was deleted.
 	ReleaseNodeDeleted = "NodeDeleted"
+	// ReleaseUnschedulable: the scheduler took back the claims of a pod
+	// whose gate was open, as it could not place the pod where they were.
+	ReleaseUnschedulable = "Unschedulable"
 	// ReleaseDeviceConflict: a device of the plan was allocated to another
 	// claim.
 	ReleaseDeviceConflict = "DeviceConflict"

@@ -209,6 +209,11 @@ func TestContention(t *testing.T) {
 				} else if ok, why = allBound(pods, int(j.pods), claims, avoid); ok && j.recovered == 0 {
 					j.recovered = time.Since(lostAt)
 				}
+				if ok {
+					// A pod the scheduler moved off the lost node gets
+					// its gputopo.dev/node updated by the controller.
+					ok, why = nodesNoted(pods)
+				}
 			case "ct-waves":
 				ok, why = advanceWaves(ctx, j, pods, claims)
 			}
@@ -243,8 +248,8 @@ func TestContention(t *testing.T) {
 	ch.mu.Unlock()
 	// The controller says so on each pod it takes back from a lost node;
 	// a pod already bound on the tainted node is the taint manager's.
-	checkLostEvent(t, "ct-gone", gone, "Released")
-	checkLostEvent(t, "ct-tainted", tainted, "Released", "TaintManagerEviction")
+	checkLostEvent(t, "ct-gone", gone, "Released", "Moved")
+	checkLostEvent(t, "ct-tainted", tainted, "Released", "Moved", "TaintManagerEviction")
 	checkTooBig(t, byName["ct-too-big"])
 	logUngated(t, ungatedSel)
 
@@ -446,6 +451,17 @@ func checkCtJob(t *testing.T, j *ctJob, ch *chaos) {
 	}
 }
 
+// nodesNoted says whether every active pod's gputopo.dev/node names the
+// node it is bound to.
+func nodesNoted(pods []corev1.Pod) (bool, string) {
+	for _, p := range activePods(pods) {
+		if got := p.Annotations[placementapi.AnnotationNode]; p.Spec.NodeName != "" && got != p.Spec.NodeName {
+			return false, fmt.Sprintf("pod %s is on %s but %s=%q", p.Name, p.Spec.NodeName, placementapi.AnnotationNode, got)
+		}
+	}
+	return true, ""
+}
+
 // checkLostEvent checks that a pod of job has an event with one of
 // reasons that names the lost node.
 func checkLostEvent(t *testing.T, job, node string, reasons ...string) {
@@ -460,7 +476,7 @@ func checkLostEvent(t *testing.T, job, node string, reasons ...string) {
 			continue
 		}
 		seen = append(seen, e.Reason)
-		if slices.Contains(reasons, e.Reason) && (e.Reason != "Released" || strings.Contains(e.Message, node)) {
+		if slices.Contains(reasons, e.Reason) && (e.Reason == "TaintManagerEviction" || strings.Contains(e.Message, node)) {
 			t.Logf("pod %s: %s event: %s", e.InvolvedObject.Name, e.Reason, e.Message)
 			return
 		}
