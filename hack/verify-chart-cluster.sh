@@ -241,7 +241,15 @@ can "$CT" yes update leases.coordination.k8s.io/gputopo-controller -n "$NS"
 can "$CT" no update leases.coordination.k8s.io/kube-scheduler -n kube-system
 can "$CT" no list secrets -A
 can "$CT" yes get configmaps/gputopo-label-mapping -n "$NS"
-can "$CT" yes update placements.gputopo.dev
+# placements.gputopo.dev is not a served resource, so kubectl auth can-i
+# cannot resolve it; ask the API server directly.
+got=$(KUBECONFIG="$CT" kubectl create -o jsonpath='{.status.allowed}' -f - <<'EOF' 2>&1 || true
+apiVersion: authorization.k8s.io/v1
+kind: SelfSubjectAccessReview
+spec: {resourceAttributes: {group: gputopo.dev, resource: placements, verb: update}}
+EOF
+)
+if [ "$got" = true ]; then ok "update placements.gputopo.dev allowed"; else bad "update placements.gputopo.dev: allowed=$got, want true"; fi
 
 step "admission policies from the chart"
 kubectl apply -f demo/specs/claims/gpu-1.yaml >/dev/null

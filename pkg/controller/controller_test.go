@@ -199,6 +199,15 @@ func (h *harness) sync(key string) {
 	}
 }
 
+// place syncs the group, waits out the settle delay and syncs it again,
+// so its gates open.
+func (h *harness) place(key string) {
+	h.t.Helper()
+	h.sync(key)
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync(key)
+}
+
 // settle waits until the informers show every write so far.
 func (h *harness) settle() {
 	h.t.Helper()

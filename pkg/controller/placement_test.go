@@ -153,9 +153,7 @@ func TestClashBeforeGatesOpenIsReplanned(t *testing.T) {
 	h.create(foreignClaim("racer", node, names...))
 	h.settle()
 	time.Sleep(h.c.cfg.SettleDelay)
-	h.sync("default/job/pair")
-	time.Sleep(h.c.cfg.SettleDelay)
-	h.sync("default/job/pair")
+	h.place("default/job/pair")
 	if got := h.devicesOf("pair-0"); cmp.Equal(got, devs) {
 		t.Fatalf("claim still holds %v, which the other claim holds too", got)
 	}
@@ -186,9 +184,7 @@ func TestHalfWrittenGroupIsPlannedAgainAsAWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.settle()
-	h.sync("default/job/train")
-	time.Sleep(h.c.cfg.SettleDelay)
-	h.sync("default/job/train")
+	h.place("default/job/train")
 	for _, pod := range []string{"train-0", "train-1"} {
 		if n := h.allocatedNode(pod); leafOf(n) != "leaf-0" {
 			t.Errorf("%s allocated on %q, want leaf-0", pod, n)
@@ -223,9 +219,7 @@ func TestCompletionsAboveParallelismPlansTheFirstWave(t *testing.T) {
 	h.addPod(jobPod("wave", 0, "gpu-8-node", nil))
 	h.addPod(jobPod("wave", 1, "gpu-8-node", nil))
 	h.settle()
-	h.sync("default/job/wave")
-	time.Sleep(h.c.cfg.SettleDelay)
-	h.sync("default/job/wave")
+	h.place("default/job/wave")
 	for _, pod := range []string{"wave-0", "wave-1"} {
 		if hasGate(h.pod(pod)) {
 			t.Errorf("%s still gated: a Job with completions > parallelism must not wait for all completions", pod)
@@ -242,9 +236,7 @@ func TestUngatedPodIsPlannedAgainOnceTheSchedulerTakesItsClaimBack(t *testing.T)
 	h.c.cfg.BindTimeout = 50 * time.Millisecond
 	h.addPod(jobPod("one", 0, "gpu-8-node", nil))
 	h.settle()
-	h.sync("default/job/one")
-	time.Sleep(h.c.cfg.SettleDelay)
-	h.sync("default/job/one")
+	h.place("default/job/one")
 	if hasGate(h.pod("one-0")) {
 		t.Fatal("pod still gated")
 	}
@@ -295,9 +287,7 @@ func TestPodOfDeletedNodeIsSteeredElsewhere(t *testing.T) {
 			h := newHarness(t, job("one", 1))
 			h.addPod(jobPod("one", 0, "gpu-8-node", nil))
 			h.settle()
-			h.sync("default/job/one")
-			time.Sleep(h.c.cfg.SettleDelay)
-			h.sync("default/job/one")
+			h.place("default/job/one")
 			node := h.allocatedNode("one-0")
 			break_(h, node)
 			h.eventually("the node change", func() bool {
@@ -326,9 +316,7 @@ func TestReplacementGoesBackIntoTheDomain(t *testing.T) {
 	h.addPod(jobPod("train", 0, "gpu-4-nvlink", nil))
 	h.addPod(jobPod("train", 1, "gpu-4-nvlink", nil))
 	h.settle()
-	h.sync("default/job/train")
-	time.Sleep(h.c.cfg.SettleDelay)
-	h.sync("default/job/train")
+	h.place("default/job/train")
 	h.bind("train-0")
 	h.bind("train-1")
 	leaf := leafOf(h.allocatedNode("train-0"))
@@ -341,9 +329,7 @@ func TestReplacementGoesBackIntoTheDomain(t *testing.T) {
 	}
 	h.addPod(jobPod("train", 2, "gpu-4-nvlink", nil))
 	h.settle()
-	h.sync("default/job/train")
-	time.Sleep(h.c.cfg.SettleDelay)
-	h.sync("default/job/train")
+	h.place("default/job/train")
 	if got := leafOf(h.allocatedNode("train-2")); got != leaf {
 		t.Errorf("replacement on leaf %q, want %q", got, leaf)
 	}
@@ -482,12 +468,8 @@ func TestLostNodeResyncsTheGroupsOnIt(t *testing.T) {
 	h.addPod(jobPod("train", 1, "gpu-8-node", nil))
 	h.addPod(jobPod("other", 0, "gpu-8-node", nil))
 	h.settle()
-	h.sync("default/job/train")
-	time.Sleep(h.c.cfg.SettleDelay)
-	h.sync("default/job/train")
-	h.sync("default/job/other")
-	time.Sleep(h.c.cfg.SettleDelay)
-	h.sync("default/job/other")
+	h.place("default/job/train")
+	h.place("default/job/other")
 	h.bind("train-0") // train-1 stays steered
 	lost := h.allocatedNode("train-1")
 	for h.c.queue.Len() > 0 {

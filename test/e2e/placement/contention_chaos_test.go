@@ -17,8 +17,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
-
-	"github.com/gputopo/gputopo/test/e2e/framework"
 )
 
 // chaos is what the test did to the cluster while Jobs were placed.
@@ -150,20 +148,8 @@ func restoreNodes(t *testing.T, ch *chaos) {
 		}
 	}
 	for _, n := range []string{gone, tainted} {
-		if n == "" {
-			continue
+		if n != "" {
+			waitNodeReady(t, n)
 		}
-		framework.Eventually(t, waitCleanup, "node "+n+" to be Ready without taints", func() (bool, string) {
-			node, err := client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
-			if err != nil {
-				return false, err.Error()
-			}
-			for _, c := range node.Status.Conditions {
-				if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && len(node.Spec.Taints) == 0 {
-					return true, ""
-				}
-			}
-			return false, fmt.Sprintf("taints %v, conditions %v", node.Spec.Taints, node.Status.Conditions)
-		})
 	}
 }

@@ -127,8 +127,8 @@ func recoveryEvents(ctx context.Context, job string) string {
 	return fmt.Sprintf(" (%s)", strings.Join(out, ", "))
 }
 
-// restoreNode brings a deleted fake node back and waits until the
-// controller's view has it Ready again.
+// restoreNode brings a deleted fake node back and waits until it is
+// Ready again.
 func restoreNode(t *testing.T, node string) {
 	t.Helper()
 	ctx := context.Background()
@@ -136,18 +136,7 @@ func restoreNode(t *testing.T, node string) {
 		t.Errorf("restore node %s: %v", node, err)
 		return
 	}
-	framework.Eventually(t, waitCleanup, "node "+node+" to be Ready", func() (bool, string) {
-		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-				return true, ""
-			}
-		}
-		return false, "not Ready"
-	})
+	waitNodeReady(t, node)
 }
 
 // durations reads as "p50 1.2s, max 2.3s over 5 runs".
@@ -166,4 +155,21 @@ func roundAll(ds []time.Duration) []time.Duration {
 		out[i] = d.Round(10 * time.Millisecond)
 	}
 	return out
+}
+
+// waitNodeReady waits until the node is Ready and has no taints.
+func waitNodeReady(t *testing.T, node string) {
+	t.Helper()
+	framework.Eventually(t, waitCleanup, "node "+node+" to be Ready without taints", func() (bool, string) {
+		n, err := client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && len(n.Spec.Taints) == 0 {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("taints %v, conditions %v", n.Spec.Taints, n.Status.Conditions)
+	})
 }
