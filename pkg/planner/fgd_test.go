@@ -240,9 +240,10 @@ func TestFragmentationCountsCPU(t *testing.T) {
 			}
 		})
 	}
-	// What the pods on a node already take counts too: with 38 of l0n1's
-	// CPUs in use, the pod only fits on l0n0.
-	snap := planner.NewSnapshot(counted, nil, planner.WithUsed(onNodes(resources("cpu", "38"), "l0n1")))
+	// What the pods on a node already take counts too, several WithUsed
+	// adding up: with 38 of l0n1's CPUs in use, the pod only fits on l0n0.
+	half19 := planner.WithUsed(onNodes(resources("cpu", "19"), "l0n1"))
+	snap := planner.NewSnapshot(counted, nil, half19, half19)
 	if plan, err := p.Plan(context.Background(), snap, nil, half); err != nil || plan.Assignments["p0"] != "l0n0" {
 		t.Errorf("with l0n1 busy, want l0n0: %v, %v", plan, err)
 	}

@@ -115,13 +115,13 @@ func podUsage(pod *v1.Pod) v1.ResourceList {
 type SnapshotOption func(*Snapshot)
 
 // WithUsed records what the pods bound or assigned to each node already
-// take from its allocatable. It is read once, when the snapshot is taken.
-// A pod held by a Reservation is counted there, not here.
+// take from its allocatable. It is read once, when the snapshot is taken;
+// several add up. A pod held by a Reservation is counted there, not here.
 func WithUsed(used NodeUsage) SnapshotOption {
 	return func(s *Snapshot) {
 		for name, l := range used {
 			if i, ok := s.cluster.byName[name]; ok && s.cluster.nodes[i].alloc != nil {
-				s.usedRes[i] = s.cluster.res.add(nil, l)
+				s.usedRes[i] = s.cluster.res.add(s.usedRes[i], l)
 			}
 		}
 	}

@@ -64,37 +64,22 @@ func (s *Snapshot) sharesOf(shares []*nodeShares, n int32) *nodeShares {
 func (s *Snapshot) sharesWithReservations(res *Reservations, except string) []*nodeShares {
 	shares := slices.Clone(s.shares)
 	copied := map[int32]bool{}
-	res.eachShare(except, func(sh devicefit.Share) {
-		ref, ok := s.cluster.devIndex[sh.Device]
-		if !ok {
-			return
-		}
-		if !copied[ref.node] {
-			copied[ref.node] = true
-			shares[ref.node] = shares[ref.node].clone()
-		}
-		shares[ref.node].add(sh)
-	})
-	return shares
-}
-
-// eachShare calls fn for every share held by a job other than except.
-func (rs *Reservations) eachShare(except string, fn func(devicefit.Share)) {
-	if rs == nil {
-		return
-	}
-	rs.mu.RLock()
-	defer rs.mu.RUnlock()
-	for job, r := range rs.jobs {
-		if job == except {
-			continue
-		}
-		for _, shares := range r.Shares {
-			for _, sh := range shares {
-				fn(sh)
+	res.eachJob(except, func(r Reservation) {
+		for _, held := range r.Shares {
+			for _, sh := range held {
+				ref, ok := s.cluster.devIndex[sh.Device]
+				if !ok {
+					continue
+				}
+				if !copied[ref.node] {
+					copied[ref.node] = true
+					shares[ref.node] = shares[ref.node].clone()
+				}
+				shares[ref.node].add(sh)
 			}
 		}
-	}
+	})
+	return shares
 }
 
 // state is what the allocator is told is in use on node n: the devices in

@@ -7,7 +7,6 @@ import (
 	"sort"
 	"sync"
 
-	v1 "k8s.io/api/core/v1"
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -79,16 +78,18 @@ func (s *Snapshot) withReservations(res *Reservations, except string) []bitset {
 func (s *Snapshot) resourcesInUse(res *Reservations, except string) [][]int64 {
 	used := slices.Clone(s.usedRes)
 	copied := map[int]bool{}
-	res.eachRequest(except, func(node string, l v1.ResourceList) {
-		i, ok := s.cluster.byName[node]
-		if !ok || s.cluster.nodes[i].alloc == nil {
-			return
+	res.eachJob(except, func(r Reservation) {
+		for node, l := range r.Requests {
+			i, ok := s.cluster.byName[node]
+			if !ok || s.cluster.nodes[i].alloc == nil {
+				continue
+			}
+			if !copied[i] {
+				copied[i] = true
+				used[i] = slices.Clone(used[i])
+			}
+			used[i] = s.cluster.res.add(used[i], l)
 		}
-		if !copied[i] {
-			copied[i] = true
-			used[i] = slices.Clone(used[i])
-		}
-		used[i] = s.cluster.res.add(used[i], l)
 	})
 	return used
 }
@@ -236,20 +237,17 @@ func (rs *Reservations) Jobs() []string {
 	return slices.Sorted(maps.Keys(rs.jobs))
 }
 
-// eachRequest calls fn for the requests of every job but except, node by
-// node. A nil set holds nothing.
-func (rs *Reservations) eachRequest(except string, fn func(node string, l v1.ResourceList)) {
+// eachJob calls fn for the reservation of every job but except. A nil
+// set holds nothing.
+func (rs *Reservations) eachJob(except string, fn func(Reservation)) {
 	if rs == nil {
 		return
 	}
 	rs.mu.RLock()
 	defer rs.mu.RUnlock()
 	for job, r := range rs.jobs {
-		if job == except {
-			continue
-		}
-		for node, l := range r.Requests {
-			fn(node, l)
+		if job != except {
+			fn(r)
 		}
 	}
 }

@@ -184,7 +184,7 @@ func (g *gputopoPlacer) commit(force bool) {
 		g.res.Remove(job)
 	}
 	st := devicefit.NewState()
-	used := planner.NodeUsage{}
+	var used []planner.SnapshotOption
 	for _, r := range g.committed {
 		for _, ids := range r.Devices {
 			st.Devices.Insert(ids...)
@@ -194,20 +194,9 @@ func (g *gputopoPlacer) commit(force bool) {
 				st.AddShare(sh)
 			}
 		}
-		for node, l := range r.Requests {
-			sum := used[node]
-			if sum == nil {
-				sum = v1.ResourceList{}
-				used[node] = sum
-			}
-			for name, q := range l {
-				v := sum[name]
-				v.Add(q)
-				sum[name] = v
-			}
-		}
+		used = append(used, planner.WithUsed(r.Requests))
 	}
-	g.snap, g.stale = planner.NewSnapshotFromState(g.c.Planner, st, planner.WithUsed(used)), false
+	g.snap, g.stale = planner.NewSnapshotFromState(g.c.Planner, st, used...), false
 }
 
 // domainLeaves is how many adjacent leaves the planner's domain spans.
