@@ -35,18 +35,6 @@ func sharedClaim(uid, device string, milli int64, memory string) *resourceapi.Re
 	return c
 }
 
-func (e *env) envOf(t *testing.T, r kubeletplugin.PrepareResult) map[string]string {
-	t.Helper()
-	if r.Err != nil {
-		t.Fatal(r.Err)
-	}
-	var ids []string
-	for _, d := range r.Devices {
-		ids = append(ids, d.CDIDeviceIDs...)
-	}
-	return e.injected(t, ids)
-}
-
 // Four quarters of GPU 0 are four claims, each with its own CDI device
 // and its share in the environment; a whole-GPU claim and a fifth share
 // are refused; unpreparing one share and restarting keep the others.
@@ -59,7 +47,7 @@ func TestSharesOfOneGPU(t *testing.T) {
 	seen := map[string]bool{}
 	for _, q := range quarters {
 		r := res[q.UID]
-		env := e.envOf(t, r)
+		env := e.injected(t, cdiIDs(t, r))
 		wantMem := "21474836480" // a quarter of 80Gi: what a quarter of the compute brings
 		if q.UID == "q4" {
 			wantMem = "10737418240" // what it asked for
