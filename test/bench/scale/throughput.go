@@ -65,6 +65,9 @@ func Throughput(ctx context.Context, env *Env, opts ThroughputOptions) ([]Worklo
 	if err != nil {
 		return nil, err
 	}
+	if topo.GPUs > env.GPUs {
+		return nil, fmt.Errorf("%d pods ask for %d GPUs, more than the %d published: pods that cannot fit would end each workload only after the stall timeout; ask for fewer pods", opts.Pods, topo.GPUs, env.GPUs)
+	}
 	if err := env.CreateTemplates(ctx, append(topo.Templates, count.Templates...)); err != nil {
 		return nil, err
 	}
