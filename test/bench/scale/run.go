@@ -25,9 +25,9 @@ const (
 type RunConfig struct {
 	Mode string
 	// Dir is the cluster directory; BinDir holds gputopo-controller and
-	// gputopo-kubelet-plugin; RepoRoot is the repository (for the
-	// admission manifests).
-	Dir, BinDir, RepoRoot string
+	// gputopo-kubelet-plugin; Manifests (a file or directory) are applied
+	// before the controller starts: the admission policies.
+	Dir, BinDir, Manifests string
 	// Topology generates the fake nodes; the plugin mode uses its first
 	// profile on one real node.
 	Topology cluster.Topology
@@ -58,7 +58,7 @@ func Run(ctx context.Context, cfg RunConfig) (report []byte, result any, err err
 	case ModeController:
 		opts.ControllerBin = filepath.Join(cfg.BinDir, "gputopo-controller")
 		opts.ControllerArgs = cfg.ControllerArgs
-		opts.Manifests = []string{filepath.Join(cfg.RepoRoot, "deployments", "admission")}
+		opts.Manifests = []string{cfg.Manifests}
 		opts.AuditLog = true
 	case ModePlugin:
 		if len(topo.Profiles) == 0 {

@@ -11,7 +11,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -42,6 +41,7 @@ func run() error {
 	fs.StringVar(&cfg.Mode, "mode", scale.ModeThroughput, "throughput (scheduler: topology vs count-only claims), controller (Jobs through gputopo-controller) or plugin (kubelet plugin memory on one real node)")
 	fs.StringVar(&cfg.Dir, "dir", filepath.Join(os.TempDir(), "gputopo-bench"), "cluster directory; removed after a run without errors unless --keep")
 	fs.StringVar(&cfg.BinDir, "bin-dir", "bin", "directory holding gputopo-controller and gputopo-kubelet-plugin (`make build`)")
+	fs.StringVar(&cfg.Manifests, "manifests", filepath.Join("deployments", "admission"), "controller: admission manifests applied before the controller starts (the scheduling gate)")
 	fs.StringVar(&reportFile, "report", "", "append the Markdown report to this file")
 	fs.StringVar(&jsonFile, "json", "", "write every figure as JSON to this file")
 	fs.IntVar(&cfg.Topology.Spines, "spines", 5, "spines of the fake cluster")
@@ -75,7 +75,7 @@ func run() error {
 	if cfg.BinDir, err = filepath.Abs(cfg.BinDir); err != nil {
 		return err
 	}
-	if cfg.RepoRoot, err = repoRoot(); err != nil {
+	if cfg.Manifests, err = filepath.Abs(cfg.Manifests); err != nil {
 		return err
 	}
 
@@ -117,21 +117,4 @@ func writeOutputs(reportFile, jsonFile string, report []byte, result any) error 
 		}
 	}
 	return nil
-}
-
-// repoRoot is the nearest parent of the working directory holding the
-// gputopo module.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for d := dir; ; d = filepath.Dir(d) {
-		if data, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil && bytes.HasPrefix(data, []byte("module github.com/gputopo/gputopo\n")) {
-			return d, nil
-		}
-		if filepath.Dir(d) == d {
-			return "", fmt.Errorf("run from the gputopo repository: no go.mod of github.com/gputopo/gputopo above %s", dir)
-		}
-	}
 }
