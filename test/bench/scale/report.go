@@ -15,7 +15,7 @@ func ms(s float64) string {
 	if math.IsNaN(s) {
 		return "–"
 	}
-	return fmt.Sprintf("%.1f ms", s*1000)
+	return fmt.Sprintf("%.2f ms", s*1000)
 }
 
 // Ratio is the topology workload's mean pods/s over the count-only one's.
@@ -41,13 +41,14 @@ func Ratio(runs []WorkloadResult) (topo, count, ratio float64) {
 // WriteThroughput renders the throughput runs as Markdown.
 func WriteThroughput(w io.Writer, title string, runs []WorkloadResult, mem []ProcStat) {
 	fmt.Fprintf(w, "#### %s\n\n", title)
-	fmt.Fprintln(w, "| Round | Workload | Pods bound | GPUs | Pods/s | Created in | Latency p50 / p99 | Attempts (scheduled / unschedulable) | Mean attempt | DRA PreFilter / Filter (mean) |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| Round | Workload | Pods bound | GPUs | Pods/s | Created in | Latency p50 / p99 | Filter + score per pod | Filter phase per pod | DRA Filter per node | Scheduler CPU per pod | API server CPU per pod |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range runs {
-		fmt.Fprintf(w, "| %d | %s | %d / %d | %d | **%.1f** | %.1f s | %.1f s / %.1f s | %.0f / %.0f | %s | %s / %s |\n",
+		perPod := func(proc string) string { return ms(r.Sched.CPU[proc] / float64(max(r.Bound, 1))) }
+		fmt.Fprintf(w, "| %d | %s | %d / %d | %d | **%.1f** | %.1f s | %.1f s / %.1f s | %s | %s | %s | %s | %s |\n",
 			r.Round, r.Workload, r.Bound, r.Pods, r.GPUs, r.PodsPerSecond, r.CreateSeconds, r.LatencyP50, r.LatencyP99,
-			r.Sched.Attempts["scheduled"], r.Sched.Attempts["unschedulable"], ms(r.Sched.AttemptMean),
-			ms(r.Sched.DRA["PreFilter"]), ms(r.Sched.DRA["Filter"]))
+			ms(r.Sched.AlgorithmMean), ms(r.Sched.ExtensionPoint["Filter"]), ms(r.Sched.DRA["Filter"]),
+			perPod("kube-scheduler"), perPod("kube-apiserver"))
 	}
 	t, c, ratio := Ratio(runs)
 	fmt.Fprintf(w, "\nMean pods/s: topology %.1f, count-only %.1f, **ratio (a)/(b) = %.2f**.\n\n", t, c, ratio)
