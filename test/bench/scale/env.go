@@ -197,9 +197,15 @@ func (e *Env) setup(ctx context.Context, objs []*resourcev1.ResourceSlice, contr
 	return nil
 }
 
-// CreateTemplates creates claim templates in the benchmark namespace.
+// CreateTemplates creates claim templates in the benchmark namespace, each
+// name once.
 func (e *Env) CreateTemplates(ctx context.Context, tmpls []*resourcev1.ResourceClaimTemplate) error {
+	seen := map[string]bool{}
 	for _, t := range tmpls {
+		if seen[t.Name] {
+			continue
+		}
+		seen[t.Name] = true
 		t = t.DeepCopy()
 		t.Namespace = Namespace
 		if _, err := e.Client.ResourceV1().ResourceClaimTemplates(Namespace).Create(ctx, t, metav1.CreateOptions{}); err != nil {

@@ -52,7 +52,7 @@ func PluginMemory(ctx context.Context, env *Env, template string, pods int) (Plu
 		return res, err
 	}
 	for i := range pods {
-		pod := NewPod(fmt.Sprintf("plugin-%d", i), "plugin", template, nil)
+		pod := NewPod(fmt.Sprintf("plugin-%d", i), "plugin", template, "")
 		if _, err := env.Client.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			return res, fmt.Errorf("create pod %s: %w", pod.Name, err)
 		}

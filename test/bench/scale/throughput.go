@@ -116,7 +116,7 @@ func runWorkload(ctx context.Context, env *Env, scr *Scraper, plan PodPlan, opts
 	created := make([]time.Time, len(plan.Pods))
 	err = parallel(ctx, len(plan.Pods), opts.Creators, func(ctx context.Context, i int) error {
 		created[i] = time.Now()
-		pod := NewPod(fmt.Sprintf("%s-%05d", plan.Workload, i), plan.Workload, plan.Pods[i], nil)
+		pod := NewPod(fmt.Sprintf("%s-%05d", plan.Workload, i), plan.Workload, plan.Pods[i], plan.Leaves[i])
 		if _, err := env.Client.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create pod %s: %w", pod.Name, err)
 		}

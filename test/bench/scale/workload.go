@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/demo/specs"
+	cluster "github.com/gputopo/gputopo/test/cluster"
 )
 
 // LeafTemplate is the demo template with a leaf CEL selector. Pods of the
@@ -109,13 +110,26 @@ func ClaimGPUs(t *resourcev1.ResourceClaimTemplate) (int, error) {
 	return total, nil
 }
 
+// LeafNodeSelector is a mix entry for comparison, not a demo template: a
+// count-only claim for four GPUs in a pod whose nodeSelector names the
+// leaf, round robin over the leaves like LeafTemplate.
+const LeafNodeSelector = "gpu-4-leaf-nodeselector"
+
 // PodPlan is the pods of one workload, in creation order: the template of
-// each pod's claim. Templates holds every template they use.
+// each pod's claim and, where the pod has one, the leaf its nodeSelector
+// names. Templates holds every template they use.
 type PodPlan struct {
 	Workload  string
 	Templates []*resourcev1.ResourceClaimTemplate
 	Pods      []string
+	Leaves    []string
 	GPUs      int
+}
+
+func (p *PodPlan) add(template, leaf string, gpus int) {
+	p.Pods = append(p.Pods, template)
+	p.Leaves = append(p.Leaves, leaf)
+	p.GPUs += gpus
 }
 
 // TopologyAndCount returns the two workloads of the throughput benchmark:
@@ -124,12 +138,34 @@ type PodPlan struct {
 // counts, pod by pod, with count-only claims.
 func TopologyAndCount(mix []Weighted, n int, leaves []string) (topo, count PodPlan, err error) {
 	topo, count = PodPlan{Workload: "topology"}, PodPlan{Workload: "count"}
-	gpusOf := map[string]int{}
+	base, err := specs.ClaimTemplate(countTemplate)
+	if err != nil {
+		return topo, count, err
+	}
+	counts := map[int]*resourcev1.ResourceClaimTemplate{}
+	countOf := func(gpus int) (string, error) {
+		if counts[gpus] == nil {
+			t, err := withCount(base, gpus)
+			if err != nil {
+				return "", err
+			}
+			counts[gpus] = t
+			count.Templates = append(count.Templates, t)
+		}
+		return counts[gpus].Name, nil
+	}
+	gpusOf := map[string]int{LeafNodeSelector: 4}
 	perLeaf := map[string]string{}
 	for _, m := range mix {
+		if m.Name == LeafNodeSelector {
+			if len(leaves) == 0 {
+				return topo, count, fmt.Errorf("mix entry %s needs leaves, and the cluster has none", m.Name)
+			}
+			continue
+		}
 		t, err := specs.ClaimTemplate(m.Name)
 		if err != nil {
-			return topo, count, fmt.Errorf("mix entry %s: %w (the mix lists demo/specs/claims templates)", m.Name, err)
+			return topo, count, fmt.Errorf("mix entry %s: %w (the mix lists demo/specs/claims templates or %s)", m.Name, err, LeafNodeSelector)
 		}
 		if gpusOf[m.Name], err = ClaimGPUs(t); err != nil {
 			return topo, count, err
@@ -150,30 +186,24 @@ func TopologyAndCount(mix []Weighted, n int, leaves []string) (topo, count PodPl
 			topo.Templates = append(topo.Templates, lt)
 		}
 	}
-	base, err := specs.ClaimTemplate(countTemplate)
-	if err != nil {
-		return topo, count, err
-	}
-	counts := map[int]bool{}
 	leafTurn := 0
 	for _, name := range Sequence(mix, n) {
 		gpus := gpusOf[name]
-		if name == LeafTemplate {
-			name = perLeaf[leaves[leafTurn%len(leaves)]]
+		countName, err := countOf(gpus)
+		if err != nil {
+			return topo, count, err
+		}
+		switch name {
+		case LeafTemplate:
+			topo.add(perLeaf[leaves[leafTurn%len(leaves)]], "", gpus)
 			leafTurn++
+		case LeafNodeSelector:
+			topo.add(countName, leaves[leafTurn%len(leaves)], gpus)
+			leafTurn++
+		default:
+			topo.add(name, "", gpus)
 		}
-		topo.Pods = append(topo.Pods, name)
-		count.Pods = append(count.Pods, countName(gpus))
-		topo.GPUs += gpus
-		count.GPUs += gpus
-		if !counts[gpus] {
-			counts[gpus] = true
-			t, err := withCount(base, gpus)
-			if err != nil {
-				return topo, count, err
-			}
-			count.Templates = append(count.Templates, t)
-		}
+		count.add(countName, "", gpus)
 	}
 	return topo, count, nil
 }
@@ -215,12 +245,17 @@ func forLeaf(base *resourcev1.ResourceClaimTemplate, leaf string) (*resourcev1.R
 	return t, nil
 }
 
-// NewPod is a benchmark pod with one claim from the template.
-func NewPod(name, workload, template string, annotations map[string]string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: map[string]string{LabelWorkload: workload}, Annotations: annotations},
+// NewPod is a benchmark pod with one claim from the template, on the
+// leaf when leaf is set.
+func NewPod(name, workload, template, leaf string) *corev1.Pod {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: map[string]string{LabelWorkload: workload}},
 		Spec:       podSpec(template),
 	}
+	if leaf != "" {
+		pod.Spec.NodeSelector = map[string]string{cluster.LabelLeaf: leaf}
+	}
+	return pod
 }
 
 func podSpec(template string) corev1.PodSpec {

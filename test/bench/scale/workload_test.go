@@ -8,6 +8,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 
 	"github.com/gputopo/gputopo/demo/specs"
+	cluster "github.com/gputopo/gputopo/test/cluster"
 )
 
 func TestParseMix(t *testing.T) {
@@ -109,5 +110,28 @@ func TestClaimGPUs(t *testing.T) {
 	all.Spec.Spec.Devices.Requests = []resourcev1.DeviceRequest{{Name: "r", Exactly: &resourcev1.ExactDeviceRequest{AllocationMode: resourcev1.DeviceAllocationModeAll}}}
 	if _, err := ClaimGPUs(all); err == nil {
 		t.Error("ClaimGPUs(allocation mode All) succeeded, want an error")
+	}
+}
+
+func TestLeafNodeSelectorEntry(t *testing.T) {
+	topo, count, err := TopologyAndCount([]Weighted{{LeafNodeSelector, 1}, {"gpu-2-nvlink-pair", 1}}, 4, []string{"leaf-0", "leaf-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"gpu-count-4", "gpu-2-nvlink-pair", "gpu-count-4", "gpu-2-nvlink-pair"}, topo.Pods); diff != "" {
+		t.Errorf("topology pods (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"leaf-0", "", "leaf-1", ""}, topo.Leaves); diff != "" {
+		t.Errorf("topology pods' leaves (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"", "", "", ""}, count.Leaves); diff != "" {
+		t.Errorf("count-only pods' leaves (-want +got):\n%s", diff)
+	}
+	pod := NewPod("p", "topology", topo.Pods[2], topo.Leaves[2])
+	if diff := cmp.Diff(map[string]string{cluster.LabelLeaf: "leaf-1"}, pod.Spec.NodeSelector); diff != "" {
+		t.Errorf("nodeSelector (-want +got):\n%s", diff)
+	}
+	if _, _, err := TopologyAndCount([]Weighted{{LeafNodeSelector, 1}}, 1, nil); err == nil {
+		t.Errorf("%s without leaves succeeded", LeafNodeSelector)
 	}
 }
