@@ -10,12 +10,13 @@ TOPOLOGY    ?= $(CURDIR)/test/cluster/topologies/demo-topology.yaml
 LOCALCLUSTER := $(BIN)/localcluster
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build test unit e2e chart lint demo demo-down bench bench-scale k8s-binaries image verify-chart verify-chart-cluster lint-dockerfile clean
+.PHONY: all build test unit e2e chart lint demo demo-loop demo-down bench bench-scale k8s-binaries image verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
+	ln -sf gputopo $(BIN)/kubectl-gputopo
 
 $(LOCALCLUSTER): FORCE
 	cd test/cluster && $(GO) build -o $(LOCALCLUSTER) ./cmd/localcluster
@@ -66,6 +67,11 @@ lint:
 # print where everything landed. The cluster keeps running: `make demo-down`.
 demo: build k8s-binaries $(LOCALCLUSTER)
 	GPUTOPO_BIN=$(BIN) CLUSTER_DIR=$(CLUSTER_DIR) TOPOLOGY=$(TOPOLOGY) ./demo/local.sh
+
+# `make demo` N times in a row (default 20): how many were green and the
+# Job's creation-to-Running latency. Not part of `make test`.
+demo-loop:
+	hack/demo-loop.sh $(or $(N),20)
 
 demo-down: $(LOCALCLUSTER)
 	$(LOCALCLUSTER) down --dir $(CLUSTER_DIR)

@@ -3,7 +3,8 @@
 # the demo workloads from demo/specs, and what a user wants to see of them.
 # The cluster itself is run by test/cluster (cmd/localcluster); this script
 # only drives kubectl. Inputs come from the Makefile:
-#   GPUTOPO_BIN  directory with gputopo-kubelet-plugin, gputopo, localcluster
+#   GPUTOPO_BIN  directory with gputopo-kubelet-plugin, gputopo (and its kubectl
+#                plugin name kubectl-gputopo), localcluster
 #   CLUSTER_DIR  where the cluster keeps its state (short path: unix sockets)
 #   TOPOLOGY     spines/leaves/nodes/profiles file
 set -euo pipefail
@@ -11,6 +12,8 @@ cd "$(dirname "$0")/.."
 : "${GPUTOPO_BIN:?}" "${CLUSTER_DIR:?}" "${TOPOLOGY:?}"
 K8S_BIN="${GPUTOPO_K8S_BIN:-$HOME/.cache/gputopo/k8s-v1.37.1/bin}"
 export KUBECONFIG="$CLUSTER_DIR/kubeconfig"
+# kubectl finds the gputopo plugin as kubectl-gputopo on the PATH.
+export PATH="$GPUTOPO_BIN:$PATH"
 kubectl() { "$K8S_BIN/kubectl" "$@"; }
 section() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 start=$(date +%s)
@@ -22,7 +25,7 @@ section "Starting the local cluster ($(basename "$TOPOLOGY"))"
   --controller-bin "$GPUTOPO_BIN/gputopo-controller" --manifest deployments/admission
 
 section "Nodes and where they sit in the network"
-kubectl get nodes -L fabric.topograph.run/tier-2,fabric.topograph.run/tier-1,gputopo.dev/profile
+kubectl get nodes -L fabric.topograph.run/tier-1,fabric.topograph.run/tier-0,gputopo.dev/profile
 
 section "ResourceSlices published by the gputopo kubelet plugin"
 kubectl get resourceslices
@@ -32,22 +35,28 @@ kubectl get resourceslices --field-selector spec.nodeName="$node" -o jsonpath='{
 
 section "Installing the DeviceClass and claim templates (demo/specs)"
 kubectl apply -f demo/specs/deviceclass.yaml -f demo/specs/claims/
-section "Running the demo workloads: a 4-GPU NVLink pod, a 2-GPU bridged pair, a Job of two 8-GPU pods"
+section "Running the demo workloads: a 4-GPU NVLink pod, a 2-GPU bridged pair, a Job of two 8-GPU pods, 4-GPU ladder pods and a ladder Job"
+applied=$(date +%s.%N)
 kubectl apply -f demo/specs/workloads/
-kubectl wait --for=condition=Ready pod/nvlink-quad pod/nvlink-pair --timeout=120s >/dev/null
 kubectl wait --for=condition=Ready pod -l job-name=train-2x8 --timeout=120s >/dev/null
+job_ready=$(date +%s.%N)
+kubectl wait --for=condition=Ready pod -l job-name=ladder-2x4 --timeout=120s >/dev/null
+kubectl wait --for=condition=Ready pod/nvlink-quad pod/nvlink-pair pod/ladder-nvswitch pod/ladder-pairs --timeout=120s >/dev/null
+awk -v a="$applied" -v b="$job_ready" 'BEGIN { printf "Job train-2x8 created -> all pods Running in %.2fs\n", b - a }'
 
 section "Where each pod landed"
 printf '%-24s %-9s %-14s %-8s %s\n' POD STATUS NODE LEAF SPINE
 kubectl get pods -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase} {.spec.nodeName}{"\n"}{end}' |
 while read -r pod phase node; do
-  read -r leaf spine < <(kubectl get node "$node" -o jsonpath='{.metadata.labels.fabric\.topograph\.run/tier-1} {.metadata.labels.fabric\.topograph\.run/tier-2}{"\n"}')
+  read -r leaf spine < <(kubectl get node "$node" -o jsonpath='{.metadata.labels.fabric\.topograph\.run/tier-0} {.metadata.labels.fabric\.topograph\.run/tier-1}{"\n"}')
   printf '%-24s %-9s %-14s %-8s %s\n' "$pod" "$phase" "$node" "$leaf" "$spine"
 done
-section "Why the Job's pods are where they are (gputopo explain train-2x8)"
-"$GPUTOPO_BIN/gputopo" explain train-2x8
-section "What each claim was allocated"
-kubectl get resourceclaims -o custom-columns='CLAIM:.metadata.name,POOL:.status.allocation.devices.results[0].pool,DEVICES:.status.allocation.devices.results[*].device'
+section "Why the Job's pods are where they are (kubectl gputopo explain train-2x8)"
+kubectl gputopo explain train-2x8
+section "Which rung of their preference ladder the ladder Job's pods got (kubectl gputopo explain ladder-2x4)"
+kubectl gputopo explain ladder-2x4
+section "What each claim was allocated (REQUEST: <request>/<rung> for a ladder)"
+kubectl get resourceclaims -o custom-columns='CLAIM:.metadata.name,POOL:.status.allocation.devices.results[0].pool,REQUEST:.status.allocation.devices.results[0].request,DEVICES:.status.allocation.devices.results[*].device'
 
 section "What the container of nvlink-quad received (CDI)"
 qnode=$(kubectl get pod nvlink-quad -o jsonpath='{.spec.nodeName}')
@@ -58,8 +67,11 @@ if [ -f "$spec" ]; then
   grep -oE '"(NVIDIA_VISIBLE_DEVICES|GPUTOPO_[A-Z_]+)=[^"]*"' "$spec" | sed 's/^/  /'
 fi
 
-section "gputopo topology"
-"$GPUTOPO_BIN/gputopo" topology
+section "kubectl gputopo topology -o wide"
+kubectl gputopo topology -o wide
+mkdir -p _output
+kubectl gputopo topology -o svg > _output/topology.svg
+section "A picture of the fabric: $PWD/_output/topology.svg"
 
 section "Done in $(( $(date +%s) - start ))s. The cluster keeps running:"
 echo "  export KUBECONFIG=$KUBECONFIG"

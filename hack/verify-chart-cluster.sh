@@ -11,7 +11,10 @@
 #     token, and the real gputopo-controller, with its ServiceAccount's token,
 #     takes the leader Lease and places a gated pod group (the chart's
 #     scheduling-gate policy gates it) without any "forbidden" error,
-#   - the controller's RBAC denies what it must not do.
+#   - the controller's RBAC denies what it must not do,
+#   - both read the chart's label mapping ConfigMap, and no other,
+#   - the placement policy lets the controller's ServiceAccount, and not a
+#     user who may edit pods, write the controller's annotations.
 # The binaries run on this machine with the ServiceAccount tokens, as the
 # image cannot run here (the nodes are fake).
 #
@@ -173,6 +176,8 @@ can "$PA" yes watch nodes
 can "$PA" no update nodes
 can "$PA" no list pods -A
 can "$PA" no list secrets -A
+can "$PA" yes watch configmaps/gputopo-label-mapping -n "$NS"
+can "$PA" no get configmaps/other -n "$NS"
 
 step "the installed DaemonSet and Deployment run the binaries as built here"
 # The chart's pod specs must stay in step with the binaries: every arg must
@@ -203,7 +208,7 @@ step "kubelet plugin binary, with the token of the plugin pod on $NODE_A"
 mkdir -p "$WORK/node-a/registry" "$WORK/node-a/plugins" "$WORK/node-a/cdi"
 "$WORK/bin/gputopo-kubelet-plugin" --kubeconfig "$PA" --backend=sim --profile=dgx-h100 --node-name="$NODE_A" \
   --kubelet-registrar-directory-path="$WORK/node-a/registry" --kubelet-plugins-directory-path="$WORK/node-a/plugins" \
-  --cdi-root="$WORK/node-a/cdi" --metrics-address="$PLUGIN_METRICS" >"$WORK/plugin.log" 2>&1 &
+  --cdi-root="$WORK/node-a/cdi" --metrics-address="$PLUGIN_METRICS" --label-mapping="$NS/gputopo-label-mapping" >"$WORK/plugin.log" 2>&1 &
 pids+=($!)
 published=""
 for _ in $(seq 30); do
@@ -221,17 +226,22 @@ CT="$WORK/controller.kubeconfig"
 token_kubeconfig "$CT" "$(kubectl -n "$NS" create token gputopo-controller --duration 1h)"
 can "$CT" yes patch pods -n default
 can "$CT" yes update pods -n default
-can "$CT" no delete pods -n default
+can "$CT" yes delete pods -n default
 can "$CT" no create pods -n default
 can "$CT" yes list jobs.batch -A
 can "$CT" yes list resourceclaimtemplates.resource.k8s.io -A
 can "$CT" no create resourceslices.resource.k8s.io
-can "$CT" no update resourceclaims.resource.k8s.io -n default
+can "$CT" yes update resourceclaims.resource.k8s.io -n default
+can "$CT" yes update resourceclaims.resource.k8s.io --subresource=status -n default
+can "$CT" yes update resourceclaims.resource.k8s.io --subresource=binding -n default
+can "$CT" no create resourceclaims.resource.k8s.io -n default
 can "$CT" yes create events -n default
 can "$CT" yes create leases.coordination.k8s.io -n "$NS"
 can "$CT" yes update leases.coordination.k8s.io/gputopo-controller -n "$NS"
 can "$CT" no update leases.coordination.k8s.io/kube-scheduler -n kube-system
 can "$CT" no list secrets -A
+can "$CT" yes get configmaps/gputopo-label-mapping -n "$NS"
+can "$CT" yes update placements.gputopo.dev
 
 step "admission policies from the chart"
 kubectl apply -f demo/specs/claims/gpu-1.yaml >/dev/null
@@ -269,7 +279,8 @@ if [ "$gates" = "gputopo.dev/topology gputopo.dev/topology " ]; then ok "schedul
 
 step "controller binary, with its ServiceAccount token: Lease and a placement"
 "$WORK/bin/gputopo-controller" --kubeconfig "$CT" --leader-election-namespace "$NS" \
-  --leader-election-identity verify-chart --metrics-address "$CONTROLLER_METRICS" --retry-interval 2s >"$WORK/controller.log" 2>&1 &
+  --leader-election-identity verify-chart --metrics-address "$CONTROLLER_METRICS" --retry-interval 2s \
+  --label-mapping="$NS/gputopo-label-mapping" >"$WORK/controller.log" 2>&1 &
 pids+=($!)
 holder=""
 for _ in $(seq 30); do
@@ -293,6 +304,38 @@ fi
 events=$(kubectl get events --field-selector involvedObject.name=verify-0,source=gputopo-controller -o name 2>/dev/null | wc -l)
 if [ "$events" -gt 0 ]; then ok "the controller recorded $events event(s) on verify-0"; else echo "note: no controller events on verify-0"; fi
 if grep -Eiq 'forbidden' "$WORK/controller.log"; then bad "controller log: $(grep -i forbidden "$WORK/controller.log" | head -n 3)"; else ok "no forbidden in the controller log"; fi
+
+step "controller-written annotations: only the controller's ServiceAccount writes them"
+# A pod neither the controller nor the scheduler acts on, and a user who
+# may edit pods in default but holds no gputopo permission.
+held() { # NAME [ANNOTATION: VALUE]
+  cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  annotations: {${2:-}}
+spec:
+  schedulingGates: [{name: verify.gputopo.dev/hold}]
+  containers: [{name: c, image: registry.k8s.io/pause:3.10}]
+EOF
+}
+expect_denied "create a pod with gputopo.dev/node" "gputopo.dev/node is written by the gputopo controller" \
+  "$KUBECONFIG" create -f - <<<"$(held verify-node 'gputopo.dev/node: n1')"
+held verify-held | kubectl create -f - >/dev/null
+kubectl -n default create rolebinding verify-user-edit --clusterrole=edit --user=verify-user >/dev/null
+for _ in $(seq 30); do
+  [ "$(kubectl auth can-i patch pods -n default --as verify-user 2>/dev/null)" = yes ] && break
+  sleep 1
+done
+expect_allowed "verify-user sets another annotation" "$KUBECONFIG" annotate pod verify-held --as verify-user example.com/note=x
+expect_denied "verify-user sets gputopo.dev/status" "gputopo.dev/status is written by the gputopo controller" \
+  "$KUBECONFIG" annotate pod verify-held --as verify-user 'gputopo.dev/status=Unschedulable: by hand'
+expect_allowed "the controller's ServiceAccount sets gputopo.dev/status" "$CT" annotate pod verify-held -n default 'gputopo.dev/status=Unschedulable: verify'
+expect_denied "verify-user removes gputopo.dev/status" "gputopo.dev/status is written by the gputopo controller" \
+  "$KUBECONFIG" annotate pod verify-held --as verify-user gputopo.dev/status-
+kubectl delete pod verify-held --force --grace-period=0 >/dev/null 2>&1 || true
+kubectl -n default delete rolebinding verify-user-edit >/dev/null
 curl -sf "http://$CONTROLLER_METRICS/metrics" | grep -E '^gputopo_controller_(decisions_total|pending_groups|leaf_gpu_utilization)' | sed 's/^/  /' || bad "controller metrics"
 
 step "helm uninstall"

@@ -67,17 +67,30 @@ render() {
     fail=1
   fi
 }
-# must FILE PATTERN MESSAGE / mustnot FILE PATTERN MESSAGE: grep assertions.
-must() { grep -Eq -- "$2" "$OUT/$1.yaml" || { echo "FAIL: $1: $3"; fail=1; }; }
-mustnot() { ! grep -Eq -- "$2" "$OUT/$1.yaml" || { echo "FAIL: $1: $3"; fail=1; }; }
+# must FILE [--] PATTERN MESSAGE / mustnot FILE [--] PATTERN MESSAGE: grep
+# assertions; "--" before a pattern that starts with a dash.
+must() {
+  local f=$1; shift; [ "$1" = -- ] && shift
+  grep -Eq -- "$1" "$OUT/$f.yaml" || { echo "FAIL: $f: $2"; fail=1; }
+}
+mustnot() {
+  local f=$1; shift; [ "$1" = -- ] && shift
+  ! grep -Eq -- "$1" "$OUT/$f.yaml" || { echo "FAIL: $f: $2"; fail=1; }
+}
 
 step "helm template (Kubernetes $KUBE_VERSION) + strict decoding"
-BASE="ServiceAccount=2,ClusterRole=2,ClusterRoleBinding=2,Role=1,RoleBinding=1,Deployment=1,PodDisruptionBudget=1,Service=2,DeviceClass=1"
+BASE="ServiceAccount=2,ClusterRole=2,ClusterRoleBinding=2,Role=2,RoleBinding=2,ConfigMap=1,Deployment=1,PodDisruptionBudget=1,Service=2,DeviceClass=1"
 POLICIES="ValidatingAdmissionPolicy=2,ValidatingAdmissionPolicyBinding=2,MutatingAdmissionPolicy=1,MutatingAdmissionPolicyBinding=1"
 render default "$BASE,$POLICIES,DaemonSet=1,ServiceMonitor=0"
 must default 'privileged: true' "nvml plugin must run privileged"
 must default 'path: /dev$' "nvml plugin must mount /dev"
-must default -- '--nvml-library-path=/driver-root/usr/lib/' "nvml plugin must get the library path"
+must default -- '--nvidia-driver-root=/$' "nvml plugin must get the host driver root"
+must default -- '--container-driver-root=/driver-root$' "nvml plugin must know where the driver root is mounted"
+must default -- '--nvidia-cdi-hook-path=/usr/bin/nvidia-cdi-hook$' "nvml plugin must get the nvidia-cdi-hook path"
+must default -- '--ignored-xids=13,31,43,45,68,109$' "nvml plugin must get the ignored Xids"
+must default -- '--taint-effect=NoSchedule$' "plugin must get the taint effect"
+mustnot default -- '--nvml-library-path' "the library is found under the driver root by default"
+mustnot default 'name: dev-root' "a dev root inside the driver root needs no mount"
 must default 'leader-elect=true' "controller must use leader election"
 mustnot default 'extendedResourceName' "extendedResourceName must be off by default"
 
@@ -92,14 +105,24 @@ must per-node -- '--profile=hgx-pcie-pairs' "per-node DaemonSet must pass its pr
 
 render everything "$BASE,$POLICIES,DaemonSet=1,ServiceMonitor=1" \
   --set metrics.serviceMonitor.enabled=true --set deviceClass.extendedResource.enabled=true \
-  --set-json 'topology.leafLabels=["example.com/leaf"]' --set topology.tierLabelPrefix= \
-  --set kubeletPlugin.numaNodeList=true --set nvml.driverRoot=/run/nvidia/driver
+  --set-json 'labelMapping.leaf=["example.com/leaf","example.com/rack"]' --set labelMapping.tierPrefix= \
+  --set kubeletPlugin.numaNodeList=true --set nvml.driverRoot=/run/nvidia/driver \
+  --set nvml.devRoot=/opt/devroot --set nvml.cdiHookPath=/usr/local/nvidia/toolkit/nvidia-cdi-hook \
+  --set nvml.libraryPath=/usr/lib64/libnvidia-ml.so.1 --set-json 'nvml.ignoredXids=[13,79]' \
+  --set kubeletPlugin.taintEffect=NoExecute
 must everything 'extendedResourceName: gputopo.dev/gpu' "extendedResourceName toggle"
-must everything -- '--leaf-labels=example.com/leaf' "leaf labels must reach the plugin and controller"
-must everything -- '--tier-label-prefix=$' "an empty tier prefix must be passed through"
+must everything -- '--dev-root=/opt/devroot$' "devRoot must reach the plugin"
+must everything 'path: /opt/devroot/dev$' "a dev root outside the driver root must be mounted"
+must everything -- '--nvml-library-path=/driver-root/usr/lib64/libnvidia-ml.so.1$' "libraryPath must be below the mounted driver root"
+must everything -- '--ignored-xids=13,79$' "ignoredXids must reach the plugin"
+must everything -- '--taint-effect=NoExecute$' "taintEffect must reach the plugin"
+must everything 'leaf: "example.com/leaf,example.com/rack"' "leaf labels must reach the label mapping ConfigMap"
+must everything 'tierPrefix: ""' "an empty tier prefix must be kept"
+[ "$(grep -c -- '- --label-mapping=gputopo/gputopo-label-mapping$' "$OUT/everything.yaml")" = 2 ] ||
+  { echo "FAIL: everything: the plugin and the controller must both read gputopo/gputopo-label-mapping"; fail=1; }
 must everything 'path: /run/nvidia/driver' "driverRoot must be mounted"
 
-render minimal "ServiceAccount=1,ClusterRole=1,ClusterRoleBinding=1,Deployment=1,Service=1,DaemonSet=0,DeviceClass=0,ValidatingAdmissionPolicy=0,MutatingAdmissionPolicy=0,PodDisruptionBudget=0,Role=0" \
+render minimal "ServiceAccount=1,ClusterRole=1,ClusterRoleBinding=1,Deployment=1,Service=1,DaemonSet=0,DeviceClass=0,ValidatingAdmissionPolicy=0,MutatingAdmissionPolicy=0,PodDisruptionBudget=0,Role=1,ConfigMap=1" \
   --set kubeletPlugin.enabled=false --set deviceClass.create=false \
   --set admission.placementValidation.enabled=false --set admission.schedulingGate.enabled=false \
   --set controller.replicas=1 --set controller.leaderElection=false
@@ -121,6 +144,8 @@ refuse "sim with profile and nodeProfiles" --set backend=sim --set sim.profile=d
 refuse "unknown backend" --set backend=cuda
 refuse "two replicas without leader election" --set controller.leaderElection=false
 refuse "a misspelt value" --set kubeletPlugin.nodeSelecter.a=b
+refuse "an unknown taint effect" --set kubeletPlugin.taintEffect=PreferNoSchedule
+refuse "a relative driver root" --set nvml.driverRoot=run/nvidia/driver
 refuse "Kubernetes older than 1.34" --kube-version 1.33.0
 
 if [ "$fail" -ne 0 ]; then

@@ -19,7 +19,6 @@ import (
 
 	"github.com/gputopo/gputopo/pkg/command"
 	"github.com/gputopo/gputopo/pkg/controller"
-	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 func main() {
@@ -30,50 +29,40 @@ func main() {
 }
 
 func run() error {
-	nl := topology.DefaultNetworkLabels()
-	var (
-		kubeconfig, metricsAddr, leaseNS, identity string
-		leaderElect                                bool
-		retry                                      time.Duration
-		qps                                        float32
-		burst                                      int
-	)
-	host, _ := os.Hostname()
+	opts := controller.NewOptions()
 	fs := pflag.NewFlagSet("gputopo-controller", pflag.ContinueOnError)
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "Kubeconfig file; empty uses the in-cluster configuration.")
-	fs.StringVar(&metricsAddr, "metrics-address", ":9401", "Address serving Prometheus metrics on /metrics; empty disables it.")
-	fs.BoolVar(&leaderElect, "leader-elect", true, "Run only while holding the leader Lease, so replicas never plan at the same time.")
-	fs.StringVar(&leaseNS, "leader-election-namespace", envOr("POD_NAMESPACE", "kube-system"), "Namespace of the leader Lease.")
-	fs.StringVar(&identity, "leader-election-identity", envOr("POD_NAME", host), "This replica's name in the Lease.")
-	fs.DurationVar(&retry, "retry-interval", 30*time.Second, "How often groups that did not fit are planned again.")
-	fs.Float32Var(&qps, "kube-api-qps", 50, "Requests per second to the API server; placing a pod costs about two.")
-	fs.IntVar(&burst, "kube-api-burst", 100, "Burst of requests to the API server, so a large group is pinned and released at once.")
-	fs.StringSliceVar(&nl.Leaf, "leaf-labels", nl.Leaf, "Node labels naming the leaf switch, first present wins.")
-	fs.StringSliceVar(&nl.Spine, "spine-labels", nl.Spine, "Node labels naming the spine switch, first present wins.")
-	flush, err := command.Parse(fs, os.Args[1:], func() error { return nl.Validate() })
+	opts.AddFlags(fs)
+	flush, err := command.Parse(fs, os.Args[1:], opts.Validate)
 	if err != nil {
 		return err
 	}
 	defer flush()
 	ctx, stop := command.Context()
 	defer stop()
-	client, err := command.Client(kubeconfig, qps, burst)
+	client, err := command.Client(opts.Kubeconfig, opts.KubeAPIQPS, opts.KubeAPIBurst)
+	if err != nil {
+		return err
+	}
+	mapping, err := opts.LabelMapping.Start(ctx, client)
 	if err != nil {
 		return err
 	}
 	reg := command.Registry()
-	defer command.ServeMetrics(ctx, metricsAddr, reg)()
-	ctrl, err := controller.New(controller.Config{Client: client, Network: nl, Metrics: controller.NewMetrics(reg), RetryInterval: retry})
+	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg)()
+	cfg := opts.Config()
+	cfg.Client, cfg.Network, cfg.Metrics = client, mapping.Mapping(), controller.NewMetrics(reg)
+	ctrl, err := controller.New(cfg)
 	if err != nil {
 		return err
 	}
-	if !leaderElect {
+	mapping.OnChange(ctrl.SetLabelMapping)
+	if !opts.LeaderElect {
 		return ctrl.Run(ctx)
 	}
 	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: leaseNS, Name: "gputopo-controller"},
+		LeaseMeta:  metav1.ObjectMeta{Namespace: opts.LeaderElectionNamespace, Name: "gputopo-controller"},
 		Client:     client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
+		LockConfig: resourcelock.ResourceLockConfig{Identity: opts.LeaderElectionIdentity},
 	}
 	var runErr error
 	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
@@ -89,11 +78,4 @@ func run() error {
 		},
 	})
 	return runErr
-}
-
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/pkg/command"
 	"github.com/gputopo/gputopo/pkg/kubeletplugin"
@@ -34,7 +35,7 @@ func run() error {
 	ctx, stop := command.Context()
 	defer stop()
 
-	backend, err := opts.NewBackend()
+	backend, err := opts.NewBackend(ctx)
 	if err != nil {
 		return err
 	}
@@ -44,12 +45,37 @@ func run() error {
 		if err != nil {
 			return fmt.Errorf("discover GPUs: %w", err)
 		}
-		return kubeletplugin.PrintResourceSlices(os.Stdout, inv, slices.Node{Name: opts.NodeName, Labels: opts.NodeLabels}, opts.SliceConfig())
+		mapping, err := opts.LabelMapping.Mapping(ctx, nil)
+		if err != nil {
+			return err
+		}
+		return kubeletplugin.PrintResourceSlices(os.Stdout, inv, slices.Node{Name: opts.NodeName, Labels: opts.NodeLabels}, opts.SliceConfig(mapping))
 	}
 
+	edits, err := opts.NewDriverEdits(ctx, backend)
+	if err != nil {
+		return err
+	}
+	if opts.PrintCDISpec != "" {
+		defer func() { _ = backend.Close() }()
+		mapping, err := opts.LabelMapping.Mapping(ctx, nil)
+		if err != nil {
+			return err
+		}
+		cfg := kubeletplugin.Config{NodeName: opts.NodeName, Backend: backend, Slices: opts.SliceConfig(mapping), DriverEdits: edits}
+		return kubeletplugin.PrintCDISpec(ctx, os.Stdout, cfg, opts.NodeLabels, opts.PrintCDISpec)
+	}
 	client, err := command.Client(opts.Kubeconfig, 0, 0)
 	if err != nil {
 		return err
+	}
+	mapping, err := opts.LabelMapping.Start(ctx, client)
+	if err != nil {
+		return err
+	}
+	bootID, err := kubeletplugin.ReadBootID()
+	if err != nil {
+		klog.FromContext(ctx).Info("Boot ID unknown: a checkpoint from before a reboot will be kept", "reason", err)
 	}
 	reg := command.Registry()
 	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg)()
@@ -57,10 +83,13 @@ func run() error {
 		NodeName:     opts.NodeName,
 		KubeClient:   client,
 		Backend:      backend,
-		Slices:       opts.SliceConfig(),
+		Slices:       opts.SliceConfig(mapping.Mapping()),
+		LabelMapping: mapping,
 		CDIRoot:      opts.CDIRoot,
 		RegistrarDir: opts.RegistrarDir,
 		PluginDir:    opts.PluginDir(),
+		DriverEdits:  edits,
+		BootID:       bootID,
 		Metrics:      kubeletplugin.NewMetrics(reg),
 	})
 }

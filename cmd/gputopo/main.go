@@ -1,23 +1,23 @@
 // Command gputopo inspects gputopo clusters: `gputopo topology` draws the
-// spine → leaf → node → NVLink tree with allocated and free GPUs. It also
-// works as the kubectl plugin `kubectl gputopo` when installed as
-// kubectl-gputopo.
+// core → spine → leaf → node → NVLink tree with allocated and free GPUs,
+// `gputopo explain` says where a Job's pods went and which rung of their
+// claims' preference ladders they got. Installed as kubectl-gputopo it is
+// the kubectl plugin `kubectl gputopo`, with kubectl's connection flags.
 package main
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
-	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"golang.org/x/term"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
-	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 	"github.com/gputopo/gputopo/pkg/cli"
-	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 func main() {
@@ -27,103 +27,95 @@ func main() {
 }
 
 func newRoot() *cobra.Command {
-	var kubeconfig string
-	root := &cobra.Command{
-		Use:           "gputopo",
-		Short:         "Inspect GPU topology and placements of a gputopo cluster",
-		SilenceUsage:  true,
-		SilenceErrors: false,
+	name := "gputopo"
+	if strings.HasPrefix(filepath.Base(os.Args[0]), "kubectl-") {
+		name = "kubectl gputopo"
 	}
-	root.PersistentFlags().StringVar(&kubeconfig, "kubeconfig", "", "Kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+	config := genericclioptions.NewConfigFlags(true)
+	root := &cobra.Command{
+		Use:          name,
+		Short:        "Inspect GPU topology and placements of a gputopo cluster",
+		SilenceUsage: true,
+	}
+	config.AddFlags(root.PersistentFlags())
+	var mappingRef string
+	root.PersistentFlags().StringVar(&mappingRef, "label-mapping", "", "ConfigMap NAMESPACE/NAME with the node-label mapping; default: the gputopo-label-mapping ConfigMap of any namespace, else the built-in defaults")
 	client := func() (kubernetes.Interface, error) {
-		rules := clientcmd.NewDefaultClientConfigLoadingRules()
-		rules.ExplicitPath = kubeconfig
-		cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+		raw, err := config.ToRawKubeConfigLoader().RawConfig()
+		if err != nil {
+			return nil, fmt.Errorf("load kubeconfig: %w", err)
+		}
+		if len(raw.Clusters) == 0 && *config.APIServer == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+			return nil, errors.New("no cluster configured: set $KUBECONFIG or pass --kubeconfig (and --context)")
+		}
+		cfg, err := config.ToRESTConfig()
 		if err != nil {
 			return nil, fmt.Errorf("load kubeconfig: %w", err)
 		}
 		return kubernetes.NewForConfig(cfg)
 	}
-	root.AddCommand(&cobra.Command{
+	color := func(cmd *cobra.Command) bool {
+		f, ok := cmd.OutOrStdout().(*os.File)
+		return ok && term.IsTerminal(int(f.Fd())) && os.Getenv("NO_COLOR") == ""
+	}
+
+	var topoOut string
+	topo := &cobra.Command{
 		Use:   "topology",
-		Short: "Draw spine → leaf → node → NVLink domains with allocated and free GPUs",
-		Args:  cobra.NoArgs,
+		Short: "Draw core → spine → leaf → node → NVLink domains with allocated and free GPUs",
+		Long: `Draws every node with gputopo GPUs under its leaf, spine and core switch,
+as the cluster's label mapping places it, with each GPU free, allocated (and
+to which Job) or unhealthy. -o dot writes a Graphviz graph, -o svg a picture.`,
+		Args: cobra.NoArgs,
+		PreRunE: func(*cobra.Command, []string) error {
+			return cli.CheckOutput(topoOut, cli.TopologyOutputs)
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := client()
 			if err != nil {
 				return err
 			}
-			return drawTopology(cmd.Context(), c, cmd)
+			t, err := cli.FetchTopology(cmd.Context(), c, mappingRef)
+			if err != nil {
+				return err
+			}
+			return cli.PrintTopology(cmd.OutOrStdout(), t, topoOut, color(cmd))
 		},
-	})
-	var namespace string
+	}
+	topo.Flags().StringVarP(&topoOut, "output", "o", cli.OutputTable, "Output format: "+strings.Join(cli.TopologyOutputs, "|"))
+	root.AddCommand(topo)
+
+	var explainOut string
+	var all bool
 	explain := &cobra.Command{
 		Use:   "explain JOB",
 		Short: "Show where a Job's pods were placed and why, or why they wait",
-		Args:  cobra.ExactArgs(1),
+		Long: `Shows the domain the controller chose for a Job (or a gputopo.dev/group of
+pods), the node of each pod, why pods still wait, which rung of a
+firstAvailable claim each pod got, and the controller's decisions.`,
+		Args: cobra.ExactArgs(1),
+		PreRunE: func(*cobra.Command, []string) error {
+			return cli.CheckOutput(explainOut, cli.ExplainOutputs)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := client()
 			if err != nil {
 				return err
 			}
-			return explainJob(cmd.Context(), c, cmd, namespace, args[0])
+			ns, _, err := config.ToRawKubeConfigLoader().Namespace()
+			if err != nil {
+				return fmt.Errorf("read the namespace from the kubeconfig: %w", err)
+			}
+			e, err := cli.FetchExplanation(cmd.Context(), c, ns, all, args[0])
+			if err != nil {
+				return err
+			}
+			return cli.PrintExplanation(cmd.OutOrStdout(), e, explainOut, color(cmd))
 		},
 	}
-	explain.Flags().StringVarP(&namespace, "namespace", "n", "default", "Namespace of the Job (or of the gputopo.dev/group pods)")
+	explain.Flags().StringVarP(&explainOut, "output", "o", cli.OutputTable, "Output format: "+strings.Join(cli.ExplainOutputs, "|"))
+	explain.Flags().BoolVarP(&all, "all-namespaces", "A", false, "Find the Job in any namespace")
 	root.AddCommand(explain)
 	root.AddCommand(newSimulateCmd())
 	return root
-}
-
-// explainJob gathers the pods of a Job, or of a gputopo.dev/group of that
-// name, and the events about them.
-func explainJob(ctx context.Context, c kubernetes.Interface, cmd *cobra.Command, ns, name string) error {
-	pods, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + name})
-	if err != nil {
-		return fmt.Errorf("list pods of Job %s/%s: %w", ns, name, err)
-	}
-	items := pods.Items
-	if len(items) == 0 {
-		all, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return fmt.Errorf("list pods in %s: %w", ns, err)
-		}
-		for _, p := range all.Items {
-			if p.Annotations[placement.AnnotationGroup] == name {
-				items = append(items, p)
-			}
-		}
-	}
-	evs, err := c.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return fmt.Errorf("list events in %s: %w", ns, err)
-	}
-	subjects := map[string]bool{name: true}
-	for _, p := range items {
-		subjects[p.Name] = true
-	}
-	var mine []v1.Event
-	for _, e := range evs.Items {
-		if subjects[e.InvolvedObject.Name] {
-			mine = append(mine, e)
-		}
-	}
-	return cli.Explain(cmd.OutOrStdout(), ns+"/"+name, items, mine)
-}
-
-func drawTopology(ctx context.Context, c kubernetes.Interface, cmd *cobra.Command) error {
-	nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return fmt.Errorf("list nodes: %w", err)
-	}
-	rs, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return fmt.Errorf("list ResourceSlices: %w", err)
-	}
-	claims, err := c.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return fmt.Errorf("list ResourceClaims: %w", err)
-	}
-	views := cli.BuildViews(nodes.Items, rs.Items, claims.Items, topology.DefaultNetworkLabels())
-	return cli.RenderTree(cmd.OutOrStdout(), views)
 }

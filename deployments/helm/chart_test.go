@@ -1,6 +1,7 @@
 // Package helm_test checks the gputopo Helm chart against the rest of the
 // repository without a helm binary (hack/verify-chart.sh renders it):
 // the admission policies it ships are deployments/admission/*.yaml verbatim,
+// its controller holds the permission the placement policy asks for,
 // its DeviceClass selects what demo/specs/deviceclass.yaml selects, and
 // values.yaml, values.schema.json and the comments in values.yaml agree.
 package helm_test
@@ -8,6 +9,7 @@ package helm_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,7 +17,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	yaml "go.yaml.in/yaml/v3"
+
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 const chart = "gputopo"
@@ -56,6 +62,19 @@ func TestAdmissionPoliciesMatchDeployments(t *testing.T) {
 		if want := `.Files.Get "files/admission/` + filepath.Base(s) + `"`; !strings.Contains(tmpl, want) {
 			t.Errorf("templates/admission.yaml does not render %s (no %s)", filepath.Base(s), want)
 		}
+	}
+}
+
+// The admission policy lets only a requester with the controller's
+// permission write the controller's annotations; the chart must grant it
+// to the controller.
+func TestControllerMayWriteItsAnnotations(t *testing.T) {
+	rule := fmt.Sprintf("- apiGroups: [%q]\n  resources: [%q]\n  verbs: [%q]\n",
+		placement.ControllerPermissionGroup, placement.ControllerPermissionResource, placement.ControllerPermissionVerb)
+	rbac := string(read(t, filepath.Join(chart, "templates/controller/rbac.yaml")))
+	role, _, _ := strings.Cut(rbac, "kind: ClusterRoleBinding")
+	if !strings.Contains(role, rule) {
+		t.Errorf("the controller's ClusterRole in templates/controller/rbac.yaml lacks the rule\n%s", rule)
 	}
 }
 
@@ -135,4 +154,30 @@ func TestValuesDocumentedAndInSchema(t *testing.T) {
 		}
 	}
 	walk("", doc.Content[0], &root)
+}
+
+// The chart's default label mapping is the binaries' built-in one, so a
+// cluster installed with the chart and one without the ConfigMap place
+// nodes alike.
+func TestLabelMappingDefaultsMatchBinaries(t *testing.T) {
+	var values struct {
+		LabelMapping struct {
+			Leaf, Spine, Core, Clique []string
+			TierPrefix                string `yaml:"tierPrefix"`
+		} `yaml:"labelMapping"`
+	}
+	if err := yaml.Unmarshal(read(t, filepath.Join(chart, "values.yaml")), &values); err != nil {
+		t.Fatal(err)
+	}
+	v := values.LabelMapping
+	got := topology.LabelMapping{Leaf: v.Leaf, Spine: v.Spine, Core: v.Core, Clique: v.Clique, TierPrefix: v.TierPrefix}
+	if diff := cmp.Diff(topology.DefaultLabelMapping(), got); diff != "" {
+		t.Errorf("values.yaml labelMapping vs topology.DefaultLabelMapping (-binaries +chart):\n%s", diff)
+	}
+	tmpl := string(read(t, filepath.Join(chart, "templates/label-mapping.yaml")))
+	for k := range topology.DefaultLabelMapping().Data() {
+		if !strings.Contains(tmpl, "\n  "+k+": ") {
+			t.Errorf("templates/label-mapping.yaml does not write the key %q", k)
+		}
+	}
 }

@@ -10,6 +10,7 @@ package cdi
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -51,9 +52,13 @@ type DeviceEdits struct {
 	// Name is the device name in the ResourceSlice, e.g. "gpu-3".
 	Name string
 	UUID string
-	// DeviceNodes are host paths such as /dev/nvidia3; empty for
+	// Edits give a container this GPU (its device nodes); nil for
 	// simulated GPUs.
-	DeviceNodes []string
+	Edits *cdispec.ContainerEdits
+	// Env is set in containers that get this device. Keys must be unique
+	// to the device (see DeviceEnv), so that the variables of several
+	// claims in one container never replace each other.
+	Env map[string]string
 }
 
 // ClaimSpec is everything needed to write one claim's CDI spec.
@@ -63,9 +68,10 @@ type ClaimSpec struct {
 	// Env is placement information added to every container that gets any
 	// device of the claim, e.g. GPUTOPO_NVLINK_DOMAIN, GPUTOPO_LEAF.
 	Env map[string]string
-	// CommonDeviceNodes are control nodes every GPU user needs, e.g.
-	// /dev/nvidiactl and /dev/nvidia-uvm; empty for simulated GPUs.
-	CommonDeviceNodes []string
+	// Driver are the driver edits every container with a real GPU needs
+	// (DriverEdits.Common). nil for simulated GPUs, whose spec instead
+	// sets NVIDIA_VISIBLE_DEVICES to the claim's UUIDs.
+	Driver *cdispec.ContainerEdits
 }
 
 // NewWriter returns a Writer for the spec directory root (e.g.
@@ -113,8 +119,16 @@ func DeviceID(claimUID, device string) string {
 // device with no edits at all, which a simulated GPU (no device nodes) would
 // otherwise be, and it lets a workload map slice device names to UUIDs.
 func DeviceEnvName(device string) string {
+	return DeviceEnv(strings.TrimSuffix(deviceEnvPrefix, "_"), device)
+}
+
+// DeviceEnv names a per-device variable: prefix, "_", and the device name
+// in upper case with anything but letters and digits turned into "_", e.g.
+// GPUTOPO_NVLINK_DOMAIN_GPU_3 for ("GPUTOPO_NVLINK_DOMAIN", "gpu-3").
+func DeviceEnv(prefix, device string) string {
 	var b strings.Builder
-	b.WriteString(deviceEnvPrefix)
+	b.WriteString(prefix)
+	b.WriteByte('_')
 	for _, r := range strings.ToUpper(device) {
 		if (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9') {
 			b.WriteRune(r)
@@ -183,18 +197,32 @@ func buildSpec(spec ClaimSpec) (*cdispec.Spec, map[string][]string, error) {
 		if err := parser.ValidateDeviceName(name); err != nil {
 			return nil, nil, fmt.Errorf("device %s: %w", d.Name, err)
 		}
-		raw.Devices = append(raw.Devices, cdispec.Device{
-			Name: name,
-			ContainerEdits: cdispec.ContainerEdits{
-				Env:         []string{DeviceEnvName(d.Name) + "=" + d.UUID},
-				DeviceNodes: deviceNodes(d.DeviceNodes),
-			},
-		})
+		suffix := strings.TrimPrefix(DeviceEnvName(d.Name), deviceEnvPrefix)
+		env := []string{DeviceEnvName(d.Name) + "=" + d.UUID}
+		for _, k := range slices.Sorted(maps.Keys(d.Env)) {
+			if !strings.HasSuffix(k, "_"+suffix) || strings.HasPrefix(k, deviceEnvPrefix) {
+				return nil, nil, fmt.Errorf("device %s: variable %s is not named for the device (want <PREFIX>_%s)", d.Name, k, suffix)
+			}
+			env = append(env, k+"="+d.Env[k])
+		}
+		edits, err := cloneEdits(d.Edits)
+		if err != nil {
+			return nil, nil, fmt.Errorf("device %s: %w", d.Name, err)
+		}
+		edits.Env = append(edits.Env, env...)
+		raw.Devices = append(raw.Devices, cdispec.Device{Name: name, ContainerEdits: *edits})
 		ids[d.Name] = []string{DeviceID(spec.ClaimUID, d.Name)}
 		uuids = append(uuids, d.UUID)
 	}
 
-	env := []string{VisibleDevicesEnv + "=" + strings.Join(uuids, ",")}
+	// Simulated GPUs are named by the variable; a real GPU is given by
+	// its device nodes, and the driver edits set the variable to "void"
+	// as NVIDIA's tools do, so that a legacy NVIDIA runtime injects
+	// nothing more and several claims in one container all keep theirs.
+	var env []string
+	if spec.Driver == nil {
+		env = append(env, VisibleDevicesEnv+"="+strings.Join(uuids, ","))
+	}
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		switch {
 		case k == "" || strings.Contains(k, "="):
@@ -204,10 +232,12 @@ func buildSpec(spec ClaimSpec) (*cdispec.Spec, map[string][]string, error) {
 		}
 		env = append(env, k+"="+spec.Env[k])
 	}
-	raw.ContainerEdits = cdispec.ContainerEdits{
-		Env:         env,
-		DeviceNodes: deviceNodes(spec.CommonDeviceNodes),
+	common, err := cloneEdits(spec.Driver)
+	if err != nil {
+		return nil, nil, fmt.Errorf("driver: %w", err)
 	}
+	common.Env = append(common.Env, env...)
+	raw.ContainerEdits = *common
 
 	// Declare the oldest CDI version that can express this spec, so older
 	// runtimes accept it.
@@ -219,16 +249,19 @@ func buildSpec(spec ClaimSpec) (*cdispec.Spec, map[string][]string, error) {
 	return raw, ids, nil
 }
 
-// deviceNodes maps host paths to CDI device nodes at the same path in the
-// container. Type and major/minor are left for the runtime to stat on the
-// host at injection time, so the spec never carries stale numbers.
-func deviceNodes(paths []string) []*cdispec.DeviceNode {
-	if len(paths) == 0 {
-		return nil
+// cloneEdits deep-copies e (nil gives empty edits), so specs never share
+// slices with the cached driver edits they are built from.
+func cloneEdits(e *cdispec.ContainerEdits) (*cdispec.ContainerEdits, error) {
+	if e == nil {
+		return &cdispec.ContainerEdits{}, nil
 	}
-	nodes := make([]*cdispec.DeviceNode, 0, len(paths))
-	for _, p := range paths {
-		nodes = append(nodes, &cdispec.DeviceNode{Path: p})
+	data, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("copy container edits: %w", err)
 	}
-	return nodes
+	var out cdispec.ContainerEdits
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, fmt.Errorf("copy container edits: %w", err)
+	}
+	return &out, nil
 }

@@ -20,20 +20,34 @@ const (
 	uidB = "9a8b7c6d-0000-4e5f-8a9b-222222222222"
 )
 
-// claimA has devices out of name order, to check that output is sorted.
+// driverEdits stand in for DriverEdits.Common of a real node.
+func driverEdits() *cdispec.ContainerEdits {
+	return &cdispec.ContainerEdits{
+		Env:         []string{"NVIDIA_VISIBLE_DEVICES=void"},
+		DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/full"}},
+		Mounts:      []*cdispec.Mount{{HostPath: "/usr/lib/libcuda.so.1", ContainerPath: "/usr/lib/libcuda.so.1", Options: []string{"ro", "bind"}}},
+	}
+}
+
+func nodeEdits(path string) *cdispec.ContainerEdits {
+	return &cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{{Path: path}}}
+}
+
+// claimA is a claim on real GPUs, devices out of name order to check that
+// output is sorted.
 func claimA() ClaimSpec {
 	return ClaimSpec{
 		ClaimUID: uidA,
 		Devices: []DeviceEdits{
-			{Name: "gpu-3", UUID: "GPU-3333", DeviceNodes: []string{"/dev/zero"}},
-			{Name: "gpu-1", UUID: "GPU-1111", DeviceNodes: []string{"/dev/null"}},
+			{Name: "gpu-3", UUID: "GPU-3333", Edits: nodeEdits("/dev/zero"), Env: map[string]string{"GPUTOPO_NVLINK_DOMAIN_GPU_3": "nvl-0"}},
+			{Name: "gpu-1", UUID: "GPU-1111", Edits: nodeEdits("/dev/null"), Env: map[string]string{"GPUTOPO_NVLINK_DOMAIN_GPU_1": "nvl-0"}},
 		},
 		Env: map[string]string{
 			"GPUTOPO_SPINE":         "s1",
 			"GPUTOPO_NVLINK_DOMAIN": "nvl-0",
 			"GPUTOPO_LEAF":          "l2",
 		},
-		CommonDeviceNodes: []string{"/dev/full"},
+		Driver: driverEdits(),
 	}
 }
 
@@ -89,22 +103,23 @@ func TestWriteClaimSpecParsesAndValidates(t *testing.T) {
 		Kind:    "gputopo.dev/gpu",
 		Devices: []cdispec.Device{
 			{Name: uidA + "-gpu-1", ContainerEdits: cdispec.ContainerEdits{
-				Env:         []string{"GPUTOPO_DEVICE_GPU_1=GPU-1111"},
+				Env:         []string{"GPUTOPO_DEVICE_GPU_1=GPU-1111", "GPUTOPO_NVLINK_DOMAIN_GPU_1=nvl-0"},
 				DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/null"}},
 			}},
 			{Name: uidA + "-gpu-3", ContainerEdits: cdispec.ContainerEdits{
-				Env:         []string{"GPUTOPO_DEVICE_GPU_3=GPU-3333"},
+				Env:         []string{"GPUTOPO_DEVICE_GPU_3=GPU-3333", "GPUTOPO_NVLINK_DOMAIN_GPU_3=nvl-0"},
 				DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/zero"}},
 			}},
 		},
 		ContainerEdits: cdispec.ContainerEdits{
 			Env: []string{
-				"NVIDIA_VISIBLE_DEVICES=GPU-1111,GPU-3333",
+				"NVIDIA_VISIBLE_DEVICES=void",
 				"GPUTOPO_LEAF=l2",
 				"GPUTOPO_NVLINK_DOMAIN=nvl-0",
 				"GPUTOPO_SPINE=s1",
 			},
 			DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/full"}},
+			Mounts:      driverEdits().Mounts,
 		},
 	}
 	if diff := cmp.Diff(want, spec.Spec); diff != "" {
@@ -123,8 +138,10 @@ func TestVisibleDevicesListsExactlyClaimUUIDs(t *testing.T) {
 	if _, err := w.WriteClaimSpec(simulated(uidB)); err != nil {
 		t.Fatal(err)
 	}
+	// Simulated GPUs are named by the variable; real ones are given by
+	// their device nodes and the variable is "void", as NVIDIA sets it.
 	for uid, want := range map[string][]string{
-		uidA: {"GPU-1111", "GPU-3333"},
+		uidA: {"void"},
 		uidB: {"GPU-sim-0", "GPU-sim-1"},
 	} {
 		spec, err := cdiapi.ReadSpec(w.SpecPath(uid), 0)
@@ -256,12 +273,14 @@ func TestCacheResolvesIDs(t *testing.T) {
 	}
 
 	wantEnv := []string{
-		"NVIDIA_VISIBLE_DEVICES=GPU-1111,GPU-3333",
+		"NVIDIA_VISIBLE_DEVICES=void",
 		"GPUTOPO_LEAF=l2",
 		"GPUTOPO_NVLINK_DOMAIN=nvl-0",
 		"GPUTOPO_SPINE=s1",
 		"GPUTOPO_DEVICE_GPU_1=GPU-1111",
+		"GPUTOPO_NVLINK_DOMAIN_GPU_1=nvl-0",
 		"GPUTOPO_DEVICE_GPU_3=GPU-3333",
+		"GPUTOPO_NVLINK_DOMAIN_GPU_3=nvl-0",
 	}
 	if spec.Process == nil {
 		t.Fatal("no process in injected OCI spec")
@@ -312,7 +331,13 @@ func TestWriteClaimSpecRejectsInvalid(t *testing.T) {
 		"comma in UUID":      func(s *ClaimSpec) { s.Devices[0].UUID = "GPU-1,GPU-2" },
 		"reserved env":       func(s *ClaimSpec) { s.Env[VisibleDevicesEnv] = "all" },
 		"env with =":         func(s *ClaimSpec) { s.Env["A=B"] = "c" },
-		"empty node path":    func(s *ClaimSpec) { s.CommonDeviceNodes = []string{""} },
+		"empty node path":    func(s *ClaimSpec) { s.Driver.DeviceNodes = []*cdispec.DeviceNode{{Path: ""}} },
+		"device env not the device's": func(s *ClaimSpec) {
+			s.Devices[0].Env = map[string]string{"GPUTOPO_NVLINK_DOMAIN": "x"}
+		},
+		"device env in the UUID namespace": func(s *ClaimSpec) {
+			s.Devices[0].Env = map[string]string{"GPUTOPO_DEVICE_X_GPU_3": "x"}
+		},
 	}
 	for name, mutate := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -330,6 +355,60 @@ func TestWriteClaimSpecRejectsInvalid(t *testing.T) {
 				t.Errorf("rejected spec left files: %v", ents)
 			}
 		})
+	}
+}
+
+// TestTwoClaimsInOneContainerKeepAllGPUs injects two claims' devices into
+// one container the way a runtime does: CDI replaces variables by name, so
+// nothing that names GPUs may be a claim-wide variable with the same name
+// in both claims.
+func TestTwoClaimsInOneContainerKeepAllGPUs(t *testing.T) {
+	w, root := newTestWriter(t)
+	idsA, err := w.WriteClaimSpec(claimA())
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimB := ClaimSpec{
+		ClaimUID: uidB,
+		Devices: []DeviceEdits{{Name: "gpu-5", UUID: "GPU-5555", Edits: nodeEdits("/dev/random"),
+			Env: map[string]string{"GPUTOPO_NVLINK_DOMAIN_GPU_5": "nvl-1"}}},
+		Env:    map[string]string{"GPUTOPO_NVLINK_DOMAIN": "nvl-1", "GPUTOPO_LEAF": "l2", "GPUTOPO_SPINE": "s1"},
+		Driver: driverEdits(),
+	}
+	idsB, err := w.WriteClaimSpec(claimB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(root), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &oci.Spec{}
+	ids := slices.Concat(idsA["gpu-1"], idsA["gpu-3"], idsB["gpu-5"])
+	if _, err := cache.InjectDevices(spec, ids...); err != nil {
+		t.Fatalf("InjectDevices(%v): %v", ids, err)
+	}
+	env := map[string]string{}
+	for _, kv := range spec.Process.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	for k, want := range map[string]string{
+		"GPUTOPO_DEVICE_GPU_1": "GPU-1111", "GPUTOPO_DEVICE_GPU_3": "GPU-3333", "GPUTOPO_DEVICE_GPU_5": "GPU-5555",
+		"GPUTOPO_NVLINK_DOMAIN_GPU_1": "nvl-0", "GPUTOPO_NVLINK_DOMAIN_GPU_5": "nvl-1",
+		VisibleDevicesEnv: "void",
+	} {
+		if env[k] != want {
+			t.Errorf("%s = %q, want %q (env %v)", k, env[k], want, spec.Process.Env)
+		}
+	}
+	var nodes []string
+	for _, d := range spec.Linux.Devices {
+		nodes = append(nodes, d.Path)
+	}
+	slices.Sort(nodes)
+	if diff := cmp.Diff([]string{"/dev/full", "/dev/null", "/dev/random", "/dev/zero"}, slices.Compact(nodes)); diff != "" {
+		t.Errorf("device nodes of both claims (-want +got):\n%s", diff)
 	}
 }
 

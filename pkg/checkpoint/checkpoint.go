@@ -52,6 +52,9 @@ type PreparedDevice struct {
 	// UUID is the GPU UUID.
 	UUID         string   `json:"uuid"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+	// AdminAccess marks a device prepared for an admin-access request
+	// (monitoring): it does not hold the device against other claims.
+	AdminAccess bool `json:"adminAccess,omitempty"`
 }
 
 // ClaimState is the preparation record of one claim.
@@ -66,6 +69,10 @@ type ClaimState struct {
 // Checkpoint is the whole on-disk document.
 type Checkpoint struct {
 	Version string `json:"version"`
+	// BootID is the host's boot ID when the checkpoint was written. CDI
+	// specs live on tmpfs and GPUs are reset by a reboot, so a checkpoint
+	// from an earlier boot describes nothing that still exists.
+	BootID string `json:"bootID,omitempty"`
 	// Claims is keyed by claim UID.
 	Claims map[string]ClaimState `json:"claims"`
 	// Checksum is a CRC-32C over the canonical JSON encoding of Claims. It
@@ -81,7 +88,7 @@ func New() *Checkpoint {
 
 // DeviceOwner reports which claim holds device in pool, in any state. A
 // claim in PrepareStarted counts as owner because its side effects may
-// already exist.
+// already exist. Admin-access preparations hold nothing.
 func (cp *Checkpoint) DeviceOwner(pool, device string) (claimUID string, ok bool) {
 	// Iterate in UID order so the answer is deterministic even if a damaged
 	// checkpoint lists the same device under two claims.
@@ -92,7 +99,7 @@ func (cp *Checkpoint) DeviceOwner(pool, device string) (claimUID string, ok bool
 	slices.Sort(uids)
 	for _, uid := range uids {
 		for _, d := range cp.Claims[uid].Devices {
-			if d.Pool == pool && d.Device == device {
+			if d.Pool == pool && d.Device == device && !d.AdminAccess {
 				return uid, true
 			}
 		}
@@ -136,6 +143,7 @@ func (cp *Checkpoint) validate() error {
 func (cp *Checkpoint) Clone() *Checkpoint {
 	out := &Checkpoint{
 		Version:  cp.Version,
+		BootID:   cp.BootID,
 		Checksum: cp.Checksum,
 		Claims:   make(map[string]ClaimState, len(cp.Claims)),
 	}

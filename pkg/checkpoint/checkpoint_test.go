@@ -26,6 +26,11 @@ func sample() *Checkpoint {
 		UID: "uid-b", Namespace: "ns", Name: "claim-b", State: PrepareStarted,
 		Devices: []PreparedDevice{{Request: "gpu", Pool: "node-1", Device: "gpu-5", UUID: "GPU-5555"}},
 	}
+	cp.Claims["uid-c"] = ClaimState{
+		UID: "uid-c", Namespace: "monitoring", Name: "dcgm", State: PrepareCompleted,
+		Devices: []PreparedDevice{{Request: "all", Pool: "node-1", Device: "gpu-7", UUID: "GPU-7777", AdminAccess: true}},
+	}
+	cp.BootID = "9f3c1e2a-5b6d-4c7e-8f90-a1b2c3d4e5f6"
 	return cp
 }
 
@@ -251,6 +256,7 @@ func TestDeviceOwner(t *testing.T) {
 		{"node-1", "gpu-1", "uid-a", true},
 		{"node-1", "gpu-5", "uid-b", true}, // PrepareStarted still owns it
 		{"node-1", "gpu-2", "", false},
+		{"node-1", "gpu-7", "", false}, // admin access holds nothing
 		{"node-2", "gpu-0", "", false},
 	}
 	for _, tt := range tests {

@@ -90,7 +90,7 @@ func decode(path string, data []byte) (*Checkpoint, error) {
 // sees either the previous file or the new one, never a mix. The version and
 // checksum are set on the written copy; cp itself is not modified.
 func (s *Store) Save(cp *Checkpoint) error {
-	out := Checkpoint{Version: Version, Claims: cp.Claims}
+	out := Checkpoint{Version: Version, BootID: cp.BootID, Claims: cp.Claims}
 	if out.Claims == nil {
 		out.Claims = map[string]ClaimState{}
 	}

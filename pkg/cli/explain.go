@@ -3,65 +3,236 @@ package cli
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 )
 
-// Explain writes what the controller decided for a group of pods and why,
-// from the annotations it left on the pods and the events it recorded.
-func Explain(w io.Writer, group string, pods []v1.Pod, events []v1.Event) error {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s: %d pods\n", group, len(pods))
-	if len(pods) == 0 {
-		b.WriteString("  no pods found: is the Job running, and does its pod template carry gputopo.dev/placement?\n")
+// Explanation is what the controller decided for a group of pods and why,
+// and what each pod's claims got.
+type Explanation struct {
+	// Group is namespace/name of the Job or gputopo.dev/group.
+	Group     string     `json:"group"`
+	Domains   []string   `json:"domains,omitempty"`
+	Pods      []PodPlan  `json:"pods"`
+	Decisions []Decision `json:"decisions,omitempty"`
+}
+
+// PodPlan is one pod of the group.
+type PodPlan struct {
+	Name  string `json:"name"`
+	State string `json:"state"` // placed, or waiting (gated)
+	Node  string `json:"node,omitempty"`
+	// Why the pod still waits, from the controller.
+	Why    string      `json:"why,omitempty"`
+	Claims []ClaimPlan `json:"claims,omitempty"`
+}
+
+// ClaimPlan is what one request of a pod's claim was allocated.
+type ClaimPlan struct {
+	Claim   string `json:"claim"`
+	Request string `json:"request"`
+	// Rung is the subrequest of a firstAvailable request that the
+	// allocator picked, RungIndex its place (1 is the first choice) among
+	// Rungs; empty and 0 for a plain request.
+	Rung      string   `json:"rung,omitempty"`
+	RungIndex int      `json:"rungIndex,omitempty"`
+	Rungs     int      `json:"rungs,omitempty"`
+	Node      string   `json:"node,omitempty"`
+	Devices   []string `json:"devices"`
+}
+
+// Decision is one of the controller's events about the group.
+type Decision struct {
+	Time    time.Time `json:"time"`
+	Type    string    `json:"type"`
+	Reason  string    `json:"reason"`
+	Message string    `json:"message"`
+}
+
+// BuildExplanation reads the controller's annotations on the pods, the
+// allocation of their claims and the controller's events.
+func BuildExplanation(group string, pods []v1.Pod, claims []resourceapi.ResourceClaim, events []v1.Event) Explanation {
+	e := Explanation{Group: group, Pods: []PodPlan{}}
+	pods = slices.Clone(pods)
+	slices.SortFunc(pods, func(a, c v1.Pod) int { return natCmp(a.Name, c.Name) })
+	byName := map[string]*resourceapi.ResourceClaim{}
+	for i := range claims {
+		byName[claims[i].Name] = &claims[i]
 	}
-	slices.SortFunc(pods, func(a, c v1.Pod) int { return strings.Compare(a.Name, c.Name) })
 	domains := map[string]bool{}
 	for _, p := range pods {
-		state := "placed"
+		pp := PodPlan{Name: p.Name, State: "placed", Node: p.Spec.NodeName}
 		if slices.ContainsFunc(p.Spec.SchedulingGates, func(g v1.PodSchedulingGate) bool { return g.Name == placement.SchedulingGate }) {
-			state = "waiting (gated)"
-		}
-		node := p.Spec.NodeName
-		if node == "" {
-			node = "-"
-		}
-		fmt.Fprintf(&b, "  %-32s %-16s node=%s\n", p.Name, state, node)
-		if s := p.Annotations[placement.AnnotationStatus]; s != "" && state != "placed" {
-			fmt.Fprintf(&b, "      why: %s\n", s)
+			pp.State = "waiting (gated)"
+			pp.Why = p.Annotations[placement.AnnotationStatus]
 		}
 		if d := p.Annotations[placement.AnnotationDomain]; d != "" {
 			domains[d] = true
 		}
+		for _, name := range podClaimNames(&p) {
+			if c := byName[name]; c != nil {
+				pp.Claims = append(pp.Claims, claimPlans(c)...)
+			}
+		}
+		e.Pods = append(e.Pods, pp)
 	}
-	if len(domains) > 0 {
-		fmt.Fprintf(&b, "domain: %s\n", strings.Join(slices.Sorted(mapKeys(domains)), " "))
-	}
+	e.Domains = slices.Sorted(maps.Keys(domains))
 	slices.SortFunc(events, func(a, c v1.Event) int { return a.LastTimestamp.Compare(c.LastTimestamp.Time) })
-	var lines []string
-	for _, e := range events {
-		if e.Source.Component != "gputopo-controller" && e.ReportingController != "gputopo-controller" {
+	for _, ev := range events {
+		if ev.Source.Component != "gputopo-controller" && ev.ReportingController != "gputopo-controller" {
 			continue
 		}
-		lines = append(lines, fmt.Sprintf("  %s %s %s: %s", e.LastTimestamp.Format("15:04:05"), e.Type, e.Reason, e.Message))
+		e.Decisions = append(e.Decisions, Decision{Time: ev.LastTimestamp.Time, Type: ev.Type, Reason: ev.Reason, Message: ev.Message})
 	}
-	if len(lines) > 0 {
-		b.WriteString("decisions:\n" + strings.Join(lines, "\n") + "\n")
+	return e
+}
+
+// podClaimNames lists the pod's ResourceClaims: those it names and those
+// made for it from templates.
+func podClaimNames(p *v1.Pod) []string {
+	var out []string
+	for _, c := range p.Spec.ResourceClaims {
+		if c.ResourceClaimName != nil {
+			out = append(out, *c.ResourceClaimName)
+		}
+	}
+	for _, s := range p.Status.ResourceClaimStatuses {
+		if s.ResourceClaimName != nil {
+			out = append(out, *s.ResourceClaimName)
+		}
+	}
+	return out
+}
+
+// claimPlans lists what each request of an allocated claim got. The
+// allocator names the result of a firstAvailable request
+// "<request>/<subrequest>".
+func claimPlans(c *resourceapi.ResourceClaim) []ClaimPlan {
+	if c.Status.Allocation == nil {
+		return nil
+	}
+	node := allocationNode(c.Status.Allocation)
+	var out []ClaimPlan
+	index := map[string]int{}
+	for _, r := range c.Status.Allocation.Devices.Results {
+		req, sub, _ := strings.Cut(r.Request, "/")
+		i, ok := index[r.Request]
+		if !ok {
+			i = len(out)
+			index[r.Request] = i
+			out = append(out, ClaimPlan{Claim: c.Name, Request: req, Rung: sub, Node: node, Devices: []string{}})
+			if sub != "" {
+				out[i].RungIndex, out[i].Rungs = rungOf(c, req, sub)
+			}
+		}
+		out[i].Devices = append(out[i].Devices, r.Device)
+	}
+	return out
+}
+
+func rungOf(c *resourceapi.ResourceClaim, req, sub string) (index, of int) {
+	for _, r := range c.Spec.Devices.Requests {
+		if r.Name != req {
+			continue
+		}
+		for j, s := range r.FirstAvailable {
+			if s.Name == sub {
+				return j + 1, len(r.FirstAvailable)
+			}
+		}
+	}
+	return 0, 0
+}
+
+// allocationNode is the node an allocation is bound to, from its node
+// selector (metadata.name or kubernetes.io/hostname).
+func allocationNode(a *resourceapi.AllocationResult) string {
+	if a.NodeSelector == nil {
+		return ""
+	}
+	for _, t := range a.NodeSelector.NodeSelectorTerms {
+		for _, f := range t.MatchFields {
+			if f.Key == "metadata.name" && len(f.Values) == 1 {
+				return f.Values[0]
+			}
+		}
+		for _, e := range t.MatchExpressions {
+			if e.Key == "kubernetes.io/hostname" && len(e.Values) == 1 {
+				return e.Values[0]
+			}
+		}
+	}
+	return ""
+}
+
+// RenderExplanation writes an explanation for a person. Wide adds the
+// devices of each claim.
+func RenderExplanation(w io.Writer, e Explanation, o TreeOptions) error {
+	pal := palette(o.Color)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %d pods\n", pal.bold(e.Group), len(e.Pods))
+	if len(e.Pods) == 0 {
+		b.WriteString("  no pods found: is the Job running, and does its pod template carry gputopo.dev/placement?\n")
+	}
+	for _, p := range e.Pods {
+		node := p.Node
+		if node == "" {
+			node = "-"
+		}
+		state := p.State
+		if state == "placed" {
+			state = pal.free(fmt.Sprintf("%-16s", state))
+		} else {
+			state = pal.allocated(fmt.Sprintf("%-16s", state))
+		}
+		fmt.Fprintf(&b, "  %-32s %s node=%s\n", p.Name, state, node)
+		if p.Why != "" {
+			fmt.Fprintf(&b, "      why: %s\n", p.Why)
+		}
+		for _, c := range p.Claims {
+			line := "      " + c.Request
+			if c.Rung != "" {
+				line += fmt.Sprintf(" → %s (%s choice of %d)", c.Rung, ordinal(c.RungIndex), c.Rungs)
+			}
+			line += fmt.Sprintf(": %d GPUs", len(c.Devices))
+			if o.Wide {
+				line += " " + pal.dim(strings.Join(c.Devices, ","))
+			}
+			b.WriteString(line + "\n")
+		}
+	}
+	if len(e.Domains) > 0 {
+		fmt.Fprintf(&b, "domain: %s\n", strings.Join(e.Domains, " "))
+	}
+	if len(e.Decisions) > 0 {
+		b.WriteString("decisions:\n")
+		for _, d := range e.Decisions {
+			fmt.Fprintf(&b, "  %s %s %s: %s\n", d.Time.Format("15:04:05"), d.Type, d.Reason, d.Message)
+		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
-func mapKeys(m map[string]bool) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
+func ordinal(n int) string {
+	switch {
+	case n <= 0:
+		return "unknown"
+	case n%100 >= 11 && n%100 <= 13:
+		return fmt.Sprintf("%dth", n)
+	case n%10 == 1:
+		return fmt.Sprintf("%dst", n)
+	case n%10 == 2:
+		return fmt.Sprintf("%dnd", n)
+	case n%10 == 3:
+		return fmt.Sprintf("%drd", n)
 	}
+	return fmt.Sprintf("%dth", n)
 }

@@ -1,61 +1,103 @@
-// Package cli renders what the gputopo command shows. It works on plain
-// API objects so it can be tested without a cluster.
+// Package cli is what the gputopo command (kubectl gputopo) shows: the
+// topology tree and its picture, and the explanation of a job's placement.
+// Building the views works on plain API objects, so it is tested without a
+// cluster; fetch.go reads those objects from one.
 package cli
 
 import (
 	"cmp"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
-// GPU is one published GPU as the tree shows it.
+// GPUState is what a GPU is doing.
+type GPUState string
+
+const (
+	StateFree      GPUState = "free"
+	StateAllocated GPUState = "allocated"
+	// StateUnhealthy wins over allocated: the GPU carries the unhealthy
+	// taint, whoever holds it.
+	StateUnhealthy GPUState = "unhealthy"
+)
+
+// GPU is one published GPU.
 type GPU struct {
-	Name      string
-	Index     int64
-	Domain    string
-	Block4    string
-	Allocated bool
-	Unhealthy bool
+	Name         string   `json:"name"`
+	Index        int64    `json:"index"`
+	NVLinkDomain string   `json:"nvlinkDomain,omitempty"`
+	NVLinkBlock4 string   `json:"nvlinkBlock4,omitempty"`
+	State        GPUState `json:"state"`
+	// Holder is the namespace/name of the Job (or gputopo.dev/group, or
+	// pod) whose claim holds the GPU.
+	Holder string `json:"holder,omitempty"`
+	// Reason is the unhealthy taint's value, e.g. XID-79.
+	Reason string `json:"reason,omitempty"`
 }
 
-// NodeView is one node with its GPUs.
+// NodeView is one node with its place in the network and its GPUs.
 type NodeView struct {
-	Name    string
-	Leaf    string
-	Spine   string
-	Profile string
-	GPUs    []GPU
+	Name    string `json:"name"`
+	Spine   string `json:"spine,omitempty"`
+	Leaf    string `json:"leaf,omitempty"`
+	Core    string `json:"core,omitempty"`
+	Profile string `json:"profile,omitempty"`
+	GPUs    []GPU  `json:"gpus"`
 }
 
-// Free counts unallocated healthy GPUs.
+// Free counts the node's free GPUs.
 func (n NodeView) Free() int {
 	free := 0
 	for _, g := range n.GPUs {
-		if !g.Allocated && !g.Unhealthy {
+		if g.State == StateFree {
 			free++
 		}
 	}
 	return free
 }
 
-// BuildViews joins nodes, their gputopo slices and the allocated devices
-// of every claim.
-func BuildViews(nodes []v1.Node, resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.ResourceClaim, nl topology.NetworkLabels) []NodeView {
-	allocated := map[string]bool{} // pool/device
-	for _, c := range claims {
+// Holders counts the node's GPUs per holder, in name order.
+func (n NodeView) Holders() []string {
+	count := map[string]int{}
+	for _, g := range n.GPUs {
+		if g.Holder != "" {
+			count[g.Holder]++
+		}
+	}
+	var out []string
+	for _, h := range slices.Sorted(maps.Keys(count)) {
+		out = append(out, fmt.Sprintf("%s×%d", h, count[h]))
+	}
+	return out
+}
+
+// BuildViews joins nodes, their gputopo slices, the devices of every
+// allocated claim and the pods holding them. Nodes without gputopo GPUs
+// are left out.
+func BuildViews(nodes []v1.Node, resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.ResourceClaim, pods []v1.Pod, mapping topology.LabelMapping) []NodeView {
+	podByName := map[string]*v1.Pod{}
+	for i := range pods {
+		podByName[pods[i].Namespace+"/"+pods[i].Name] = &pods[i]
+	}
+	holder := map[string]string{} // pool/device → holder
+	for i := range claims {
+		c := &claims[i]
 		if c.Status.Allocation == nil {
 			continue
 		}
+		h := claimHolder(c, podByName)
 		for _, r := range c.Status.Allocation.Devices.Results {
 			if r.Driver == topology.DriverName {
-				allocated[r.Pool+"/"+r.Device] = true
+				holder[r.Pool+"/"+r.Device] = h
 			}
 		}
 	}
@@ -65,19 +107,22 @@ func BuildViews(nodes []v1.Node, resourceSlices []resourceapi.ResourceSlice, cla
 			continue
 		}
 		for _, d := range s.Spec.Devices {
-			g := GPU{Name: d.Name, Allocated: allocated[s.Spec.Pool.Name+"/"+d.Name]}
+			g := GPU{Name: d.Name, State: StateFree, Holder: holder[s.Spec.Pool.Name+"/"+d.Name]}
 			if a, ok := d.Attributes[topology.AttrIndex]; ok && a.IntValue != nil {
 				g.Index = *a.IntValue
 			}
 			if a, ok := d.Attributes[topology.AttrNVLinkDomain]; ok && a.StringValue != nil {
-				g.Domain = *a.StringValue
+				g.NVLinkDomain = *a.StringValue
 			}
 			if a, ok := d.Attributes[topology.AttrNVLinkBlock4]; ok && a.StringValue != nil {
-				g.Block4 = *a.StringValue
+				g.NVLinkBlock4 = *a.StringValue
+			}
+			if g.Holder != "" {
+				g.State = StateAllocated
 			}
 			for _, t := range d.Taints {
 				if t.Key == topology.TaintUnhealthy {
-					g.Unhealthy = true
+					g.State, g.Reason = StateUnhealthy, t.Value
 				}
 			}
 			byNode[*s.Spec.NodeName] = append(byNode[*s.Spec.NodeName], g)
@@ -85,52 +130,95 @@ func BuildViews(nodes []v1.Node, resourceSlices []resourceapi.ResourceSlice, cla
 	}
 	views := make([]NodeView, 0, len(nodes))
 	for _, n := range nodes {
-		p := nl.Resolve(n.Labels)
 		gpus := byNode[n.Name]
+		if len(gpus) == 0 {
+			continue
+		}
+		p := mapping.Resolve(n.Labels)
 		slices.SortFunc(gpus, func(a, b GPU) int { return cmp.Compare(a.Index, b.Index) })
-		views = append(views, NodeView{Name: n.Name, Leaf: p.Leaf, Spine: p.Spine, Profile: n.Labels[topology.LabelProfile], GPUs: gpus})
+		views = append(views, NodeView{Name: n.Name, Spine: p.Spine, Leaf: p.Leaf, Core: p.Core, Profile: n.Labels[topology.LabelProfile], GPUs: gpus})
 	}
+	slices.SortFunc(views, func(a, b NodeView) int {
+		return cmp.Or(natCmp(a.Spine, b.Spine), natCmp(a.Leaf, b.Leaf), natCmp(a.Name, b.Name))
+	})
 	return views
+}
+
+// claimHolder names what holds a claim's devices: the Job or group of the
+// pod it is reserved for (or that owns it), else that pod, else the claim.
+func claimHolder(c *resourceapi.ResourceClaim, pods map[string]*v1.Pod) string {
+	var podNames []string
+	for _, r := range c.Status.ReservedFor {
+		if r.Resource == "pods" {
+			podNames = append(podNames, r.Name)
+		}
+	}
+	for _, o := range c.OwnerReferences {
+		if o.Kind == "Pod" {
+			podNames = append(podNames, o.Name)
+		}
+	}
+	for _, name := range podNames {
+		p, ok := pods[c.Namespace+"/"+name]
+		if !ok {
+			return c.Namespace + "/" + name
+		}
+		if j := p.Labels["batch.kubernetes.io/job-name"]; j != "" {
+			return p.Namespace + "/" + j
+		}
+		if g := p.Annotations[placement.AnnotationGroup]; g != "" {
+			return p.Namespace + "/" + g
+		}
+		return p.Namespace + "/" + p.Name
+	}
+	return c.Namespace + "/" + c.Name
+}
+
+// TreeOptions say how RenderTree draws.
+type TreeOptions struct {
+	// Wide adds each node's holders and the core switch of each spine.
+	Wide bool
+	// Color uses ANSI colours: for a terminal only.
+	Color bool
 }
 
 // RenderTree draws spine → leaf → node → NVLink domains. Each GPU is a
 // cell: ■ allocated, □ free, ✗ unhealthy; GPUs of one NVLink domain share
 // brackets and aligned quads are separated by a space.
-func RenderTree(w io.Writer, views []NodeView) error {
+func RenderTree(w io.Writer, views []NodeView, o TreeOptions) error {
+	pal := palette(o.Color)
 	total, free := 0, 0
 	for _, v := range views {
 		total += len(v.GPUs)
 		free += v.Free()
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "cluster: %d nodes, %d/%d GPUs free   (■ allocated  □ free  ✗ unhealthy  [..] NVLink domain)\n", len(views), free, total)
+	fmt.Fprintf(&b, "cluster: %d nodes, %d/%d GPUs free   (%s allocated  %s free  %s unhealthy  [..] NVLink domain)\n",
+		len(views), free, total, pal.allocated("■"), pal.free("□"), pal.unhealthy("✗"))
 
-	spines := map[string]map[string][]NodeView{}
-	for _, v := range views {
-		s, l := orNone(v.Spine), orNone(v.Leaf)
-		if spines[s] == nil {
-			spines[s] = map[string][]NodeView{}
+	spines := groupTree(views)
+	for si, s := range spines {
+		lastSpine := si == len(spines)-1
+		head := orNone(s.name)
+		if o.Wide && s.core != "" {
+			head += "  (core " + s.core + ")"
 		}
-		spines[s][l] = append(spines[s][l], v)
-	}
-	spineNames := sortedKeys(spines)
-	for si, s := range spineNames {
-		lastSpine := si == len(spineNames)-1
-		fmt.Fprintf(&b, "%s %s\n", branch(lastSpine), s)
-		leaves := sortedKeys(spines[s])
-		for li, l := range leaves {
-			lastLeaf := li == len(leaves)-1
-			nodes := spines[s][l]
+		fmt.Fprintf(&b, "%s %s\n", branch(lastSpine), pal.bold(head))
+		for li, l := range s.leaves {
+			lastLeaf := li == len(s.leaves)-1
 			lf, lt := 0, 0
-			for _, n := range nodes {
+			for _, n := range l.nodes {
 				lf += n.Free()
 				lt += len(n.GPUs)
 			}
-			fmt.Fprintf(&b, "%s%s %s  (%d/%d free)\n", indent(lastSpine), branch(lastLeaf), l, lf, lt)
-			slices.SortFunc(nodes, func(a, c NodeView) int { return cmp.Compare(a.Name, c.Name) })
-			for ni, n := range nodes {
-				prefix := indent(lastSpine) + indent(lastLeaf) + branch(ni == len(nodes)-1)
-				fmt.Fprintf(&b, "%s %-*s %-18s %d/%d free  %s\n", prefix, nameWidth(nodes), n.Name, n.Profile, n.Free(), len(n.GPUs), cells(n.GPUs))
+			fmt.Fprintf(&b, "%s%s %s  (%d/%d free)\n", indent(lastSpine), branch(lastLeaf), pal.bold(orNone(l.name)), lf, lt)
+			for ni, n := range l.nodes {
+				prefix := indent(lastSpine) + indent(lastLeaf) + branch(ni == len(l.nodes)-1)
+				line := fmt.Sprintf("%s %-*s %-18s %d/%d free  %s", prefix, nameWidth(l.nodes), n.Name, n.Profile, n.Free(), len(n.GPUs), cells(n.GPUs, pal))
+				if hs := n.Holders(); o.Wide && len(hs) > 0 {
+					line += "  " + pal.dim(strings.Join(hs, " "))
+				}
+				b.WriteString(strings.TrimRight(line, " ") + "\n")
 			}
 		}
 	}
@@ -138,34 +226,64 @@ func RenderTree(w io.Writer, views []NodeView) error {
 	return err
 }
 
-func cells(gpus []GPU) string {
+type spineGroup struct {
+	name, core string
+	leaves     []leafGroup
+}
+
+type leafGroup struct {
+	name  string
+	nodes []NodeView
+}
+
+// groupTree groups views (sorted by BuildViews) into spines and leaves.
+func groupTree(views []NodeView) []spineGroup {
+	var out []spineGroup
+	for _, v := range views {
+		if len(out) == 0 || out[len(out)-1].name != v.Spine {
+			out = append(out, spineGroup{name: v.Spine})
+		}
+		s := &out[len(out)-1]
+		if s.core == "" {
+			s.core = v.Core
+		}
+		if len(s.leaves) == 0 || s.leaves[len(s.leaves)-1].name != v.Leaf {
+			s.leaves = append(s.leaves, leafGroup{name: v.Leaf})
+		}
+		l := &s.leaves[len(s.leaves)-1]
+		l.nodes = append(l.nodes, v)
+	}
+	return out
+}
+
+func cells(gpus []GPU, pal palette) string {
 	var b strings.Builder
 	for i, g := range gpus {
 		if i > 0 {
 			prev := gpus[i-1]
 			switch {
-			case prev.Domain != g.Domain || g.Domain == "":
-				if prev.Domain != "" {
+			case prev.NVLinkDomain != g.NVLinkDomain || g.NVLinkDomain == "":
+				if prev.NVLinkDomain != "" {
 					b.WriteString("]")
 				}
 				b.WriteString(" ")
-			case prev.Block4 != g.Block4:
+			case prev.NVLinkBlock4 != g.NVLinkBlock4:
 				b.WriteString(" ")
 			}
 		}
-		if g.Domain != "" && (i == 0 || gpus[i-1].Domain != g.Domain) {
+		if g.NVLinkDomain != "" && (i == 0 || gpus[i-1].NVLinkDomain != g.NVLinkDomain) {
 			b.WriteString("[")
 		}
-		switch {
-		case g.Unhealthy:
-			b.WriteString("✗")
-		case g.Allocated:
-			b.WriteString("■")
+		switch g.State {
+		case StateUnhealthy:
+			b.WriteString(pal.unhealthy("✗"))
+		case StateAllocated:
+			b.WriteString(pal.allocated("■"))
 		default:
-			b.WriteString("□")
+			b.WriteString(pal.free("□"))
 		}
 	}
-	if len(gpus) > 0 && gpus[len(gpus)-1].Domain != "" {
+	if len(gpus) > 0 && gpus[len(gpus)-1].NVLinkDomain != "" {
 		b.WriteString("]")
 	}
 	return b.String()
@@ -200,11 +318,34 @@ func orNone(s string) string {
 	return s
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+// natCmp orders names naturally ("leaf-2" before "leaf-10"), the empty
+// name last.
+func natCmp(a, b string) int {
+	switch {
+	case a == b:
+		return 0
+	case a == "":
+		return 1
+	case b == "":
+		return -1
+	case topology.NaturalLess(a, b):
+		return -1
 	}
-	slices.Sort(keys)
-	return keys
+	return 1
 }
+
+// palette colours text with ANSI escapes when on.
+type palette bool
+
+func (p palette) paint(code, s string) string {
+	if !p {
+		return s
+	}
+	return "\x1b[" + code + "m" + s + "\x1b[0m"
+}
+
+func (p palette) bold(s string) string      { return p.paint("1", s) }
+func (p palette) dim(s string) string       { return p.paint("2", s) }
+func (p palette) free(s string) string      { return p.paint("32", s) }
+func (p palette) allocated(s string) string { return p.paint("33", s) }
+func (p palette) unhealthy(s string) string { return p.paint("31", s) }

@@ -17,17 +17,33 @@ import (
 
 func node(name, spine, leaf, profile string) v1.Node {
 	return v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
-		topology.LabelTopographLeaf: leaf, topology.LabelTopographSpine: spine, topology.LabelProfile: profile}}}
+		topology.LabelTopographLeaf: leaf, topology.LabelTopographSpine: spine, topology.LabelTopographCore: "core-0", topology.LabelProfile: profile}}}
 }
 
-func TestRenderTree(t *testing.T) {
-	nodes := []v1.Node{
+// fixture is a small cluster:
+//
+//	core-0
+//	└── spine-0
+//	    ├── leaf-0: a1 (dgx1-v100, GPUs 4-7 held by Job ml/train), a2 (hgx-pcie-pairs)
+//	    └── leaf-1: b1 (pcie-only, GPU 7 unhealthy, GPU 0 held by pod ml/solo)
+//
+// plus a node without gputopo GPUs, which is left out.
+type fixture struct {
+	nodes  []v1.Node
+	slices []resourceapi.ResourceSlice
+	claims []resourceapi.ResourceClaim
+	pods   []v1.Pod
+}
+
+func newFixture(t *testing.T) fixture {
+	t.Helper()
+	var f fixture
+	f.nodes = []v1.Node{
 		node("a1", "spine-0", "leaf-0", "dgx1-v100"),
 		node("a2", "spine-0", "leaf-0", "hgx-pcie-pairs"),
 		node("b1", "spine-0", "leaf-1", "pcie-only"),
 	}
-	var rs []resourceapi.ResourceSlice
-	for _, n := range nodes {
+	for _, n := range f.nodes {
 		p, err := sim.LoadBuiltin(n.Labels[topology.LabelProfile])
 		if err != nil {
 			t.Fatal(err)
@@ -37,30 +53,122 @@ func TestRenderTree(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, s := range slices.Objects(n.Name, res) {
-			rs = append(rs, *s)
+			f.slices = append(f.slices, *s)
 		}
 	}
-	rs[2].Spec.Devices[7].Taints = []resourceapi.DeviceTaint{{Key: topology.TaintUnhealthy, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
-	claim := resourceapi.ResourceClaim{}
-	claim.Status.Allocation = &resourceapi.AllocationResult{}
-	for _, d := range []string{"gpu-4", "gpu-5", "gpu-6", "gpu-7"} {
-		claim.Status.Allocation.Devices.Results = append(claim.Status.Allocation.Devices.Results,
-			resourceapi.DeviceRequestAllocationResult{Driver: topology.DriverName, Pool: "a1", Device: d})
+	f.nodes = append(f.nodes, v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cpu-only"}})
+	f.slices[2].Spec.Devices[7].Taints = []resourceapi.DeviceTaint{{Key: topology.TaintUnhealthy, Value: "XID-79", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+	f.claims = []resourceapi.ResourceClaim{
+		allocated("ml", "train-0-gpus", "train-0", "a1", "gpu-4", "gpu-5", "gpu-6", "gpu-7"),
+		allocated("ml", "solo-gpus", "solo", "b1", "gpu-0"),
 	}
-	var out strings.Builder
-	views := cli.BuildViews(nodes, rs, []resourceapi.ResourceClaim{claim}, topology.DefaultNetworkLabels())
-	if err := cli.RenderTree(&out, views); err != nil {
-		t.Fatal(err)
+	f.pods = []v1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "train-0", Labels: map[string]string{"batch.kubernetes.io/job-name": "train"}}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "solo"}},
 	}
-	want := `cluster: 3 nodes, 19/24 GPUs free   (■ allocated  □ free  ✗ unhealthy  [..] NVLink domain)
+	return f
+}
+
+func allocated(ns, name, pod, pool string, devices ...string) resourceapi.ResourceClaim {
+	c := resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod}}
+	c.Status.Allocation = &resourceapi.AllocationResult{}
+	for _, d := range devices {
+		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
+			resourceapi.DeviceRequestAllocationResult{Request: "gpus", Driver: topology.DriverName, Pool: pool, Device: d})
+	}
+	return c
+}
+
+func (f fixture) views() []cli.NodeView {
+	return cli.BuildViews(f.nodes, f.slices, f.claims, f.pods, topology.DefaultLabelMapping())
+}
+
+func TestRenderTree(t *testing.T) {
+	views := newFixture(t).views()
+	for name, tc := range map[string]struct {
+		opts cli.TreeOptions
+		want string
+	}{
+		"table": {want: `cluster: 3 nodes, 18/24 GPUs free   (■ allocated  □ free  ✗ unhealthy  [..] NVLink domain)
 └── spine-0
     ├── leaf-0  (12/16 free)
     │   ├── a1 dgx1-v100          4/8 free  [□□□□ ■■■■]
     │   └── a2 hgx-pcie-pairs     8/8 free  [□□] [□□] [□□] [□□]
-    └── leaf-1  (7/8 free)
-        └── b1 pcie-only          7/8 free  □ □ □ □ □ □ □ ✗
-`
-	if diff := cmp.Diff(want, out.String()); diff != "" {
+    └── leaf-1  (6/8 free)
+        └── b1 pcie-only          6/8 free  ■ □ □ □ □ □ □ ✗
+`},
+		"wide names the core and the holders": {opts: cli.TreeOptions{Wide: true}, want: `cluster: 3 nodes, 18/24 GPUs free   (■ allocated  □ free  ✗ unhealthy  [..] NVLink domain)
+└── spine-0  (core core-0)
+    ├── leaf-0  (12/16 free)
+    │   ├── a1 dgx1-v100          4/8 free  [□□□□ ■■■■]  ml/train×4
+    │   └── a2 hgx-pcie-pairs     8/8 free  [□□] [□□] [□□] [□□]
+    └── leaf-1  (6/8 free)
+        └── b1 pcie-only          6/8 free  ■ □ □ □ □ □ □ ✗  ml/solo×1
+`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var out strings.Builder
+			if err := cli.RenderTree(&out, views, tc.opts); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, out.String()); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestRenderTreeColorOnlyWhenAsked(t *testing.T) {
+	views := newFixture(t).views()
+	var plain, color strings.Builder
+	if err := cli.RenderTree(&plain, views, cli.TreeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.RenderTree(&color, views, cli.TreeOptions{Color: true}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(plain.String(), "\x1b[") {
+		t.Error("plain output has escape codes")
+	}
+	if !strings.Contains(color.String(), "\x1b[31m✗\x1b[0m") {
+		t.Errorf("coloured output does not paint the unhealthy GPU red:\n%q", color.String())
+	}
+}
+
+func TestBuildViewsHoldersAndStates(t *testing.T) {
+	views := newFixture(t).views()
+	got := map[string][]string{}
+	for _, v := range views {
+		for _, g := range v.GPUs {
+			if g.State != cli.StateFree {
+				got[v.Name] = append(got[v.Name], g.Name+"="+string(g.State)+":"+g.Holder+g.Reason)
+			}
+		}
+	}
+	want := map[string][]string{
+		"a1": {"gpu-4=allocated:ml/train", "gpu-5=allocated:ml/train", "gpu-6=allocated:ml/train", "gpu-7=allocated:ml/train"},
+		"b1": {"gpu-0=allocated:ml/solo", "gpu-7=unhealthy:XID-79"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+// A custom mapping places the same nodes elsewhere.
+func TestBuildViewsReadsMapping(t *testing.T) {
+	f := newFixture(t)
+	f.nodes[0].Labels["example.com/rack"] = "rack-9"
+	m, err := topology.ParseLabelMapping(map[string]string{"leaf": "example.com/rack"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	views := cli.BuildViews(f.nodes, f.slices, f.claims, f.pods, m)
+	got := map[string]string{}
+	for _, v := range views {
+		got[v.Name] = v.Spine + "/" + v.Leaf
+	}
+	if diff := cmp.Diff(map[string]string{"a1": "spine-0/rack-9", "a2": "spine-0/", "b1": "spine-0/"}, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
 }

@@ -1,6 +1,7 @@
 // Package command holds what gputopo's daemons share around their logic:
-// flag parsing with component-base logging, a signal-aware context, a
-// Kubernetes client from a kubeconfig, and the Prometheus endpoint.
+// flag parsing with component-base logging and an environment variable
+// for every flag, a signal-aware context, a Kubernetes client from a
+// kubeconfig, and the Prometheus endpoint.
 package command
 
 import (
@@ -8,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -26,12 +29,24 @@ import (
 // ErrHelp is returned by Parse when the user asked for --help.
 var ErrHelp = pflag.ErrHelp
 
-// Parse adds the logging flags to fs, parses args, runs validate and
-// applies the logging configuration. The returned function flushes logs.
+// EnvName is the environment variable that sets a flag the command line
+// leaves out: --node-name is NODE_NAME, --kube-api-qps is KUBE_API_QPS.
+func EnvName(flag string) string {
+	return strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// Parse adds the logging flags to fs, parses args, takes every flag that
+// was already in fs and is not on the command line from its environment
+// variable (EnvName), runs validate and applies the logging configuration.
+// The returned function flushes logs.
 func Parse(fs *pflag.FlagSet, args []string, validate func() error) (flush func(), err error) {
+	fromEnv := EnvFallback(fs)
 	logConfig := logsapi.NewLoggingConfiguration()
 	logsapi.AddFlags(logConfig, fs)
 	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if err := fromEnv(); err != nil {
 		return nil, err
 	}
 	if validate != nil {
@@ -43,6 +58,38 @@ func Parse(fs *pflag.FlagSet, args []string, validate func() error) (flush func(
 		return nil, err
 	}
 	return logs.FlushLogs, nil
+}
+
+// EnvFallback names the environment variable of every flag now in fs in
+// its usage. The returned function, called after parsing, sets each of
+// those flags that the command line left out and whose variable is not
+// empty, as the example DRA driver and NVIDIA's do.
+func EnvFallback(fs *pflag.FlagSet) (apply func() error) {
+	var own []*pflag.Flag
+	fs.VisitAll(func(f *pflag.Flag) {
+		f.Usage += " [$" + EnvName(f.Name) + "]"
+		own = append(own, f)
+	})
+	return func() error {
+		for _, f := range own {
+			env := EnvName(f.Name)
+			if v, ok := os.LookupEnv(env); ok && v != "" && !f.Changed {
+				if err := fs.Set(f.Name, v); err != nil {
+					return fmt.Errorf("$%s=%q for --%s: %w", env, v, f.Name, err)
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// Namespace is the namespace a daemon runs in: $POD_NAMESPACE (the
+// downward API), else kube-system.
+func Namespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	return "kube-system"
 }
 
 // Context is cancelled on SIGINT or SIGTERM and carries the klog logger.

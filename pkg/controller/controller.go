@@ -1,21 +1,28 @@
 // Package controller runs gputopo's placement loop: it groups opted-in pods
-// (a Job, or pods sharing gputopo.dev/group), asks the planner where the
-// whole group fits as the scheduler's own DRA allocator judges it, pins
-// every pod to its node while the pods are still gated, and only then
-// removes the gates, so the built-in kube-scheduler places the group all
-// at once or not at all.
+// (a Job, a JobSet, a LeaderWorkerSet replica group, or pods sharing
+// gputopo.dev/group), asks the planner where the whole group fits as the
+// scheduler's own DRA allocator judges it, writes that plan into the pods'
+// ResourceClaims as their allocation while the pods are still gated, and
+// only then removes the gates. The built-in kube-scheduler places each pod
+// where its claims are allocated and counts those devices as taken for
+// every other pod, so the plan is a reservation nobody else can take.
+// Pods that do not bind in time, or whose node fails, have their claims
+// taken back and are planned again.
 package controller
 
 import (
 	"context"
 	"fmt"
 	"maps"
+	"strings"
 	"sync"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
@@ -28,7 +35,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
+
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/planner"
@@ -38,14 +48,21 @@ import (
 // Config configures the controller.
 type Config struct {
 	Client  kubernetes.Interface
-	Network topology.NetworkLabels
+	Network topology.LabelMapping
 	// LeafOrder optionally fixes the order (adjacency) of leaves under each
 	// spine; by default leaves are ordered by name, naturally.
 	LeafOrder map[string][]string
 	Metrics   *Metrics
 	// RetryInterval re-plans groups that did not fit even when nothing
-	// visible changed.
+	// visible changed; retries of one group back off up to it.
 	RetryInterval time.Duration
+	// BindTimeout is how long a pod whose gate opened may take to bind
+	// before its claims are taken back and it is planned again.
+	BindTimeout time.Duration
+	// SettleDelay is how long the gates stay closed after the claims were
+	// written, so that an allocation the scheduler had in flight arrives
+	// and a clash is seen before any pod is admitted.
+	SettleDelay time.Duration
 }
 
 // Controller is the placement loop.
@@ -66,14 +83,19 @@ type Controller struct {
 	planner  *planner.Planner
 	synced   []cache.InformerSynced
 
+	index *claimIndex
+
 	mu sync.Mutex
-	// cluster is the static tree, rebuilt when nodes or slices change.
+	// network is the label mapping in force; it starts as Config.Network.
+	network topology.LabelMapping
+	// cluster is the static tree, rebuilt when nodes, slices or the label
+	// mapping change.
 	cluster      *planner.Cluster
 	clusterDirty bool
-	// inflight holds reservations made by this process whose pod
-	// annotations the informer has not shown yet.
-	inflight map[string]planner.Reservation
-	pending  map[string]bool
+	pending      map[string]bool         // groups that did not fit
+	settle       map[string]time.Time    // groups whose gates stay closed until then
+	opened       map[types.UID]time.Time // when this process opened a pod's gate
+	usage        planner.NodeUsage       // what the pods on each node request
 }
 
 // New wires the informers. Call Run to start.
@@ -83,6 +105,12 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.RetryInterval == 0 {
 		cfg.RetryInterval = 30 * time.Second
+	}
+	if cfg.BindTimeout == 0 {
+		cfg.BindTimeout = 60 * time.Second
+	}
+	if cfg.SettleDelay == 0 {
+		cfg.SettleDelay = 250 * time.Millisecond
 	}
 	f := informers.NewSharedInformerFactory(cfg.Client, 10*time.Minute)
 	podInf := f.Core().V1().Pods().Informer()
@@ -101,14 +129,20 @@ func New(cfg Config) (*Controller, error) {
 		claims:  f.Resource().V1().ResourceClaims().Lister(),
 		tmpls:   f.Resource().V1().ResourceClaimTemplates().Lister(),
 		classes: f.Resource().V1().DeviceClasses().Lister(),
+		// Each group backs off on its own; there is no shared bucket that
+		// many waiting groups could drain for each other.
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, cfg.RetryInterval),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gputopo-groups"}),
+		index:        newClaimIndex(),
 		bcast:        bcast,
 		recorder:     bcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "gputopo-controller"}),
+		network:      cfg.Network,
 		clusterDirty: true,
-		inflight:     map[string]planner.Reservation{},
 		pending:      map[string]bool{},
+		settle:       map[string]time.Time{},
+		opened:       map[types.UID]time.Time{},
+		usage:        planner.NodeUsage{},
 	}
 	c.planner = planner.New(devicefit.NewEvaluator(classLister{c.classes}))
 
@@ -116,12 +150,12 @@ func New(cfg Config) (*Controller, error) {
 		inf cache.SharedIndexInformer
 		h   cache.ResourceEventHandler
 	}{
-		{podInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onPod, UpdateFunc: func(_, o any) { c.onPod(o) }, DeleteFunc: c.onPod}},
+		{podInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onPodAdd, UpdateFunc: c.onPodUpdate, DeleteFunc: c.onPodDelete}},
 		{f.Core().V1().Nodes().Informer(), c.topologyChanged(nodeMoved)},
-		{f.Resource().V1().ResourceSlices().Informer(), c.topologyChanged(nil)},
-		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaim, UpdateFunc: func(_, o any) { c.onClaim(o) }, DeleteFunc: c.onClaim}},
-		{f.Batch().V1().Jobs().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onJob, UpdateFunc: func(_, o any) { c.onJob(o) }}},
-		{f.Resource().V1().ResourceClaimTemplates().Informer(), cache.ResourceEventHandlerFuncs{}},
+		{f.Resource().V1().ResourceSlices().Informer(), c.topologyChanged(sliceChanged)},
+		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaim, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
+		{f.Batch().V1().Jobs().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onJob, UpdateFunc: func(_, o any) { c.onJob(o) }, DeleteFunc: c.onJob}},
+		{f.Resource().V1().ResourceClaimTemplates().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.requeuePending() }}},
 		{f.Resource().V1().DeviceClasses().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.requeuePending() }, UpdateFunc: func(_, _ any) { c.requeuePending() }}},
 	}
 	for _, h := range handlers {
@@ -143,28 +177,155 @@ func (c classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 	return c.l.Get(name)
 }
 
-func (c *Controller) onPod(obj any) {
+func podOf(obj any) *v1.Pod {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
 	}
-	pod, ok := obj.(*v1.Pod)
-	if !ok {
-		return
+	p, _ := obj.(*v1.Pod)
+	return p
+}
+
+// usageNode is where a pod takes cpu, memory and a pod slot: its node, or
+// the node its claims were allocated on once its gate opened.
+func usageNode(p *v1.Pod) string {
+	if p.Spec.NodeName != "" || hasGate(p) {
+		return p.Spec.NodeName
 	}
-	if key, ok := groupKey(pod); ok {
-		c.queue.Add(key)
+	return p.Annotations[placement.AnnotationNode]
+}
+
+func (c *Controller) countPod(old, cur *v1.Pod) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old != nil {
+		c.usage.Remove(usageNode(old), old)
+	}
+	if cur != nil {
+		c.usage.Add(usageNode(cur), cur)
 	}
 }
 
-// onClaim re-syncs the group of the pod that owns a claim: allocation ends
-// a reservation, deallocation frees devices for pending groups.
-func (c *Controller) onClaim(obj any) {
+func (c *Controller) onPodAdd(obj any) {
+	if pod := podOf(obj); pod != nil {
+		c.countPod(nil, pod)
+		c.onPod(pod)
+	}
+}
+
+func (c *Controller) onPod(obj any) {
+	if pod := podOf(obj); pod != nil {
+		if key, ok := groupKey(pod); ok {
+			c.queue.Add(key)
+		}
+	}
+}
+
+// onPodUpdate reacts to what can change a plan: gates, binding, phase,
+// deletion, claims created for the pod. Status heartbeats are skipped.
+func (c *Controller) onPodUpdate(old, cur any) {
+	o, n := podOf(old), podOf(cur)
+	if o == nil || n == nil {
+		return
+	}
+	c.countPod(o, n)
+	if o.Status.Phase != n.Status.Phase && !active(n) {
+		c.requeuePending() // a finished pod frees cpu and memory
+	}
+	if _, ok := groupKey(n); !ok {
+		return
+	}
+	if len(o.Spec.SchedulingGates) != len(n.Spec.SchedulingGates) || o.Spec.NodeName != n.Spec.NodeName ||
+		o.Status.Phase != n.Status.Phase || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
+		!resourceclaim.PodStatusEqual(o.Status.ResourceClaimStatuses, n.Status.ResourceClaimStatuses) ||
+		!podScheduledEqual(o, n) {
+		c.onPod(n)
+	}
+}
+
+func podScheduledEqual(a, b *v1.Pod) bool {
+	get := func(p *v1.Pod) v1.ConditionStatus {
+		for _, c := range p.Status.Conditions {
+			if c.Type == v1.PodScheduled {
+				return c.Status
+			}
+		}
+		return ""
+	}
+	return get(a) == get(b)
+}
+
+func (c *Controller) onPodDelete(obj any) {
+	pod := podOf(obj)
+	if pod == nil {
+		return
+	}
+	c.mu.Lock()
+	delete(c.opened, pod.UID)
+	c.mu.Unlock()
+	c.countPod(pod, nil)
+	c.onPod(pod)
+}
+
+func claimOf(obj any) *resourceapi.ResourceClaim {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
 	}
-	claim, ok := obj.(*resourceapi.ResourceClaim)
+	cl, _ := obj.(*resourceapi.ResourceClaim)
+	return cl
+}
+
+// onClaim indexes the claim's devices and re-syncs the group of the pod
+// that owns it and the group that allocated it. A claim that now shares a
+// device with another claim re-syncs the groups of both, which resolve the
+// clash. A freed claim lets waiting groups try again.
+func (c *Controller) onClaim(obj any) {
+	claim := claimOf(obj)
+	if claim == nil {
+		return
+	}
+	for _, uid := range c.index.update(claim) {
+		c.syncClaimGroups(c.index.key(uid))
+	}
+	c.syncClaimGroups(claim.Namespace + "/" + claim.Name)
+}
+
+func (c *Controller) onClaimUpdate(old, cur any) {
+	o, n := claimOf(old), claimOf(cur)
+	if o == nil || n == nil {
+		return
+	}
+	c.onClaim(n)
+	if o.Status.Allocation != nil && n.Status.Allocation == nil {
+		c.requeuePending()
+	}
+}
+
+func (c *Controller) onClaimDelete(obj any) {
+	claim := claimOf(obj)
+	if claim == nil {
+		return
+	}
+	c.index.remove(claim.UID)
+	c.syncClaimGroups(claim.Namespace + "/" + claim.Name)
+	if claim.Status.Allocation != nil {
+		c.requeuePending()
+	}
+}
+
+// syncClaimGroups enqueues the groups that a claim, given as
+// namespace/name, matters to: the one that allocated it and the one of
+// the pod that owns it.
+func (c *Controller) syncClaimGroups(key string) {
+	ns, name, ok := strings.Cut(key, "/")
 	if !ok {
 		return
+	}
+	claim, err := c.claims.ResourceClaims(ns).Get(name)
+	if err != nil {
+		return
+	}
+	if g, ok := claim.Annotations[placement.AnnotationAllocatedBy]; ok {
+		c.queue.Add(g)
 	}
 	for _, ref := range claim.OwnerReferences {
 		if ref.Kind == "Pod" {
@@ -173,14 +334,19 @@ func (c *Controller) onClaim(obj any) {
 			}
 		}
 	}
-	if claim.Status.Allocation == nil {
-		c.requeuePending()
-	}
 }
 
 func (c *Controller) onJob(obj any) {
-	if job, ok := obj.(*batchv1.Job); ok {
-		c.queue.Add(job.Namespace + "/job/" + job.Name)
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	job, ok := obj.(*batchv1.Job)
+	if !ok {
+		return
+	}
+	c.queue.Add(job.Namespace + "/" + kindJob + "/" + job.Name)
+	if js := job.Labels[labelJobSetName]; js != "" {
+		c.queue.Add(job.Namespace + "/" + kindJobSet + "/" + js)
 	}
 }
 
@@ -206,22 +372,40 @@ func (c *Controller) topologyChanged(relevant func(old, cur any) bool) cache.Res
 }
 
 // nodeMoved reports node updates the planner sees: labels (the network
-// tree) and whether the node takes new pods.
+// tree), whether the node takes new pods, readiness and taints.
 func nodeMoved(old, cur any) bool {
 	o, ok1 := old.(*v1.Node)
 	n, ok2 := cur.(*v1.Node)
 	if !ok1 || !ok2 {
 		return true
 	}
-	return o.Spec.Unschedulable != n.Spec.Unschedulable || !maps.Equal(o.Labels, n.Labels)
+	return o.Spec.Unschedulable != n.Spec.Unschedulable || !maps.Equal(o.Labels, n.Labels) ||
+		nodeReady(o) != nodeReady(n) || !equality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints)
 }
 
-// requeuePending retries every group still waiting for room.
+// SetLabelMapping rebuilds the tree with a new label mapping, which can
+// move any node, and retries the groups that wait.
+func (c *Controller) SetLabelMapping(m topology.LabelMapping) {
+	c.mu.Lock()
+	c.network, c.clusterDirty = m, true
+	c.mu.Unlock()
+	c.requeuePending()
+}
+
+// sliceChanged skips resyncs of unchanged slices.
+func sliceChanged(old, cur any) bool {
+	o, ok1 := old.(*resourceapi.ResourceSlice)
+	n, ok2 := cur.(*resourceapi.ResourceSlice)
+	return !ok1 || !ok2 || o.ResourceVersion != n.ResourceVersion
+}
+
+// requeuePending retries every group still waiting for room. The queue
+// holds a key once, so a burst of events costs one plan per group.
 func (c *Controller) requeuePending() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for key := range c.pending {
-		c.queue.AddRateLimited(key)
+		c.queue.Add(key)
 	}
 }
 
@@ -257,12 +441,16 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer c.queue.Done(key)
-	if err := c.sync(klog.NewContext(ctx, klog.FromContext(ctx).WithValues("group", key)), key); err != nil {
+	res, err := c.sync(klog.NewContext(ctx, klog.FromContext(ctx).WithValues("group", key)), key)
+	switch {
+	case err != nil:
 		utilruntime.HandleErrorWithContext(ctx, err, "Syncing pod group failed", "group", key)
 		c.queue.AddRateLimited(key)
-		return true
+	case res == backoff:
+		c.queue.AddRateLimited(key)
+	default:
+		c.queue.Forget(key)
 	}
-	c.queue.Forget(key)
 	return true
 }
 
@@ -290,7 +478,7 @@ func (c *Controller) snapshotCluster() (*planner.Cluster, error) {
 	}
 	infos := make([]planner.NodeInfo, 0, len(nodes))
 	for _, n := range nodes {
-		infos = append(infos, planner.NodeInfoFor(n, byNode[n.Name], c.cfg.Network))
+		infos = append(infos, planner.NodeInfoFor(n, byNode[n.Name], c.network))
 	}
 	cl, err := planner.NewCluster(infos, c.cfg.LeafOrder)
 	if err != nil {
@@ -300,36 +488,13 @@ func (c *Controller) snapshotCluster() (*planner.Cluster, error) {
 	return cl, nil
 }
 
-// allocated lists every device held by an allocated claim.
-func (c *Controller) allocated() (devicefit.Allocated, error) {
-	claims, err := c.claims.List(everything)
-	if err != nil {
-		return nil, err
-	}
-	out := devicefit.Allocated{}
-	for _, cl := range claims {
-		if cl.Status.Allocation != nil {
-			devicefit.AddResults(out, *cl.Status.Allocation)
-		}
-	}
-	return out, nil
-}
-
 // updateUsage refreshes the utilization and fragmentation gauges.
-func (c *Controller) updateUsage(ctx context.Context) {
+func (c *Controller) updateUsage(context.Context) {
 	cl, err := c.snapshotCluster()
 	if err != nil {
 		return
 	}
-	alloc, err := c.allocated()
-	if err != nil {
-		return
-	}
-	res, err := c.reservations(ctx, "")
-	if err != nil {
-		return
-	}
-	u := planner.Measure(planner.NewSnapshot(cl, alloc), res)
+	u := planner.Measure(planner.NewSnapshot(cl, c.index.allocated()), nil)
 	c.cfg.Metrics.LeafUtilization.Reset()
 	for _, l := range u.Leaves {
 		c.cfg.Metrics.LeafUtilization.WithLabelValues(l.Spine, l.Leaf).Set(l.Utilization)

@@ -3,33 +3,63 @@ package controller
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/apimachinery/pkg/labels"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 // groupIndex indexes pods by their group key.
 const groupIndex = "gputopo-group"
 
-// groupKey says which group a pod belongs to: "ns/group/<name>" for the
-// gputopo.dev/group annotation, "ns/job/<name>" for a Job's pods and
-// "ns/pod/<name>" for a lone pod. ok is false for pods that did not opt in.
+// Group kinds, the middle part of a group key.
+const (
+	kindGroup  = string(placement.GroupKindGroup)
+	kindLWS    = string(placement.GroupKindLWS)
+	kindJobSet = string(placement.GroupKindJobSet)
+	kindJob    = string(placement.GroupKindJob)
+	kindPod    = string(placement.GroupKindPod)
+)
+
+// Labels and annotations of the workload controllers whose pods form
+// groups. They are theirs, not gputopo's, and are only read.
+const (
+	labelJobSetName     = "jobset.sigs.k8s.io/jobset-name"
+	labelJobSetJobIndex = "jobset.sigs.k8s.io/job-index"
+	labelLWSName        = "leaderworkerset.sigs.k8s.io/name"
+	labelLWSGroupIndex  = "leaderworkerset.sigs.k8s.io/group-index"
+	labelLWSWorkerIndex = "leaderworkerset.sigs.k8s.io/worker-index"
+	annotationLWSSize   = "leaderworkerset.sigs.k8s.io/size"
+)
+
+// groupKey says which group a pod belongs to, "<namespace>/<kind>/<name>":
+// the gputopo.dev/group annotation first, then a LeaderWorkerSet replica
+// group, a JobSet, a Job, and otherwise the pod alone. ok is false for pods
+// that did not opt in.
 func groupKey(pod *v1.Pod) (key string, ok bool) {
 	if !placement.OptedIn(pod.Annotations) {
 		return "", false
 	}
+	ns := pod.Namespace + "/"
 	if g := pod.Annotations[placement.AnnotationGroup]; g != "" {
-		return pod.Namespace + "/group/" + g, true
+		return ns + kindGroup + "/" + g, true
+	}
+	if name, idx := pod.Labels[labelLWSName], pod.Labels[labelLWSGroupIndex]; name != "" && idx != "" {
+		return ns + kindLWS + "/" + name + "-" + idx, true
+	}
+	if name := pod.Labels[labelJobSetName]; name != "" {
+		return ns + kindJobSet + "/" + name, true
 	}
 	if ref := metav1.GetControllerOf(pod); ref != nil && ref.Kind == "Job" {
-		return pod.Namespace + "/job/" + ref.Name, true
+		return ns + kindJob + "/" + ref.Name, true
 	}
-	return pod.Namespace + "/pod/" + pod.Name, true
+	return ns + kindPod + "/" + pod.Name, true
 }
 
 func indexByGroup(obj any) ([]string, error) {
@@ -52,16 +82,77 @@ func splitKey(key string) (ns, kind, name string, err error) {
 	return parts[0], parts[1], parts[2], nil
 }
 
-// jobSize is how many pods of a Job run at once.
+// jobSize is how many pods of a Job run at once: its parallelism, or
+// fewer when fewer completions remain.
 func jobSize(job *batchv1.Job) int {
 	n := int32(1)
 	if job.Spec.Parallelism != nil {
 		n = *job.Spec.Parallelism
 	}
-	if job.Spec.Completions != nil && *job.Spec.Completions < n {
-		n = *job.Spec.Completions
+	if job.Spec.Completions != nil {
+		n = min(n, max(*job.Spec.Completions-job.Status.Succeeded, 0))
 	}
 	return int(n)
+}
+
+// jobSetSize adds up the sizes of a JobSet's child Jobs.
+func jobSetSize(jobs []*batchv1.Job) int {
+	n := 0
+	for _, j := range jobs {
+		if j.DeletionTimestamp == nil {
+			n += jobSize(j)
+		}
+	}
+	return n
+}
+
+func jobSetSelector(name string) labels.Selector {
+	return labels.SelectorFromSet(labels.Set{labelJobSetName: name})
+}
+
+// lwsSize reads the replica group's size from its pods.
+func lwsSize(pods []*v1.Pod) int {
+	for _, p := range pods {
+		if n, err := strconv.Atoi(p.Annotations[annotationLWSSize]); err == nil && n > 0 {
+			return n
+		}
+	}
+	return 0
+}
+
+// rankPods orders a group's pods the way its workload numbers them: JobSet
+// job index, then completion index of an Indexed Job, then LeaderWorkerSet
+// worker index, then name in natural order ("w-2" before "w-10"). The
+// planner places pods in this order, so neighbours in rank end up close.
+func rankPods(pods []*v1.Pod) {
+	num := func(p *v1.Pod, label string) int {
+		v, ok := p.Labels[label]
+		if !ok {
+			v, ok = p.Annotations[label]
+		}
+		if !ok {
+			return -1
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return -1
+		}
+		return n
+	}
+	slices.SortStableFunc(pods, func(a, b *v1.Pod) int {
+		for _, l := range []string{labelJobSetJobIndex, batchv1.JobCompletionIndexAnnotation, labelLWSWorkerIndex} {
+			if d := num(a, l) - num(b, l); d != 0 {
+				return d
+			}
+		}
+		switch {
+		case topology.NaturalLess(a.Name, b.Name):
+			return -1
+		case topology.NaturalLess(b.Name, a.Name):
+			return 1
+		}
+		return 0
+	})
 }
 
 func hasGate(pod *v1.Pod) bool {
@@ -71,23 +162,4 @@ func hasGate(pod *v1.Pod) bool {
 // active reports pods that still need or hold a place.
 func active(pod *v1.Pod) bool {
 	return pod.DeletionTimestamp == nil && pod.Status.Phase != v1.PodSucceeded && pod.Status.Phase != v1.PodFailed
-}
-
-func encodeDevices(ids []structured.DeviceID) string {
-	parts := make([]string, len(ids))
-	for i, id := range ids {
-		parts[i] = id.String()
-	}
-	return strings.Join(parts, ",")
-}
-
-func decodeDevices(s string) []structured.DeviceID {
-	var out []structured.DeviceID
-	for _, p := range strings.Split(s, ",") {
-		f := strings.Split(p, "/")
-		if len(f) == 3 {
-			out = append(out, structured.MakeDeviceID(f[0], f[1], f[2]))
-		}
-	}
-	return out
 }

@@ -11,6 +11,8 @@ type Metrics struct {
 	LeafUtilization *prometheus.GaugeVec
 	Fragmentation   prometheus.Gauge
 	LeafFragment    prometheus.Gauge
+	Released        *prometheus.CounterVec
+	Conflicts       prometheus.Counter
 }
 
 // Decision outcomes.
@@ -49,9 +51,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "gputopo", Subsystem: "controller", Name: "leaf_fragmentation_ratio",
 			Help: "Fraction of completely free nodes that sit in leaves that are partly used.",
 		}),
+		Released: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gputopo", Subsystem: "controller", Name: "released_pods_total",
+			Help: "Pods whose claims were taken back and planned again, by reason (BindTimeout, NodeDeleted, NodeNotReady, NodeTainted, DeviceConflict), or that the scheduler moved within their domain (Moved).",
+		}, []string{"reason"}),
+		Conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gputopo", Subsystem: "controller", Name: "device_conflicts_total",
+			Help: "Claims of placed groups found sharing a device with another claim.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Decisions, m.PlanDuration, m.PendingGroups, m.LeafUtilization, m.Fragmentation, m.LeafFragment)
+		reg.MustRegister(m.Decisions, m.PlanDuration, m.PendingGroups, m.LeafUtilization, m.Fragmentation, m.LeafFragment, m.Released, m.Conflicts)
 	}
 	return m
 }

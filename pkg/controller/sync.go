@@ -2,27 +2,19 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
-	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
-	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/planner"
 )
 
@@ -34,20 +26,54 @@ const (
 	ReasonUnschedulable    = "Unschedulable"
 	ReasonInvalidPlacement = "InvalidPlacement"
 	ReasonInvalidClaim     = "InvalidClaim"
+	ReasonReleased         = "Released"
+	ReasonDeviceConflict   = "DeviceConflict"
+	// ReasonMoved: the scheduler bound the pod to another node of its
+	// domain than the planned one.
+	ReasonMoved = "Moved"
 )
 
-// group is one sync's view of a pod group.
+// member is one pod of a group with its ResourceClaims.
+type member struct {
+	pod    *v1.Pod
+	claims []*resourceapi.ResourceClaim
+	// node is where the pod is bound or where its claims are allocated.
+	node string
+}
+
+// allocated reports whether every claim of the pod is allocated.
+func (m *member) allocated() bool {
+	for _, cl := range m.claims {
+		if cl.Status.Allocation == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// group is one sync's view of a pod group. Every active pod is in exactly
+// one of the lists.
 type group struct {
 	key     string
 	ns      string
 	size    int
-	gated   []*v1.Pod // gated and not yet pinned
-	pinned  []*v1.Pod // gated and pinned by an earlier sync
-	placed  []*v1.Pod // ungated: bound or on their way
 	subject runtime.Object
-	// gone is set when the group's Job is deleted: its remaining pods are
-	// on their way out and must not be planned as a smaller group.
-	gone bool
+	// gone is set when the group's workload is deleted: its remaining pods
+	// are on their way out and must not be planned as a smaller group.
+	gone    bool
+	bound   []*member // the scheduler bound them
+	steered []*member // ungated, claims allocated by the controller, not bound yet
+	held    []*member // gated, claims allocated by the controller
+	toPlace []*member // need a plan: gated, or released
+	waiting []*member // their claims do not exist yet
+	broken  error     // a pod's claims cannot be read
+	// lagging is set when the informer has not yet shown a claim the
+	// controller wrote: planning on that view would undo the write.
+	lagging bool
+}
+
+func (g *group) members() int {
+	return len(g.bound) + len(g.steered) + len(g.held) + len(g.toPlace) + len(g.waiting)
 }
 
 func (c *Controller) loadGroup(key string) (*group, error) {
@@ -66,19 +92,47 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 			all = append(all, p)
 		}
 	}
-	slices.SortFunc(all, func(a, b *v1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	rankPods(all)
 	for _, p := range all {
+		m := &member{pod: p, node: p.Spec.NodeName}
+		claims, err := c.podClaims(p)
 		switch {
-		case !hasGate(p):
-			g.placed = append(g.placed, p)
-		case p.Annotations[placement.AnnotationNode] != "":
-			g.pinned = append(g.pinned, p)
+		case errors.Is(err, errClaimsPending):
+			g.waiting = append(g.waiting, m)
+			continue
+		case err != nil:
+			g.broken = err
+			g.waiting = append(g.waiting, m)
+			continue
+		}
+		m.claims = claims
+		for _, cl := range claims {
+			g.lagging = g.lagging || c.index.ahead(cl.UID, cl.ResourceVersion)
+		}
+		ours := m.allocated() && len(claims) > 0
+		for _, cl := range claims {
+			ours = ours && ownedBy(cl, key)
+			if m.node == "" {
+				m.node = allocationNode(cl.Status.Allocation)
+			}
+		}
+		switch {
+		case p.Spec.NodeName != "":
+			g.bound = append(g.bound, m)
+		case hasGate(p) && ours:
+			g.held = append(g.held, m)
+		case !hasGate(p) && (ours || len(claims) == 0):
+			g.steered = append(g.steered, m)
+		case !hasGate(p) && m.allocated():
+			// The scheduler allocated the claims itself (a pod released
+			// while the scheduler raced it): it is on its way.
+			g.steered = append(g.steered, m)
 		default:
-			g.gated = append(g.gated, p)
+			g.toPlace = append(g.toPlace, m)
 		}
 	}
 	switch kind {
-	case "job":
+	case kindJob:
 		job, err := c.jobs.Jobs(ns).Get(name)
 		switch {
 		case apierrors.IsNotFound(err):
@@ -90,7 +144,15 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 		default:
 			g.size, g.subject = jobSize(job), job
 		}
-	case "group":
+	case kindJobSet:
+		jobs, err := c.jobs.Jobs(ns).List(jobSetSelector(name))
+		if err != nil {
+			return nil, err
+		}
+		g.size = jobSetSize(jobs)
+	case kindLWS:
+		g.size = lwsSize(all)
+	case kindGroup:
 		if len(all) > 0 {
 			req, _ := placement.Parse(all[0].Annotations)
 			g.size = req.GroupSize
@@ -104,35 +166,71 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 	return g, nil
 }
 
-func (c *Controller) sync(ctx context.Context, key string) error {
-	logger := klog.FromContext(ctx)
+// result says what the worker does with the key after a sync.
+type result int
+
+const (
+	done    result = iota // forget the key's backoff
+	backoff               // try again later, backing off per group
+)
+
+func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	g, err := c.loadGroup(key)
 	if err != nil {
-		return err
+		return done, err
 	}
-	if g.gone || (len(g.gated) == 0 && len(g.pinned) == 0) {
-		c.setPending(key, false)
-		c.mu.Lock()
-		delete(c.inflight, key)
-		c.mu.Unlock()
-		return nil
+	if g.gone || g.members() == 0 {
+		c.forgetGroup(key)
+		return done, nil
 	}
-	first := append(slices.Clone(g.gated), g.pinned...)[0]
+	if g.lagging {
+		return done, nil // the claim's event requeues the group
+	}
+	first := g.anyPod()
 	req, err := placement.Parse(first.Annotations)
 	if err != nil {
 		c.refuse(ctx, g, OutcomeInvalid, ReasonInvalidPlacement, err.Error())
-		return nil
+		return done, nil
+	}
+	if g.broken != nil {
+		c.refuse(ctx, g, OutcomeInvalid, ReasonInvalidClaim, g.broken.Error())
+		return backoff, nil
 	}
 
-	// A previous sync pinned these pods and stopped before ungating them:
-	// finish its plan rather than making another.
-	if len(g.gated) == 0 {
-		return c.ungate(ctx, g.pinned)
+	// Claims that share a device with another claim, or pods that can no
+	// longer bind where their claims are, are taken back first.
+	if err := c.resolveConflicts(ctx, g); err != nil {
+		return done, err
 	}
-	if len(g.placed)+len(g.pinned)+len(g.gated) < g.size {
-		msg := fmt.Sprintf("waiting for all %d pods of the group; %d exist", g.size, len(g.placed)+len(g.pinned)+len(g.gated))
-		c.cfg.Metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
-		return c.setStatus(ctx, g.gated, msg)
+	if err := c.recover(ctx, g); err != nil {
+		return done, err
+	}
+
+	if len(g.toPlace) == 0 {
+		if len(g.waiting) > 0 {
+			return done, c.setStatus(ctx, g.gatedWaiting(), placement.StatusWaitingForPods, "waiting for the pods' ResourceClaims to be created")
+		}
+		return done, c.release(ctx, g)
+	}
+
+	// A group none of whose pods runs yet is planned as a whole. Claims an
+	// interrupted earlier attempt allocated are taken back first, so the
+	// plan is all or nothing.
+	fresh := len(g.bound) == 0 && len(g.steered) == 0
+	if fresh {
+		if g.members() < g.size || len(g.waiting) > 0 {
+			c.cfg.Metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
+			msg := fmt.Sprintf("waiting for all %d pods of the group and their ResourceClaims to exist", g.size)
+			return done, c.setStatus(ctx, append(g.pods(g.toPlace), g.pods(g.held)...), placement.StatusWaitingForPods, msg)
+		}
+		for _, m := range g.held {
+			if err := c.releaseMember(ctx, m); err != nil {
+				return done, err
+			}
+		}
+		g.toPlace = append(g.held, g.toPlace...)
+		g.held = nil
+		rankMembers(g.toPlace)
 	}
 
 	job := planner.Job{
@@ -143,46 +241,31 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		PreferredRequired: req.PreferredRequired,
 		Pinned:            map[string]string{},
 	}
-	alloc, err := c.allocated()
-	if err != nil {
-		return err
-	}
-	for _, p := range g.placed {
-		if d := parseDomain(p.Annotations[placement.AnnotationDomain]); d != nil {
-			job.Domain = d
+	for _, m := range append(append(g.bound, g.steered...), g.held...) {
+		if d, err := placement.ParseDomain(m.pod.Annotations[placement.AnnotationDomain]); err == nil {
+			job.Domain = &d
 		}
-		if n := nodeOf(p); n != "" {
-			job.Pinned[p.Name] = n
-			// Devices planned for a placed pod whose claims are not yet
-			// allocated still belong to the group.
-			if !c.claimsAllocated(p) {
-				alloc.Insert(decodeDevices(p.Annotations[placement.AnnotationReservedDevices])...)
-			}
+		if m.node != "" {
+			job.Pinned[m.pod.Name] = m.node
 		}
 	}
-	for _, p := range g.pinned {
-		job.Pinned[p.Name] = p.Annotations[placement.AnnotationNode]
-		alloc.Insert(decodeDevices(p.Annotations[placement.AnnotationReservedDevices])...)
+	for _, m := range g.toPlace {
+		job.Pods = append(job.Pods, planner.PodFor(m.pod, m.claims))
 	}
-	for _, p := range g.gated {
-		claims, err := c.podClaims(p)
-		if err != nil {
-			c.refuse(ctx, g, OutcomeInvalid, ReasonInvalidClaim, err.Error())
-			return nil
-		}
-		job.Pods = append(job.Pods, planner.Pod{Name: p.Name, Claims: claims})
-	}
-
 	cl, err := c.snapshotCluster()
 	if err != nil {
-		return err
+		return done, err
 	}
-	res, err := c.reservations(ctx, key)
-	if err != nil {
-		return err
+	for pod, node := range job.Pinned {
+		if !cl.Has(node) {
+			delete(job.Pinned, pod) // its node is gone; recover() deals with the pod
+		}
 	}
 	start := time.Now()
-	plan, err := c.planner.Plan(ctx, planner.NewSnapshot(cl, alloc), res, job)
+	c.mu.Lock()
+	snap := planner.NewSnapshot(cl, c.index.allocated(), planner.WithUsed(c.usage))
+	c.mu.Unlock()
+	plan, err := c.planner.Plan(ctx, snap, nil, job)
 	c.cfg.Metrics.PlanDuration.Observe(time.Since(start).Seconds())
 	var unsched *planner.Unschedulable
 	var broken *planner.BrokenClaimError
@@ -191,40 +274,17 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	case errors.As(err, &unsched):
 		c.setPending(key, true)
 		c.refuse(ctx, g, OutcomeUnschedulable, ReasonUnschedulable, unsched.Error())
-		return nil
+		return backoff, nil
 	case errors.As(err, &broken), errors.As(err, &invalid):
 		c.refuse(ctx, g, OutcomeInvalid, ReasonInvalidClaim, err.Error())
-		return nil
+		return backoff, nil
 	case err != nil:
-		return fmt.Errorf("plan group %s: %w", key, err)
+		return done, fmt.Errorf("plan group %s: %w", key, err)
 	}
-
-	// Hold the devices first, then pin every pod, then open the gates:
-	// all or nothing.
-	c.mu.Lock()
-	c.inflight[key] = plan.Reservation()
-	c.mu.Unlock()
-	domain := formatDomain(plan.Domain)
-	var pinned []*v1.Pod
-	for _, p := range g.gated {
-		node := plan.Assignments[p.Name]
-		np, err := c.pin(ctx, p, node, domain, devicesOf(plan.Allocations[p.Name]))
-		if err != nil {
-			// Pods pinned so far keep their annotations, which hold their
-			// devices; the next sync finishes or re-plans the group.
-			c.mu.Lock()
-			delete(c.inflight, key)
-			c.mu.Unlock()
-			if apierrors.IsNotFound(err) {
-				logger.Info("Pod vanished while the group was being placed; planning again", "pod", p.Name)
-				c.queue.Add(key)
-				return nil
-			}
-			return fmt.Errorf("pin pod %s to %s: %w", p.Name, node, err)
-		}
-		pinned = append(pinned, np)
+	if err := c.allocate(ctx, g, plan); err != nil {
+		return done, err
 	}
-	logger.Info("Placed pod group", "domain", plan.Domain.String(), "pods", len(plan.Assignments), "fallback", plan.Fallback)
+	klog.FromContext(ctx).Info("Allocated the claims of the pod group", "domain", plan.Domain.String(), "pods", len(plan.Assignments), "fallback", plan.Fallback)
 	c.setPending(key, false)
 	c.cfg.Metrics.Decisions.WithLabelValues(OutcomePlaced).Inc()
 	msg := fmt.Sprintf("placed %d pods in %s", len(plan.Assignments), plan.Domain)
@@ -232,260 +292,122 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		msg += ": " + strings.Join(plan.Reasons, "; ")
 	}
 	c.recorder.Event(g.subject, v1.EventTypeNormal, ReasonPlaced, truncate(msg))
-	return c.ungate(ctx, append(g.pinned, pinned...))
+	// The gates open once the informer shows the allocations and a short
+	// settle time has let allocations the scheduler had in flight arrive.
+	c.mu.Lock()
+	c.settle[key] = time.Now().Add(c.cfg.SettleDelay)
+	c.mu.Unlock()
+	c.queue.AddAfter(key, c.cfg.SettleDelay)
+	return done, nil
+}
+
+// allocate writes the plan into the claims, all or nothing: when one
+// write fails, the claims written so far are released again.
+func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan) error {
+	domain := plan.Domain.Format()
+	var written []*resourceapi.ResourceClaim
+	undo := func(cause error) error {
+		for _, cl := range written {
+			if err := c.releaseClaim(ctx, cl); err != nil {
+				klog.FromContext(ctx).Error(err, "Releasing a claim of an abandoned plan failed; the next sync retries", "claim", klog.KObj(cl))
+			}
+		}
+		return cause
+	}
+	for _, m := range g.toPlace {
+		results := plan.Allocations[m.pod.Name]
+		if len(results) != len(m.claims) {
+			return undo(fmt.Errorf("plan for pod %s has %d allocations for %d claims", m.pod.Name, len(results), len(m.claims)))
+		}
+		for i, claim := range m.claims {
+			stored, err := c.writeAllocation(ctx, m.pod, claim, g.key, domain, results[i])
+			if err != nil {
+				return undo(err)
+			}
+			written = append(written, stored)
+		}
+	}
+	return nil
+}
+
+// release opens the gates of held pods once their allocations are
+// settled: the informer shows them and no other claim holds their devices.
+func (c *Controller) release(ctx context.Context, g *group) error {
+	if len(g.held) == 0 {
+		c.setPending(g.key, false)
+		return nil
+	}
+	c.mu.Lock()
+	wait := time.Until(c.settle[g.key])
+	c.mu.Unlock()
+	if wait > 0 {
+		c.queue.AddAfter(g.key, wait)
+		return nil
+	}
+	for _, m := range g.held {
+		for _, cl := range m.claims {
+			if !c.index.seen(cl.UID, cl.ResourceVersion) {
+				return nil // the claim's event requeues the group
+			}
+		}
+	}
+	req := c.groupRequirement(ctx, g)
+	for _, m := range g.held {
+		if err := c.ungate(ctx, m, req); err != nil {
+			return err
+		}
+	}
+	c.queue.AddAfter(g.key, c.cfg.BindTimeout+time.Second)
+	return nil
 }
 
 // refuse records why the group waits: an event, an annotation on every
-// gated pod, a metric.
+// pod that still waits, a metric.
 func (c *Controller) refuse(ctx context.Context, g *group, outcome, reason, msg string) {
 	c.cfg.Metrics.Decisions.WithLabelValues(outcome).Inc()
 	c.recorder.Event(g.subject, v1.EventTypeWarning, reason, truncate(msg))
-	if err := c.setStatus(ctx, g.gated, msg); err != nil {
+	if err := c.setStatus(ctx, append(g.pods(g.toPlace), g.gatedWaiting()...), reason, msg); err != nil {
 		klog.FromContext(ctx).Error(err, "Recording why the group waits failed")
 	}
 }
 
-func (c *Controller) setPending(key string, pending bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if pending {
-		c.pending[key] = true
-	} else {
-		delete(c.pending, key)
-	}
-}
-
-// setStatus writes the waiting reason on pods whose annotation differs.
-func (c *Controller) setStatus(ctx context.Context, pods []*v1.Pod, msg string) error {
-	msg = truncate(msg)
-	for _, p := range pods {
-		if p.Annotations[placement.AnnotationStatus] == msg {
-			continue
-		}
-		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{placement.AnnotationStatus: msg}}})
-		if err != nil {
-			return err
-		}
-		if _, err := c.cfg.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
-			return fmt.Errorf("record status on pod %s: %w", p.Name, err)
+func (g *group) anyPod() *v1.Pod {
+	for _, l := range [][]*member{g.toPlace, g.held, g.waiting, g.steered, g.bound} {
+		if len(l) > 0 {
+			return l[0].pod
 		}
 	}
 	return nil
 }
 
-// pin narrows the pod's required node affinity to node, which the API
-// allows while the pod is gated, and records the plan on the pod.
-func (c *Controller) pin(ctx context.Context, p *v1.Pod, node, domain string, devices []structured.DeviceID) (*v1.Pod, error) {
-	var out *v1.Pod
-	np := p.DeepCopy()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		// The informer's copy is usually current: one request per pod.
-		// After a conflict, read the pod again.
-		if np == nil {
-			fresh, err := c.cfg.Client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			np = fresh
-		}
-		defer func() { np = nil }()
-		if np.UID != p.UID || !hasGate(np) {
-			return fmt.Errorf("pod %s changed while being placed", p.Name)
-		}
-		narrowToNode(np, node)
-		np.Annotations[placement.AnnotationNode] = node
-		np.Annotations[placement.AnnotationDomain] = domain
-		np.Annotations[placement.AnnotationReservedDevices] = encodeDevices(devices)
-		delete(np.Annotations, placement.AnnotationStatus)
-		updated, err := c.cfg.Client.CoreV1().Pods(np.Namespace).Update(ctx, np, metav1.UpdateOptions{})
-		out = updated
-		return err
-	})
-	return out, err
+func (g *group) pods(ms []*member) []*v1.Pod {
+	out := make([]*v1.Pod, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, m.pod)
+	}
+	return out
 }
 
-// narrowToNode adds "metadata.name in (node)" to every required node
-// selector term, or makes it the only term.
-func narrowToNode(p *v1.Pod, node string) {
-	req := v1.NodeSelectorRequirement{Key: "metadata.name", Operator: v1.NodeSelectorOpIn, Values: []string{node}}
-	if p.Spec.Affinity == nil {
-		p.Spec.Affinity = &v1.Affinity{}
+func (g *group) gatedWaiting() []*v1.Pod {
+	var out []*v1.Pod
+	for _, m := range g.waiting {
+		if hasGate(m.pod) {
+			out = append(out, m.pod)
+		}
 	}
-	if p.Spec.Affinity.NodeAffinity == nil {
-		p.Spec.Affinity.NodeAffinity = &v1.NodeAffinity{}
-	}
-	na := p.Spec.Affinity.NodeAffinity
-	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil || len(na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms) == 0 {
-		na.RequiredDuringSchedulingIgnoredDuringExecution = &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchFields: []v1.NodeSelectorRequirement{req}}}}
-		return
-	}
-	for i := range na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
-		t := &na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[i]
-		t.MatchFields = append(t.MatchFields, req)
-	}
+	return out
 }
 
-// ungatePatch removes only gputopo's gate and leaves other gates alone.
-var ungatePatch = []byte(`{"spec":{"schedulingGates":[{"$patch":"delete","name":"` + placement.SchedulingGate + `"}]}}`)
-
-// ungate removes the gputopo gate from pods that are already pinned.
-func (c *Controller) ungate(ctx context.Context, pods []*v1.Pod) error {
-	for _, p := range pods {
-		if _, err := c.cfg.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, ungatePatch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("remove scheduling gate of pod %s: %w", p.Name, err)
-		}
+func rankMembers(ms []*member) {
+	pods := make([]*v1.Pod, len(ms))
+	byPod := make(map[*v1.Pod]*member, len(ms))
+	for i, m := range ms {
+		pods[i], byPod[m.pod] = m.pod, m
 	}
-	return nil
-}
-
-// podClaims instantiates the pod's claims for planning: templates as the
-// resource claim controller will, existing claims as they are.
-func (c *Controller) podClaims(p *v1.Pod) ([]*resourceapi.ResourceClaim, error) {
-	var out []*resourceapi.ResourceClaim
-	for _, rc := range p.Spec.ResourceClaims {
-		switch {
-		case rc.ResourceClaimTemplateName != nil:
-			t, err := c.tmpls.ResourceClaimTemplates(p.Namespace).Get(*rc.ResourceClaimTemplateName)
-			if err != nil {
-				return nil, fmt.Errorf("pod %s: ResourceClaimTemplate %s/%s: %w", p.Name, p.Namespace, *rc.ResourceClaimTemplateName, err)
-			}
-			claim := devicefit.ClaimFromTemplate(t, p.Name+"-"+rc.Name)
-			claim.UID = p.UID + "-" + claim.UID
-			out = append(out, claim)
-		case rc.ResourceClaimName != nil:
-			cl, err := c.claims.ResourceClaims(p.Namespace).Get(*rc.ResourceClaimName)
-			if err != nil {
-				return nil, fmt.Errorf("pod %s: ResourceClaim %s/%s: %w", p.Name, p.Namespace, *rc.ResourceClaimName, err)
-			}
-			if cl.Status.Allocation == nil {
-				out = append(out, cl.DeepCopy())
-			}
-		}
+	rankPods(pods)
+	for i, p := range pods {
+		ms[i] = byPod[p]
 	}
-	return out, nil
-}
-
-// claimsAllocated reports whether every claim of the pod is allocated.
-func (c *Controller) claimsAllocated(p *v1.Pod) bool {
-	names := map[string]string{}
-	for _, s := range p.Status.ResourceClaimStatuses {
-		if s.ResourceClaimName != nil {
-			names[s.Name] = *s.ResourceClaimName
-		}
-	}
-	for _, rc := range p.Spec.ResourceClaims {
-		name := names[rc.Name]
-		if rc.ResourceClaimName != nil {
-			name = *rc.ResourceClaimName
-		}
-		if name == "" {
-			return false
-		}
-		cl, err := c.claims.ResourceClaims(p.Namespace).Get(name)
-		if err != nil || cl.Status.Allocation == nil {
-			return false
-		}
-	}
-	return true
-}
-
-// reservations are the devices held by other groups' plans: annotations on
-// pods whose claims are not allocated yet, plus this process's plans the
-// informer has not shown.
-func (c *Controller) reservations(ctx context.Context, except string) (*planner.Reservations, error) {
-	pods, err := c.pods.List(everything)
-	if err != nil {
-		return nil, err
-	}
-	byJob := map[string]*planner.Reservation{}
-	// settled: the informer shows the pod's reserved devices, or shows the
-	// pod finished; a pod it does not show at all is gone.
-	settled, present := map[string]bool{}, map[string]bool{}
-	for _, p := range pods {
-		devs := p.Annotations[placement.AnnotationReservedDevices]
-		key, ok := groupKey(p)
-		if !ok {
-			continue
-		}
-		present[key+"|"+p.Name] = true
-		if devs == "" && active(p) {
-			continue
-		}
-		settled[key+"|"+p.Name] = true
-		if devs == "" {
-			continue
-		}
-		if !active(p) || key == except || c.claimsAllocated(p) {
-			continue
-		}
-		r := byJob[key]
-		if r == nil {
-			r = &planner.Reservation{Job: key, Pods: map[string]string{}, Devices: map[string][]structured.DeviceID{}}
-			byJob[key] = r
-		}
-		node := p.Annotations[placement.AnnotationNode]
-		r.Pods[p.Name] = node
-		r.Devices[node] = append(r.Devices[node], decodeDevices(devs)...)
-	}
-	c.mu.Lock()
-	for job, r := range c.inflight {
-		done := true
-		for pod := range r.Pods {
-			id := job + "|" + pod
-			done = done && (settled[id] || !present[id])
-		}
-		if done {
-			delete(c.inflight, job)
-			continue
-		}
-		if job != except {
-			cp := r
-			byJob[job] = &cp
-		}
-	}
-	c.mu.Unlock()
-	out := planner.NewReservations()
-	for _, job := range slices.Sorted(maps.Keys(byJob)) {
-		if err := out.Add(*byJob[job]); err != nil {
-			klog.FromContext(ctx).Error(err, "Overlapping reservations; ignoring one", "job", job)
-		}
-	}
-	return out, nil
-}
-
-func nodeOf(p *v1.Pod) string {
-	if p.Spec.NodeName != "" {
-		return p.Spec.NodeName
-	}
-	return p.Annotations[placement.AnnotationNode]
-}
-
-func devicesOf(results []resourceapi.AllocationResult) []structured.DeviceID {
-	var ids []structured.DeviceID
-	for _, r := range results {
-		for _, d := range r.Devices.Results {
-			ids = append(ids, structured.MakeDeviceID(d.Driver, d.Pool, d.Device))
-		}
-	}
-	return ids
-}
-
-// formatDomain writes a domain as "<level>:<name>,<name>", which
-// parseDomain reads back.
-func formatDomain(d planner.Domain) string {
-	return string(d.Level) + ":" + strings.Join(d.Names, ",")
-}
-
-func parseDomain(s string) *planner.Domain {
-	level, names, ok := strings.Cut(s, ":")
-	if !ok || level == "" {
-		return nil
-	}
-	d := &planner.Domain{Level: planner.Level(level)}
-	if names != "" {
-		d.Names = strings.Split(names, ",")
-	}
-	return d
 }
 
 // truncate keeps messages within what an annotation or event should carry.

@@ -34,6 +34,23 @@ type Device struct {
 	// Fabric is set when the GPU belongs to a multi-node NVLink fabric
 	// (GB200 NVL72 and similar); nil otherwise.
 	Fabric *Fabric `json:"fabric,omitempty"`
+	// FabricPending is true while the GPU's registration with the NVLink
+	// fabric is still in progress: Fabric is not known yet and discovery
+	// should be repeated.
+	FabricPending bool `json:"fabricPending,omitempty"`
+	// NVLinks is the number of the GPU's active NVLink links, to peers and
+	// to NVSwitches alike; 0 means "count the lanes of Links".
+	NVLinks int `json:"nvlinks,omitempty"`
+}
+
+// Skipped is a GPU that discovery found but does not publish.
+type Skipped struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid,omitempty"`
+	// Reason is a short machine-friendly cause, e.g. "MIG-ENABLED",
+	// "GPU-LOST"; it labels the skipped-GPUs metric.
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
 }
 
 // Fabric identifies a GPU's multi-node NVLink partition.
@@ -58,15 +75,14 @@ type Link struct {
 type Inventory struct {
 	Devices []Device `json:"devices"`
 	Links   []Link   `json:"links"`
+	// Skipped lists GPUs left out of Devices, e.g. lost or in MIG mode.
+	Skipped []Skipped `json:"skipped,omitempty"`
 	// LinkBandwidthGBps is the unidirectional bandwidth of one NVLink lane in
 	// GB/s for this GPU generation; 0 when the node has no NVLink.
 	LinkBandwidthGBps float64 `json:"linkBandwidthGBps"`
 	// SysFS, when set, replaces the host's /sys for PCIe root and NUMA
 	// look-ups (the simulated backend supplies a synthetic one).
 	SysFS fs.ReadLinkFS `json:"-"`
-	// DevRoot is the directory holding device nodes (/dev on a real host);
-	// empty means device nodes are not injected (simulated GPUs).
-	DevRoot string `json:"-"`
 }
 
 // HealthEvent reports a change in a device's health.

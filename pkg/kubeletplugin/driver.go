@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"maps"
 	"sync"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -19,7 +20,9 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
+	"github.com/gputopo/gputopo/pkg/cdi"
 	"github.com/gputopo/gputopo/pkg/gpu"
+	"github.com/gputopo/gputopo/pkg/labelmapping"
 	"github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -38,8 +41,24 @@ type Config struct {
 	// PluginDir holds the plugin's socket and checkpoint
 	// (/var/lib/kubelet/plugins/gpu.gputopo.dev).
 	PluginDir string
-	Metrics   *Metrics
+	// DriverEdits inject the NVIDIA driver into containers with real GPUs;
+	// nil for simulated GPUs.
+	DriverEdits cdi.DriverEdits
+	// BootID identifies the host's current boot (ReadBootID); a checkpoint
+	// from another boot is discarded. Empty: unknown, keep the checkpoint.
+	BootID string
+	// FabricRetry is how often discovery is repeated while a GPU's NVLink
+	// fabric registration is in progress; 0 means DefaultFabricRetry.
+	FabricRetry time.Duration
+	Metrics     *Metrics
+	// LabelMapping, when set, replaces Slices.Network whenever the
+	// cluster's label mapping changes.
+	LabelMapping *labelmapping.Watcher
 }
+
+// DefaultFabricRetry is how often discovery is repeated while GPUs are
+// still registering with the NVLink fabric.
+const DefaultFabricRetry = 15 * time.Second
 
 // publisher is the slice of kubeletplugin.Helper the driver uses, so
 // tests can watch what would be published.
@@ -80,11 +99,28 @@ func New(ctx context.Context, cfg Config, labels map[string]string, cancel conte
 	if err != nil {
 		return nil, err
 	}
-	st, err := newState(ctx, cfg.NodeName, cfg.PluginDir, cfg.CDIRoot, cfg.Metrics)
+	st, err := newState(ctx, cfg.NodeName, cfg.PluginDir, cfg.CDIRoot, cfg.BootID, cfg.Metrics)
 	if err != nil {
 		return nil, err
 	}
-	klog.FromContext(ctx).Info("Discovered GPUs", "backend", cfg.Backend.Name(), "gpus", len(inv.Devices),
+	if cfg.DriverEdits != nil {
+		common, err := cfg.DriverEdits.Common()
+		if err != nil {
+			return nil, fmt.Errorf("find the NVIDIA driver files to give containers (is the driver root right?): %w", err)
+		}
+		st.driver, st.common = cfg.DriverEdits, common
+	}
+	logger := klog.FromContext(ctx)
+	skipped := map[string]int{}
+	for _, sk := range inv.Skipped {
+		skipped[sk.Reason]++
+		logger.Info("GPU not published", "index", sk.Index, "uuid", sk.UUID, "reason", sk.Reason, "detail", sk.Message)
+	}
+	cfg.Metrics.SkippedDevices.Reset()
+	for reason, n := range skipped {
+		cfg.Metrics.SkippedDevices.WithLabelValues(reason).Set(float64(n))
+	}
+	logger.Info("Discovered GPUs", "backend", cfg.Backend.Name(), "gpus", len(inv.Devices), "skipped", len(inv.Skipped),
 		"nvlinkDomains", len(nv.Domains), "preparedClaims", len(st.prepared()))
 	return &Driver{
 		cfg: cfg, inv: inv, nvlink: nv, state: st, cancel: cancel,
@@ -134,18 +170,25 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 func (d *Driver) SetLabels(ctx context.Context, labels map[string]string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	nl := d.cfg.Slices.Network
-	before, after := nl.Resolve(d.labels), nl.Resolve(labels)
-	d.labels = maps.Clone(labels)
-	if equalPlacement(before, after) {
-		return nil
-	}
-	klog.FromContext(ctx).Info("Node moved in the network tree; republishing", "leaf", after.Leaf, "spine", after.Spine)
-	return d.publishLocked(ctx)
+	return d.moveLocked(ctx, labels, d.cfg.Slices.Network)
 }
 
-func equalPlacement(a, b topology.NetworkPlacement) bool {
-	return a.Leaf == b.Leaf && a.Spine == b.Spine && a.Clique == b.Clique && maps.Equal(a.Tiers, b.Tiers)
+// SetLabelMapping reads the node's labels with a new mapping and
+// republishes when that moves the node in the network tree.
+func (d *Driver) SetLabelMapping(ctx context.Context, m topology.LabelMapping) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.moveLocked(ctx, d.labels, m)
+}
+
+func (d *Driver) moveLocked(ctx context.Context, labels map[string]string, m topology.LabelMapping) error {
+	before, after := d.cfg.Slices.Network.Resolve(d.labels), m.Resolve(labels)
+	d.labels, d.cfg.Slices.Network = maps.Clone(labels), m
+	if before.Equal(after) {
+		return nil
+	}
+	klog.FromContext(ctx).Info("Node moved in the network tree; republishing", "leaf", after.Leaf, "spine", after.Spine, "core", after.Core)
+	return d.publishLocked(ctx)
 }
 
 // applyHealth records a health change, republishes with the device taint
@@ -197,7 +240,6 @@ func (d *Driver) view() *nodeView {
 		nvlink:    map[string]topology.GPUPlacement{},
 		network:   d.cfg.Slices.Network.Resolve(d.labels),
 		unhealthy: maps.Clone(d.unhealthy),
-		devRoot:   d.inv.DevRoot,
 	}
 	for i, g := range d.inv.Devices {
 		name := slices.DeviceName(g.Index)

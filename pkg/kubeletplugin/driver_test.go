@@ -17,7 +17,6 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2/ktesting"
-	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gputopo/gputopo/pkg/checkpoint"
 	"github.com/gputopo/gputopo/pkg/gpu"
@@ -59,6 +58,13 @@ type env struct {
 
 func newEnv(t *testing.T, profile string, dir string) *env {
 	t.Helper()
+	return newEnvWith(t, profile, dir, nil)
+}
+
+// newEnvWith lets configure change the plugin's configuration before it
+// starts.
+func newEnvWith(t *testing.T, profile string, dir string, configure func(*Config)) *env {
+	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	p, err := sim.LoadBuiltin(profile)
 	if err != nil {
@@ -72,6 +78,9 @@ func newEnv(t *testing.T, profile string, dir string) *env {
 		CDIRoot: filepath.Join(dir, "cdi"), PluginDir: filepath.Join(dir, "plugin")}
 	if err := os.MkdirAll(cfg.PluginDir, 0o700); err != nil {
 		t.Fatal(err)
+	}
+	if configure != nil {
+		configure(&cfg)
 	}
 	labels := map[string]string{topology.LabelTopographLeaf: "leaf-0", topology.LabelTopographSpine: "spine-0"}
 	d, err := New(ctx, cfg, labels, nil)
@@ -109,15 +118,8 @@ func (e *env) prepare(t *testing.T, claims ...*resourceapi.ResourceClaim) map[ty
 // the container's environment.
 func (e *env) injected(t *testing.T, ids []string) map[string]string {
 	t.Helper()
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Join(e.dir, "cdi")), cdi.WithAutoRefresh(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec := &ociSpec{}
-	if _, err := cache.InjectDevices(spec.oci(), ids...); err != nil {
-		t.Fatalf("inject %v: %v", ids, err)
-	}
-	return spec.env()
+	env, _ := e.containerOf(t, ids...)
+	return env
 }
 
 func TestPrepareWritesCDIAndCheckpoint(t *testing.T) {
@@ -314,6 +316,39 @@ func TestLabelChangeRepublishes(t *testing.T) {
 	}
 	if got := *e.pub.last(t)[0].Attributes[topology.AttrLeaf].StringValue; got != "leaf-7" {
 		t.Errorf("leaf after relabel = %q", got)
+	}
+}
+
+func TestLabelMappingChangeRepublishes(t *testing.T) {
+	e := newEnv(t, "pcie-only", "")
+	_, ctx := ktesting.NewTestContext(t)
+	labels := map[string]string{topology.LabelTopographLeaf: "leaf-0", "example.com/rack": "rack-9"}
+	if err := e.drv.SetLabels(ctx, labels); err != nil {
+		t.Fatal(err)
+	}
+	n := len(e.pub.published)
+	if err := e.drv.SetLabelMapping(ctx, topology.DefaultLabelMapping()); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.pub.published) != n {
+		t.Error("the same mapping again republished")
+	}
+	rack, err := topology.ParseLabelMapping(map[string]string{"leaf": "example.com/rack"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.drv.SetLabelMapping(ctx, rack); err != nil {
+		t.Fatal(err)
+	}
+	if got := *e.pub.last(t)[0].Attributes[topology.AttrLeaf].StringValue; got != "rack-9" {
+		t.Errorf("leaf after the mapping changed = %q, want rack-9", got)
+	}
+	// Later label changes are read with the new mapping.
+	if err := e.drv.SetLabels(ctx, map[string]string{"example.com/rack": "rack-3"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := *e.pub.last(t)[0].Attributes[topology.AttrLeaf].StringValue; got != "rack-3" {
+		t.Errorf("leaf after relabel = %q, want rack-3", got)
 	}
 }
 

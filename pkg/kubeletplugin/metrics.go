@@ -14,6 +14,7 @@ type Metrics struct {
 	PreparedDevices   prometheus.Gauge
 	PublishedDevices  prometheus.Gauge
 	UnhealthyDevices  prometheus.Gauge
+	SkippedDevices    *prometheus.GaugeVec
 }
 
 // latencyBuckets start at 0.5 ms: a prepare that only writes a CDI spec and
@@ -52,10 +53,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "gputopo", Subsystem: "plugin", Name: "unhealthy_devices",
 			Help: "GPUs published with the unhealthy taint.",
 		}),
+		SkippedDevices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "gputopo", Subsystem: "plugin", Name: "skipped_devices",
+			Help: "GPUs found but not published, by reason (MIG-ENABLED, GPU-LOST, DISCOVERY-ERROR).",
+		}, []string{"reason"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.PrepareDuration, m.UnprepareDuration, m.PrepareErrors,
-			m.PreparedClaims, m.PreparedDevices, m.PublishedDevices, m.UnhealthyDevices)
+			m.PreparedClaims, m.PreparedDevices, m.PublishedDevices, m.UnhealthyDevices, m.SkippedDevices)
 	}
 	return m
 }

@@ -1,6 +1,7 @@
 package kubeletplugin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -8,11 +9,15 @@ import (
 	"strings"
 
 	"github.com/spf13/pflag"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/klog/v2"
 
+	"github.com/gputopo/gputopo/pkg/cdi"
 	"github.com/gputopo/gputopo/pkg/gpu"
 	"github.com/gputopo/gputopo/pkg/gpu/nvml"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
+	"github.com/gputopo/gputopo/pkg/labelmapping"
 	"github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -31,29 +36,42 @@ type Options struct {
 	PluginsDir      string
 	CDIRoot         string
 	MetricsAddress  string
-	LeafLabels      []string
-	SpineLabels     []string
-	CliqueLabels    []string
-	TierLabelPrefix string
+	LabelMapping    labelmapping.Options
 	NUMAList        bool
 	PrintSlices     bool
+	PrintCDISpec    string
+	// Real GPUs: where the NVIDIA driver is and how GPU health is judged.
+	DriverRoot          string
+	ContainerDriverRoot string
+	DevRoot             string
+	CDIHookPath         string
+	IgnoredXids         []uint
+	TaintEffect         string
 }
 
 // NewOptions returns the defaults for a node of a real cluster.
 func NewOptions() *Options {
-	nl := topology.DefaultNetworkLabels()
 	return &Options{
-		Backend:         "nvml",
-		NodeName:        os.Getenv("NODE_NAME"),
-		RegistrarDir:    "/var/lib/kubelet/plugins_registry",
-		PluginsDir:      "/var/lib/kubelet/plugins",
-		CDIRoot:         "/var/run/cdi",
-		MetricsAddress:  ":9400",
-		LeafLabels:      nl.Leaf,
-		SpineLabels:     nl.Spine,
-		CliqueLabels:    nl.Clique,
-		TierLabelPrefix: nl.TierPrefix,
+		Backend:        "nvml",
+		NodeName:       os.Getenv("NODE_NAME"),
+		RegistrarDir:   "/var/lib/kubelet/plugins_registry",
+		PluginsDir:     "/var/lib/kubelet/plugins",
+		CDIRoot:        "/var/run/cdi",
+		MetricsAddress: ":9400",
+		LabelMapping:   labelmapping.NewOptions(),
+		DriverRoot:     cdi.DefaultDriverRoot,
+		CDIHookPath:    cdi.DefaultHookPath,
+		IgnoredXids:    toUint(nvml.DefaultIgnoredXids()),
+		TaintEffect:    string(resourceapi.DeviceTaintEffectNoSchedule),
 	}
+}
+
+func toUint(xs []uint64) []uint {
+	out := make([]uint, len(xs))
+	for i, x := range xs {
+		out[i] = uint(x)
+	}
+	return out
 }
 
 // AddFlags registers the options on fs.
@@ -62,7 +80,13 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Profile, "profile", o.Profile, "Simulated GPU profile for --backend=sim, one of: "+strings.Join(sim.Builtin(), ", ")+".")
 	fs.StringVar(&o.ProfileFile, "profile-file", o.ProfileFile, "YAML file with a simulated GPU profile of your own (instead of --profile).")
 	fs.StringVar(&o.SimHealthFile, "sim-health-file", o.SimHealthFile, "For --backend=sim: file listing unhealthy GPUs, one index or UUID per line with an optional reason.")
-	fs.StringVar(&o.NVMLLibraryPath, "nvml-library-path", o.NVMLLibraryPath, "Path of libnvidia-ml.so.1 when it is not on the loader path.")
+	fs.StringVar(&o.NVMLLibraryPath, "nvml-library-path", o.NVMLLibraryPath, "Path of libnvidia-ml.so.1 as this process sees it; empty searches the driver root's library directories.")
+	fs.StringVar(&o.DriverRoot, "nvidia-driver-root", o.DriverRoot, "Root of the NVIDIA driver installation on the host: / when installed on the host, /run/nvidia/driver with the GPU Operator. CDI specs name host paths under it.")
+	fs.StringVar(&o.ContainerDriverRoot, "container-driver-root", o.ContainerDriverRoot, "Where this process sees --nvidia-driver-root (a container mounting it elsewhere, e.g. /driver-root); empty: the same path.")
+	fs.StringVar(&o.DevRoot, "dev-root", o.DevRoot, "Host directory whose dev/ holds the GPU device nodes; empty: --nvidia-driver-root.")
+	fs.StringVar(&o.CDIHookPath, "nvidia-cdi-hook-path", o.CDIHookPath, "Host path of nvidia-cdi-hook (NVIDIA Container Toolkit), run by the CDI specs' hooks.")
+	fs.UintSliceVar(&o.IgnoredXids, "ignored-xids", o.IgnoredXids, "Xid errors that do not make a GPU unhealthy (application errors, by NVIDIA's defaults).")
+	fs.StringVar(&o.TaintEffect, "taint-effect", o.TaintEffect, "Effect of the unhealthy taint on a failed GPU: NoSchedule (keep new claims off it) or NoExecute (also evict pods using it).")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "Name of the node the plugin serves (default $NODE_NAME).")
 	fs.StringToStringVar(&o.NodeLabels, "node-labels", o.NodeLabels, "Node labels to assume with --print-resource-slices, as k=v,k=v.")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Kubeconfig file; empty uses the in-cluster configuration.")
@@ -70,12 +94,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PluginsDir, "kubelet-plugins-directory-path", o.PluginsDir, "The kubelet's plugin directory; the plugin keeps its socket and checkpoint in <dir>/"+topology.DriverName+".")
 	fs.StringVar(&o.CDIRoot, "cdi-root", o.CDIRoot, "Directory where CDI specs for prepared claims are written.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Address serving Prometheus metrics on /metrics; empty disables it.")
-	fs.StringSliceVar(&o.LeafLabels, "leaf-labels", o.LeafLabels, "Node labels naming the leaf switch, first present wins.")
-	fs.StringSliceVar(&o.SpineLabels, "spine-labels", o.SpineLabels, "Node labels naming the spine switch, first present wins.")
-	fs.StringSliceVar(&o.CliqueLabels, "clique-labels", o.CliqueLabels, "Node labels naming the multi-node NVLink clique, first present wins.")
-	fs.StringVar(&o.TierLabelPrefix, "tier-label-prefix", o.TierLabelPrefix, "Label prefix of tiers above the spine (<prefix>3, ...) published as tier3, ...; empty disables.")
+	o.LabelMapping.AddFlags(fs)
 	fs.BoolVar(&o.NUMAList, "numa-node-list", o.NUMAList, "Publish resource.kubernetes.io/numaNode as a list (needs the DRAListTypeAttributes feature gate in the cluster).")
 	fs.BoolVar(&o.PrintSlices, "print-resource-slices", o.PrintSlices, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
+	fs.StringVar(&o.PrintCDISpec, "print-cdi-spec", o.PrintCDISpec, "Print the CDI spec a claim for this one device (e.g. gpu-0) would get, and exit; needs no cluster and changes nothing.")
 }
 
 // Validate reports every bad flag at once.
@@ -96,23 +118,46 @@ func (o *Options) Validate() error {
 	if o.NodeName == "" {
 		errs = append(errs, errors.New("--node-name (or $NODE_NAME) is required"))
 	}
-	if len(o.NodeLabels) > 0 && !o.PrintSlices {
-		errs = append(errs, errors.New("--node-labels only applies to --print-resource-slices; a running plugin reads the Node's labels"))
+	if len(o.NodeLabels) > 0 && !o.PrintSlices && o.PrintCDISpec == "" {
+		errs = append(errs, errors.New("--node-labels only applies to --print-resource-slices and --print-cdi-spec; a running plugin reads the Node's labels"))
 	}
-	if err := o.SliceConfig().Network.Validate(); err != nil {
+	if o.PrintSlices && o.PrintCDISpec != "" {
+		errs = append(errs, errors.New("--print-resource-slices and --print-cdi-spec are exclusive; run one, then the other"))
+	}
+	if err := o.LabelMapping.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	switch resourceapi.DeviceTaintEffect(o.TaintEffect) {
+	case resourceapi.DeviceTaintEffectNoSchedule, resourceapi.DeviceTaintEffectNoExecute:
+	default:
+		errs = append(errs, fmt.Errorf("--taint-effect must be NoSchedule or NoExecute, got %q", o.TaintEffect))
+	}
+	for flag, p := range map[string]string{"--nvidia-driver-root": o.DriverRoot, "--container-driver-root": o.ContainerDriverRoot, "--dev-root": o.DevRoot, "--nvidia-cdi-hook-path": o.CDIHookPath} {
+		if p != "" && !filepath.IsAbs(p) {
+			errs = append(errs, fmt.Errorf("%s must be an absolute path, got %q", flag, p))
+		}
+	}
+	if o.DriverRoot == "" {
+		errs = append(errs, errors.New("--nvidia-driver-root must not be empty (/ for a driver installed on the host)"))
 	}
 	return errors.Join(errs...)
 }
 
-// SliceConfig is the attribute configuration the flags describe.
-func (o *Options) SliceConfig() slices.Config {
+// SliceConfig is the attribute configuration the flags describe, with
+// the label mapping the cluster (or --label-mapping-file) gives.
+func (o *Options) SliceConfig(mapping topology.LabelMapping) slices.Config {
 	cfg := slices.DefaultConfig()
-	cfg.Network = topology.NetworkLabels{Leaf: o.LeafLabels, Spine: o.SpineLabels, Clique: o.CliqueLabels, TierPrefix: o.TierLabelPrefix}
+	cfg.Network = mapping
 	if o.NUMAList {
 		cfg.NUMAForm = deviceattribute.ListAttribute
 	}
+	cfg.TaintEffect = resourceapi.DeviceTaintEffect(o.TaintEffect)
 	return cfg
+}
+
+// DriverRoots is where the flags say the NVIDIA driver is.
+func (o *Options) DriverRoots() cdi.DriverRoots {
+	return cdi.DriverRoots{Driver: o.DriverRoot, ContainerDriver: o.ContainerDriverRoot, Dev: o.DevRoot, HookPath: o.CDIHookPath}
 }
 
 // PluginDir is the plugin's own directory under the kubelet's.
@@ -120,11 +165,23 @@ func (o *Options) PluginDir() string { return filepath.Join(o.PluginsDir, topolo
 
 // NewBackend opens the selected discovery backend. The NVML library is only
 // loaded here, so a sim plugin runs on machines without it.
-func (o *Options) NewBackend() (gpu.Backend, error) {
+func (o *Options) NewBackend(ctx context.Context) (gpu.Backend, error) {
 	if o.Backend == "nvml" {
-		var opts []nvml.Option
-		if o.NVMLLibraryPath != "" {
-			opts = append(opts, nvml.WithLibraryPath(o.NVMLLibraryPath))
+		xids := make([]uint64, len(o.IgnoredXids))
+		for i, x := range o.IgnoredXids {
+			xids[i] = uint64(x)
+		}
+		opts := []nvml.Option{nvml.WithHealth(nvml.HealthConfig{IgnoredXids: xids})}
+		lib := o.NVMLLibraryPath
+		if lib == "" {
+			found, err := o.DriverRoots().NVMLLibrary(ctx)
+			if err != nil {
+				klog.FromContext(ctx).Info("Loading NVML from the loader path", "reason", err)
+			}
+			lib = found
+		}
+		if lib != "" {
+			opts = append(opts, nvml.WithLibraryPath(lib))
 		}
 		return nvml.New(opts...)
 	}
@@ -139,4 +196,32 @@ func (o *Options) NewBackend() (gpu.Backend, error) {
 		return nil, err
 	}
 	return sim.New(p, o.NodeName, sim.WithHealthFile(o.SimHealthFile)), nil
+}
+
+// NewDriverEdits returns the CDI edits that inject the NVIDIA driver for
+// the nvml backend, and nil for simulated GPUs.
+func (o *Options) NewDriverEdits(ctx context.Context, backend gpu.Backend) (cdi.DriverEdits, error) {
+	b, ok := backend.(*nvml.Backend)
+	if !ok {
+		return nil, nil
+	}
+	roots := o.DriverRoots()
+	// The hook runs on the host; it can be checked from here only when
+	// it lies in the driver root.
+	if local := roots.Local(o.CDIHookPath); local != o.CDIHookPath {
+		if _, err := os.Stat(local); err != nil {
+			klog.FromContext(ctx).Error(err, "nvidia-cdi-hook not found: containers with GPUs will fail to start until the NVIDIA Container Toolkit is installed on the host or --nvidia-cdi-hook-path names it", "path", o.CDIHookPath)
+		}
+	}
+	return cdi.NewNVIDIA(ctx, b.Library(), roots)
+}
+
+// ReadBootID returns the host's boot ID, or "" (with the reason) when it
+// cannot be read.
+func ReadBootID() (string, error) {
+	data, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("read boot ID: %w", err)
+	}
+	return strings.TrimSpace(string(data)), nil
 }

@@ -49,7 +49,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 
-	// Watch only this node, for label changes that move it in the tree.
+	// Watch only this node, for label changes that move it in the tree,
+	// and the label mapping, which can move every node.
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.KubeClient, 10*time.Minute,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
@@ -69,8 +70,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
+	if cfg.LabelMapping != nil {
+		cfg.LabelMapping.OnChange(func(m topology.LabelMapping) {
+			if err := d.SetLabelMapping(ctx, m); err != nil {
+				d.HandleError(ctx, fmt.Errorf("%w: %w", kubeletplugin.ErrRecoverable, err), "republish after label mapping change")
+			}
+		})
+	}
 
 	go d.watchHealth(ctx)
+	go d.refreshFabric(ctx)
 	logger.Info("gputopo kubelet plugin running", "node", cfg.NodeName, "driver", topology.DriverName)
 	<-ctx.Done()
 	if cause := context.Cause(ctx); cause != nil && cause != context.Canceled {

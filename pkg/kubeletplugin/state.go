@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gputopo/gputopo/pkg/cdi"
 	"github.com/gputopo/gputopo/pkg/checkpoint"
@@ -40,7 +39,6 @@ type nodeView struct {
 	nvlink    map[string]topology.GPUPlacement
 	network   topology.NetworkPlacement
 	unhealthy map[string]gpu.HealthEvent // by UUID
-	devRoot   string
 }
 
 // state prepares and unprepares claims. Every change goes through the
@@ -51,14 +49,19 @@ type state struct {
 	store   *checkpoint.Store
 	cdi     *cdi.Writer
 	metrics *Metrics
+	// driver gives real GPUs to containers, with common, its edits for
+	// every container, generated once per start; nil for simulated GPUs.
+	driver cdi.DriverEdits
+	common *cdispec.ContainerEdits
 
 	mu sync.Mutex
 	cp *checkpoint.Checkpoint
 }
 
-// newState loads the checkpoint and rolls back any preparation that a
-// crash interrupted.
-func newState(ctx context.Context, node, pluginDir, cdiRoot string, m *Metrics) (*state, error) {
+// newState loads the checkpoint, forgets it if the node rebooted since it
+// was written (bootID differs; empty means unknown), and rolls back any
+// preparation that a crash interrupted.
+func newState(ctx context.Context, node, pluginDir, cdiRoot, bootID string, m *Metrics) (*state, error) {
 	if err := os.MkdirAll(pluginDir, 0o750); err != nil {
 		return nil, fmt.Errorf("create plugin directory: %w", err)
 	}
@@ -73,8 +76,13 @@ func newState(ctx context.Context, node, pluginDir, cdiRoot string, m *Metrics) 
 	}
 	s.cp = cp
 	next := cp.Clone()
+	rebooted := bootID != "" && cp.BootID != "" && cp.BootID != bootID
+	if rebooted && len(cp.Claims) > 0 {
+		klog.FromContext(ctx).Info("Node rebooted since the checkpoint was written; forgetting its prepared claims", "claims", len(cp.Claims))
+	}
+	next.BootID = bootID
 	for uid, c := range cp.Claims {
-		if c.State == checkpoint.PrepareCompleted {
+		if c.State == checkpoint.PrepareCompleted && !rebooted {
 			continue
 		}
 		klog.FromContext(ctx).Info("Rolling back interrupted preparation", "claim", klog.KRef(c.Namespace, c.Name), "uid", uid)
@@ -83,7 +91,7 @@ func newState(ctx context.Context, node, pluginDir, cdiRoot string, m *Metrics) 
 		}
 		delete(next.Claims, uid)
 	}
-	if len(next.Claims) != len(cp.Claims) {
+	if len(next.Claims) != len(cp.Claims) || next.BootID != cp.BootID {
 		if err := s.store.Save(next); err != nil {
 			return nil, fmt.Errorf("save checkpoint after roll-back: %w", err)
 		}
@@ -116,14 +124,18 @@ func (s *state) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, v
 func (s *state) prepareLocked(ctx context.Context, claim *resourceapi.ResourceClaim, view *nodeView) ([]kubeletplugin.Device, error) {
 	uid := string(claim.UID)
 	if c, ok := s.cp.Claims[uid]; ok && c.State == checkpoint.PrepareCompleted {
+		// Write the spec again: the kubelet retries a prepare when the
+		// container could not start, e.g. because the CDI directory was
+		// cleaned, and the retry must repair that.
+		if _, err := s.writeSpec(uid, c.Devices, view); err != nil {
+			return nil, err
+		}
 		return resultDevices(c), nil
 	}
 	if claim.Status.Allocation == nil {
 		return nil, errors.New("claim is not allocated")
 	}
 	c := checkpoint.ClaimState{UID: uid, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.PrepareStarted}
-	var edits []cdi.DeviceEdits
-	var domains, cliques []string
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != topology.DriverName || r.Pool != s.node {
 			continue
@@ -132,20 +144,16 @@ func (s *state) prepareLocked(ctx context.Context, claim *resourceapi.ResourceCl
 		if !ok {
 			return nil, fmt.Errorf("%w: %s (pool %s)", ErrUnknownDevice, r.Device, r.Pool)
 		}
-		if owner, busy := s.cp.DeviceOwner(r.Pool, r.Device); busy && owner != uid {
+		// Admin access (monitoring, DCGM) is granted on a busy or
+		// unhealthy GPU and holds it against nobody.
+		admin := r.AdminAccess != nil && *r.AdminAccess
+		if owner, busy := s.cp.DeviceOwner(r.Pool, r.Device); busy && owner != uid && !admin {
 			return nil, fmt.Errorf("%w: %s is held by claim %s; unprepare that claim first", ErrDeviceInUse, r.Device, s.describe(owner))
 		}
-		if ev, bad := view.unhealthy[g.UUID]; bad && (r.AdminAccess == nil || !*r.AdminAccess) {
+		if ev, bad := view.unhealthy[g.UUID]; bad && !admin {
 			return nil, fmt.Errorf("%w: %s (%s): %s", ErrUnhealthyDevice, r.Device, g.UUID, ev.Reason)
 		}
-		c.Devices = append(c.Devices, checkpoint.PreparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device, UUID: g.UUID})
-		e := cdi.DeviceEdits{Name: r.Device, UUID: g.UUID}
-		if view.devRoot != "" {
-			e.DeviceNodes = []string{filepath.Join(view.devRoot, fmt.Sprintf("nvidia%d", g.Minor))}
-		}
-		edits = append(edits, e)
-		domains = appendUnique(domains, view.nvlink[r.Device].Domain)
-		cliques = appendUnique(cliques, topology.Clique(view.network, g.Fabric))
+		c.Devices = append(c.Devices, checkpoint.PreparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device, UUID: g.UUID, AdminAccess: admin})
 	}
 	if len(c.Devices) == 0 {
 		return nil, fmt.Errorf("no device of driver %s on node %s is allocated to this claim", topology.DriverName, s.node)
@@ -160,15 +168,9 @@ func (s *state) prepareLocked(ctx context.Context, claim *resourceapi.ResourceCl
 	}
 	s.cp = next
 
-	spec := cdi.ClaimSpec{ClaimUID: uid, Devices: edits, Env: placementEnv(s.node, domains, cliques, view.network)}
-	if view.devRoot != "" {
-		for _, n := range []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"} {
-			spec.CommonDeviceNodes = append(spec.CommonDeviceNodes, filepath.Join(view.devRoot, n))
-		}
-	}
-	ids, err := s.cdi.WriteClaimSpec(spec)
+	ids, err := s.writeSpec(uid, c.Devices, view)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("write CDI spec: %w", err), s.forgetLocked(uid))
+		return nil, errors.Join(err, s.forgetLocked(uid))
 	}
 
 	// Phase two: the spec is in place.
@@ -246,26 +248,4 @@ func resultDevices(c checkpoint.ClaimState) []kubeletplugin.Device {
 		})
 	}
 	return out
-}
-
-// placementEnv tells the application where its GPUs sit.
-func placementEnv(node string, domains, cliques []string, net topology.NetworkPlacement) map[string]string {
-	env := map[string]string{topology.EnvNode: node}
-	set := func(k, v string) {
-		if v != "" {
-			env[k] = v
-		}
-	}
-	set(topology.EnvNVLinkDomain, strings.Join(domains, ","))
-	set(topology.EnvNVLinkClique, strings.Join(cliques, ","))
-	set(topology.EnvLeaf, net.Leaf)
-	set(topology.EnvSpine, net.Spine)
-	return env
-}
-
-func appendUnique(list []string, v string) []string {
-	if v == "" || slices.Contains(list, v) {
-		return list
-	}
-	return append(list, v)
 }

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
+
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/planner"
@@ -63,7 +66,9 @@ func BenchmarkPlan16Pods4000Nodes(b *testing.B) {
 		// Two adjacent leaves with every node free.
 		"auto/gpu-8-node": {job: makeJob(b, "j").Pods(16, "gpu-8-node").Obj()},
 		// One leaf: 8 nodes with two quads each.
-		"auto/gpu-4-nvlink":      {job: makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()},
+		"auto/gpu-4-nvlink": {job: makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()},
+		// Preference ladders whose first rung fits: as cheap as plain claims.
+		"auto/gpu-4-ladder":      {job: makeJob(b, "j").Pods(16, "gpu-4-ladder").Obj()},
 		"auto/gpu-1/distributed": {job: makeJob(b, "j").Pods(16, "gpu-1").Strategy(planner.StrategyDistributed).Obj()},
 		"mixed/consolidated":     {job: makeJob(b, "j").Pods(8, "gpu-4-nvlink").Pods(8, "gpu-2-nvlink-pair").Strategy(planner.StrategyConsolidated).Obj()},
 		"none/gpu-8-node":        {job: makeJob(b, "j").Pods(16, "gpu-8-node").Placement(planner.PlacementNone).Obj()},
@@ -82,18 +87,78 @@ func BenchmarkPlan16Pods4000Nodes(b *testing.B) {
 	}
 }
 
-// BenchmarkPlanRefused4000Nodes is the worst case for the pre-filter:
-// every node has enough free GPUs by count, none has a quad, so only the
-// allocator can say no, on every node, at every size up to the whole
-// cluster.
-func BenchmarkPlanRefused4000Nodes(b *testing.B) {
+// BenchmarkPlanFiltered4000Nodes is BenchmarkPlan16Pods4000Nodes with
+// every node filter at work: each node offers 64 cpus, 1 in 20 nodes is
+// NotReady, 1 in 20 is tainted, and pods already take cpu on 3 in 10.
+// The pods ask for 24 cpus each.
+func BenchmarkPlanFiltered4000Nodes(b *testing.B) {
+	base, used := bigCluster()
+	infos := slices.Clone(base)
+	r := rand.New(rand.NewPCG(3, 4))
+	usage := planner.NodeUsage{}
+	for i := range infos {
+		infos[i].Allocatable = resources("cpu", "64", "memory", "1Ti", "pods", "110")
+		switch r.IntN(20) {
+		case 0:
+			infos[i].NotReady = true
+		case 1:
+			infos[i].Taints = []v1.Taint{parseTaint(maint)}
+		}
+		if r.IntN(10) < 3 {
+			usage.Add(infos[i].Name, podRequesting("other", resources("cpu", fmt.Sprint(8*(r.IntN(8)+1)))))
+		}
+	}
+	c, err := planner.NewCluster(infos, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	snap := planner.NewSnapshot(c, used, planner.WithUsed(usage))
+	p := newPlanner(b)
+	cpu := resources("cpu", "24")
+	for name, job := range map[string]planner.Job{
+		"auto/gpu-8-node": makeJob(b, "j").Pods(16, "gpu-8-node").Request(cpu).Obj(),
+		"mixed/consolidated": makeJob(b, "j").Pods(8, "gpu-4-nvlink").Request(cpu).Tolerate(maint).
+			Pods(8, "gpu-2-nvlink-pair").Request(cpu).Strategy(planner.StrategyConsolidated).Obj(),
+	} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := p.Plan(context.Background(), snap, nil, job); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// pcieSnapshot is bigPCIeCluster as a snapshot, with a planner.
+func pcieSnapshot(b *testing.B) (*planner.Snapshot, *planner.Planner) {
 	infos, used := bigPCIeCluster()
 	c, err := planner.NewCluster(infos, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	snap := planner.NewSnapshot(c, used)
-	p := newPlanner(b)
+	return planner.NewSnapshot(c, used), newPlanner(b)
+}
+
+// BenchmarkPlanLadderNoQuads4000Nodes is the worst case for ladders: no
+// node has an NVLink quad, so no domain gives the first rung and every
+// feasible leaf is tried for the best one.
+func BenchmarkPlanLadderNoQuads4000Nodes(b *testing.B) {
+	snap, p := pcieSnapshot(b)
+	job := makeJob(b, "j").Pods(16, "gpu-4-ladder").Obj()
+	for b.Loop() {
+		if _, err := p.Plan(context.Background(), snap, nil, job); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPlanRefused4000Nodes is the worst case for the pre-filter:
+// every node has enough free GPUs by count, none has a quad, so only the
+// allocator can say no, on every node, at every size up to the whole
+// cluster.
+func BenchmarkPlanRefused4000Nodes(b *testing.B) {
+	snap, p := pcieSnapshot(b)
 	job := makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj()
 	for b.Loop() {
 		var u *planner.Unschedulable

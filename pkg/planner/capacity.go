@@ -41,15 +41,20 @@ func filled(n int) []int {
 	return out
 }
 
-// nodeCap is how many pods of shape s fit on node n, up to the job's
-// number of pods of that shape.
+// nodeCap is how many pods of shape s fit on node n, by devices and by
+// the node's allocatable, up to the job's number of pods of that shape.
 func (st *state) nodeCap(s, n int) (int, error) {
 	t := &st.caps[s]
 	if t.node[n] < 0 {
-		if st.nodeAgg[n].ub == 0 { // too few free devices even for the smallest pod
-			t.node[n] = 0
-		} else {
-			k, err := st.f.capacity(n, s, st.f.shapes[s].pods)
+		limit := 0
+		// Too few free devices even for the smallest pod, a filter that
+		// keeps this shape off the node, or no cpu, memory or pod slot left.
+		if st.nodeAgg[n].ub > 0 && st.filters[s].why[n] == "" {
+			limit = st.room(s, n, nil, st.f.shapes[s].pods)
+		}
+		t.node[n] = 0
+		if limit > 0 {
+			k, err := st.f.capacity(n, s, limit)
 			if err != nil {
 				return 0, err
 			}

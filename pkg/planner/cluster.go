@@ -24,12 +24,37 @@ type NodeInfo struct {
 	// relies on nodes being independent.
 	Slices        []*resourceapi.ResourceSlice
 	Unschedulable bool
+	// NotReady: the node's Ready condition is not True. No pod is planned
+	// there, whatever it tolerates.
+	NotReady bool
+	// Taints are checked against each pod's tolerations; only NoSchedule
+	// and NoExecute taints keep a pod away.
+	Taints []v1.Taint
+	// Allocatable is what pods may request in all (cpu, memory, pods and
+	// any other resource). Nil means unknown: the planner then checks no
+	// resource on the node. An empty list fits no pod.
+	Allocatable v1.ResourceList
 }
 
-// NodeInfoFor reads a Node's place in the network from its labels.
-func NodeInfoFor(node *v1.Node, slices []*resourceapi.ResourceSlice, labels topology.NetworkLabels) NodeInfo {
+// NodeInfoFor reads a Node's place in the network from its labels, and
+// its readiness, taints and allocatable from its spec and status.
+func NodeInfoFor(node *v1.Node, slices []*resourceapi.ResourceSlice, labels topology.LabelMapping) NodeInfo {
 	p := labels.Resolve(node.Labels)
-	return NodeInfo{Name: node.Name, Leaf: p.Leaf, Spine: p.Spine, Labels: node.Labels, Slices: slices, Unschedulable: node.Spec.Unschedulable}
+	alloc := node.Status.Allocatable
+	if alloc == nil {
+		alloc = v1.ResourceList{}
+	}
+	return NodeInfo{Name: node.Name, Leaf: p.Leaf, Spine: p.Spine, Labels: node.Labels, Slices: slices,
+		Unschedulable: node.Spec.Unschedulable, NotReady: !nodeReady(node), Taints: node.Spec.Taints, Allocatable: alloc}
+}
+
+func nodeReady(node *v1.Node) bool {
+	for _, c := range node.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			return c.Status == v1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // Cluster is the static topology tree. It never changes after NewCluster
@@ -43,6 +68,7 @@ type Cluster struct {
 	spineByN map[string]*spine
 	devIndex map[structured.DeviceID]devRef
 	sigs     signatures
+	res      resources
 }
 
 type node struct {
@@ -59,6 +85,9 @@ type node struct {
 	healthy     bitset                // gputopo GPUs without a NoSchedule/NoExecute taint
 	noPrefilter bool                  // shareable devices: counting devices proves nothing
 	sig         nodeSig
+	notReady    bool
+	taints      []v1.Taint
+	alloc       []int64 // by resource index; nil: resources are not checked
 }
 
 type leaf struct {
@@ -85,6 +114,7 @@ type devRef struct{ node, pos int32 }
 func NewCluster(infos []NodeInfo, leafOrder map[string][]string) (*Cluster, error) {
 	c := &Cluster{byName: map[string]int{}, leafByN: map[string]*leaf{}, spineByN: map[string]*spine{}, devIndex: map[structured.DeviceID]devRef{}}
 	c.sigs.init()
+	c.res.init(infos)
 	byLeaf := map[string][]*NodeInfo{}
 	bySpine := map[string][]*NodeInfo{} // leaf-less nodes that name a spine
 	var loose []*NodeInfo
@@ -195,7 +225,11 @@ func NewCluster(infos []NodeInfo, leafOrder map[string][]string) (*Cluster, erro
 func (c *Cluster) addNode(in *NodeInfo, l *leaf, s *spine) (int, error) {
 	n := &node{
 		idx: len(c.nodes), name: in.Name, leaf: l, spine: s, schedulable: !in.Unschedulable,
-		obj: &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: in.Name, Labels: in.Labels}},
+		obj:      &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: in.Name, Labels: in.Labels}},
+		notReady: in.NotReady, taints: in.Taints,
+	}
+	if in.Allocatable != nil {
+		n.alloc = c.res.vector(in.Allocatable)
 	}
 	// Stale slices of an older pool generation are ignored by the
 	// allocator; ignore them here too so they are not counted.
@@ -300,4 +334,58 @@ func sortedNat(set map[string]bool) []string {
 	}
 	sort.Slice(out, func(a, b int) bool { return topology.NaturalLess(out[a], out[b]) })
 	return out
+}
+
+// DomainNodes lists the nodes of a domain in topology order; nil for the
+// whole cluster, which needs no list. A name the cluster lacks is an error.
+func (c *Cluster) DomainNodes(d Domain) ([]string, error) {
+	var idx []int
+	switch d.Level {
+	case LevelNode:
+		for _, name := range d.Names {
+			i, ok := c.byName[name]
+			if !ok {
+				return nil, fmt.Errorf("node %s is not in the cluster", name)
+			}
+			idx = append(idx, i)
+		}
+	case LevelLeaf, LevelLeaves:
+		for _, name := range d.Names {
+			l := c.leafByN[name]
+			if l == nil {
+				return nil, fmt.Errorf("leaf %s is not in the cluster", name)
+			}
+			idx = append(idx, l.nodes...)
+		}
+	case LevelSpine, LevelCluster:
+		if len(d.Names) == 0 {
+			return nil, nil
+		}
+		for _, name := range d.Names {
+			s := c.spineByN[name]
+			if s == nil {
+				return nil, fmt.Errorf("spine %s is not in the cluster", name)
+			}
+			idx = append(idx, s.nodes...)
+		}
+	default:
+		return nil, fmt.Errorf("unknown domain level %q", d.Level)
+	}
+	out := make([]string, len(idx))
+	for i, n := range idx {
+		out[i] = c.nodes[n].name
+	}
+	return out, nil
+}
+
+// LeafOf is the node's leaf, empty when it has none.
+func (c *Cluster) LeafOf(node string) (string, error) {
+	i, ok := c.byName[node]
+	if !ok {
+		return "", fmt.Errorf("node %s is not in the cluster", node)
+	}
+	if l := c.nodes[i].leaf; l != nil {
+		return l.name, nil
+	}
+	return "", nil
 }

@@ -21,6 +21,15 @@
 // one after the other on top of each other's results. Counting free devices
 // only prunes; it never decides that something fits.
 //
+// A pod may only use nodes kube-scheduler would bind it to: Ready, not
+// cordoned, without a NoSchedule or NoExecute taint it does not tolerate,
+// matching its nodeSelector and required node affinity, and with room in
+// the node's allocatable (cpu, memory, pod slots, any other resource)
+// after the pods already there (Snapshot, WithUsed), other plans'
+// reservations and the plan's own pods. These filters bound the same
+// per-node counts as the devices do, and a refusal says how many nodes
+// each filter ruled out.
+//
 // Choosing a domain:
 //
 //  1. Size: the smallest subtree that can hold the job — one node for one
@@ -36,6 +45,11 @@
 //     stay free for big jobs; ties go to the smaller name.
 //  4. Strategy: inside the domain, consolidated, balanced or distributed
 //     decides the node of each pod.
+//  5. Preference ladders (firstAvailable requests) come before best fit and
+//     strategy: among domains of one size the one whose pods get the
+//     earliest subrequests wins, and inside it each pod goes to the node
+//     giving its claims the earliest ones. Jobs without ladders, or whose
+//     first choices fit, are planned exactly as without this rule.
 //
 // Pods are placed greedily (largest first). For jobs whose pods all have the
 // same claims, which is the common case, that is exact: the domain fits if

@@ -6,7 +6,8 @@ import (
 )
 
 // candidate is one domain a plan may use, with the counts that rank and
-// prune it. Counts cover schedulable nodes only.
+// prune it. Counts cover only nodes that some pod of the job passes the
+// node filters of.
 type candidate struct {
 	dom     Domain
 	key     string
@@ -52,17 +53,35 @@ func (st *state) computeCounts() {
 	c := st.c
 	st.nodeAgg = make([]agg, len(c.nodes))
 	for i, nd := range c.nodes {
-		if !nd.schedulable {
+		if !st.usable[i] {
 			continue
+		}
+		// Only the shapes whose pods pass the node's filters count, and
+		// the node's free cpu, memory and pod slots bound them too.
+		minNeed, room, roomEmpty := -1, 0, 0
+		for s := range st.f.shapes {
+			if st.filters[s].why[i] != "" {
+				continue
+			}
+			sh := &st.f.shapes[s]
+			if minNeed < 0 || sh.need < minNeed {
+				minNeed = sh.need
+			}
+			room += st.room(s, i, nil, sh.pods)
+			roomEmpty += st.roomEmpty(s, i, sh.pods)
 		}
 		used := st.f.base[i]
 		a := agg{free: nd.healthy.free(used), freeDev: nd.all.free(used)}
 		switch {
-		case nd.noPrefilter || st.minNeed == 0:
+		case nd.noPrefilter || minNeed == 0:
 			a.ub, a.ubEmpty, a.freeDev = st.n, st.n, 1<<30
 		default:
-			a.ub = min(st.n, a.freeDev/st.minNeed)
-			a.ubEmpty = min(st.n, len(nd.devs)/st.minNeed)
+			a.ub = min(st.n, a.freeDev/minNeed)
+			a.ubEmpty = min(st.n, len(nd.devs)/minNeed)
+		}
+		a.ub, a.ubEmpty = min(a.ub, room), min(a.ubEmpty, roomEmpty)
+		if a.ub == 0 { // its free GPUs are out of the job's reach
+			a.free, a.freeDev = 0, 0
 		}
 		st.nodeAgg[i] = a
 	}
@@ -97,7 +116,7 @@ func (st *state) nodeCand(i int, dom Domain) *candidate {
 func (st *state) nodeCands() []*candidate {
 	var out []*candidate
 	for i, nd := range st.c.nodes {
-		if nd.schedulable {
+		if st.usable[i] {
 			out = append(out, st.nodeCand(i, Domain{Level: LevelNode, Names: []string{nd.name}}))
 		}
 	}

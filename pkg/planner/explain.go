@@ -110,7 +110,7 @@ func (st *state) prefMiss(fl levelFailure, mine []*candidate) string {
 // is the size the job is meant for, and its best candidate is the one a
 // person can make room in.
 func (st *state) refuse(failures []levelFailure) error {
-	u := &Unschedulable{Job: st.job.Key}
+	u := &Unschedulable{Job: st.job.Key, Filtered: st.ruledOut}
 	if len(failures) == 0 {
 		u.Reason = "no schedulable node is allowed for the job"
 		if st.pref != nil {
@@ -134,13 +134,15 @@ func (st *state) refuse(failures []levelFailure) error {
 
 // makePlan records the chosen candidate.
 func (st *state) makePlan(c *candidate, a *attempt, allocs map[string][]resourceapi.AllocationResult, label string, feasible int) *Plan {
-	p := &Plan{Job: st.job.Key, Domain: c.dom, Assignments: map[string]string{}, Allocations: allocs, Fallback: st.fallback}
+	p := &Plan{Job: st.job.Key, Domain: c.dom, Assignments: map[string]string{}, Allocations: allocs, Requests: NodeUsage{}, Fallback: st.fallback}
 	for i, n := range a.assign {
-		p.Assignments[st.job.Pods[i].Name] = st.c.nodes[n].name
+		pod := &st.job.Pods[i]
+		p.Assignments[pod.Name] = st.c.nodes[n].name
+		p.Requests.addRequests(st.c.nodes[n].name, pod.Requests)
 	}
 	left := 0
 	for _, n := range c.nodes() {
-		if st.c.nodes[n].schedulable {
+		if st.usable[n] {
 			left += st.c.nodes[n].healthy.free(st.f.used(n, a.extra[n]))
 		}
 	}

@@ -13,24 +13,32 @@ import (
 	"github.com/gputopo/gputopo/pkg/devicefit"
 )
 
-// shape is a set of pods with identical claim specs: the allocator gives
-// them the same answer on the same node state, so one run serves them all.
+// shape is a set of pods with identical claim specs and node
+// constraints. The allocator gives every pod with the same claims (the
+// shape's set) the same answer on the same node state, so one run serves
+// them all; the node filters decide per shape.
 type shape struct {
 	pod    string // the pod whose claims stand for the shape
 	claims []*resourceapi.ResourceClaim
+	set    int // shapes with equal claims share a set
 	need   int // devices the claims ask for at least
 	pods   int
+	needs  needs
 }
 
 type fitKey struct {
-	node  string // cacheKey: shared by nodes that are alike for these claims
-	shape int
-	used  string
+	node string // cacheKey: shared by nodes that are alike for these claims
+	set  int
+	used string
 }
 
 type fitResult struct {
 	ok  bool
 	pos []int // devices the allocator picked, by position in the node
+	// rank is how far down their firstAvailable ladders the claims had to
+	// go: the sum of the chosen subrequests' places (0 for first choices
+	// and plain requests). Lower is better.
+	rank int
 }
 
 // fitter answers "does a pod of this shape fit on this node on top of
@@ -42,6 +50,8 @@ type fitter struct {
 	job      string
 	base     []bitset // in use before the plan, by node
 	shapes   []shape
+	setIDs   map[string]int
+	setPods  []int // pods with the set's claims, over all shapes
 	values   []int // attributes the claims may read; nil: all of them
 	patterns []int // attributes the claims only compare between devices
 	keys     []string
@@ -52,7 +62,7 @@ type fitter struct {
 
 func newFitter(ctx context.Context, eval *devicefit.Evaluator, c *Cluster, job string, base []bitset) *fitter {
 	return &fitter{ctx: ctx, eval: eval, c: c, job: job, base: base, keys: make([]string, len(c.nodes)),
-		memo: map[fitKey]fitResult{}, capMemo: map[fitKey]int{}}
+		memo: map[fitKey]fitResult{}, capMemo: map[fitKey]int{}, setIDs: map[string]int{}}
 }
 
 // addShape returns the shape of the pod's claims, adding it when new.
@@ -71,16 +81,32 @@ func (f *fitter) addShape(pod Pod, shapeIDs map[string]int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("encode claims of pod %s: %w", pod.Name, err)
 	}
-	if id, ok := shapeIDs[string(raw)]; ok {
+	ck, err := constraintKey(pod)
+	if err != nil {
+		return 0, err
+	}
+	set, ok := f.setIDs[string(raw)]
+	if !ok {
+		set = len(f.setPods)
+		f.setIDs[string(raw)] = set
+		f.setPods = append(f.setPods, 0)
+	}
+	f.setPods[set]++
+	key := string(raw) + "\x00" + ck
+	if id, ok := shapeIDs[key]; ok {
 		f.shapes[id].pods++
 		return id, nil
+	}
+	ns, err := f.c.needsOf(pod)
+	if err != nil {
+		return 0, err
 	}
 	need := 0
 	for _, s := range specs {
 		need += minDevices(s)
 	}
-	shapeIDs[string(raw)] = len(f.shapes)
-	f.shapes = append(f.shapes, shape{pod: pod.Name, claims: pod.Claims, need: need, pods: 1})
+	shapeIDs[key] = len(f.shapes)
+	f.shapes = append(f.shapes, shape{pod: pod.Name, claims: pod.Claims, set: set, need: need, pods: 1, needs: ns})
 	return len(f.shapes) - 1, nil
 }
 
@@ -212,7 +238,7 @@ func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
 		f.keys[n] = nd.cacheKey(f.values, f.patterns)
 	}
 	used := f.used(n, extra)
-	key := fitKey{node: f.keys[n], shape: sh, used: used.key()}
+	key := fitKey{node: f.keys[n], set: f.shapes[sh].set, used: used.key()}
 	if r, ok := f.memo[key]; ok {
 		return r, nil
 	}
@@ -231,6 +257,7 @@ func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
 			return fitResult{}, &BrokenClaimError{Job: f.job, Pod: s.pod, Node: nd.name, Err: err}
 		}
 		r.ok = results != nil
+		r.rank = ladderRank(s.claims, results)
 		for _, res := range results {
 			for _, d := range res.Devices.Results {
 				ref, ok := f.c.devIndex[devicefit.DeviceID(d.Driver, d.Pool, d.Device)]
@@ -245,20 +272,52 @@ func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
 	return r, nil
 }
 
-// capacity is how many pods of shape sh fit on node n one after the other,
-// up to limit. For nodes that are alike it is computed once.
+// ladderRank sums, over every firstAvailable request of the claims, the
+// place of the subrequest the allocator picked. The allocator names a
+// result of subrequest s of request r "r/s".
+func ladderRank(claims []*resourceapi.ResourceClaim, results []resourceapi.AllocationResult) int {
+	rank := 0
+	for i, res := range results {
+		if i >= len(claims) {
+			break
+		}
+		seen := map[string]bool{}
+		for _, d := range res.Devices.Results {
+			req, sub, ok := strings.Cut(d.Request, "/")
+			if !ok || seen[d.Request] {
+				continue
+			}
+			seen[d.Request] = true
+			for _, r := range claims[i].Spec.Devices.Requests {
+				if r.Name != req {
+					continue
+				}
+				for j, alt := range r.FirstAvailable {
+					if alt.Name == sub {
+						rank += j
+					}
+				}
+			}
+		}
+	}
+	return rank
+}
+
+// capacity is how many pods of shape sh fit on node n one after the other
+// by their devices, up to limit. For nodes that are alike it is computed
+// once, so it must not depend on anything but devices: the node filters
+// apply on top.
 func (f *fitter) capacity(n, sh, limit int) (int, error) {
 	nd := f.c.nodes[n]
-	if !nd.schedulable {
-		return 0, nil
-	}
 	if f.keys[n] == "" {
 		f.keys[n] = nd.cacheKey(f.values, f.patterns)
 	}
-	key := fitKey{node: f.keys[n], shape: sh, used: f.base[n].key()}
+	set := f.shapes[sh].set
+	key := fitKey{node: f.keys[n], set: set, used: f.base[n].key()}
 	if c, ok := f.capMemo[key]; ok {
-		return c, nil
+		return min(c, limit), nil
 	}
+	limit, asked := f.setPods[set], limit
 	var extra bitset
 	count := 0
 	for count < limit && f.mayFit(n, sh, extra) {
@@ -281,7 +340,7 @@ func (f *fitter) capacity(n, sh, limit int) (int, error) {
 		}
 	}
 	f.capMemo[key] = count
-	return count, nil
+	return min(count, asked), nil
 }
 
 // allocated lists the node's devices in used, plus more, as the allocator

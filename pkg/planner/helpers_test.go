@@ -2,10 +2,13 @@ package planner_test
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	specs "github.com/gputopo/gputopo/demo/specs"
@@ -67,6 +70,14 @@ type clusterBuilder struct {
 	nodes []planner.NodeInfo
 	order map[string][]string
 	info  []nodeSpec
+	edits []nodeEdit
+}
+
+// nodeEdit changes the named nodes' NodeInfo; no names means every node
+// added so far.
+type nodeEdit struct {
+	nodes []string
+	edit  func(*planner.NodeInfo)
 }
 
 type nodeSpec struct{ name, profile, leaf, spine string }
@@ -112,10 +123,78 @@ func (b *clusterBuilder) Spines(spines, leaves, nodes int, profile string) *clus
 	return b
 }
 
+func (b *clusterBuilder) with(nodes []string, edit func(*planner.NodeInfo)) *clusterBuilder {
+	if len(nodes) == 0 {
+		for _, n := range b.info {
+			nodes = append(nodes, n.name)
+		}
+	}
+	b.edits = append(b.edits, nodeEdit{nodes: nodes, edit: edit})
+	return b
+}
+
+// NotReady marks nodes whose Ready condition is not True.
+func (b *clusterBuilder) NotReady(nodes ...string) *clusterBuilder {
+	return b.with(nodes, func(n *planner.NodeInfo) { n.NotReady = true })
+}
+
+// Cordon marks nodes unschedulable.
+func (b *clusterBuilder) Cordon(nodes ...string) *clusterBuilder {
+	return b.with(nodes, func(n *planner.NodeInfo) { n.Unschedulable = true })
+}
+
+// Taint adds taint key=value:effect to nodes.
+func (b *clusterBuilder) Taint(taint string, nodes ...string) *clusterBuilder {
+	return b.with(nodes, func(n *planner.NodeInfo) { n.Taints = append(n.Taints, parseTaint(taint)) })
+}
+
+// Label sets a label on nodes.
+func (b *clusterBuilder) Label(key, value string, nodes ...string) *clusterBuilder {
+	return b.with(nodes, func(n *planner.NodeInfo) {
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels[key] = value
+	})
+}
+
+// Allocatable sets what pods may request on nodes, every node added so
+// far when none is named.
+func (b *clusterBuilder) Allocatable(list v1.ResourceList, nodes ...string) *clusterBuilder {
+	return b.with(nodes, func(n *planner.NodeInfo) { n.Allocatable = list })
+}
+
 func (b *clusterBuilder) Infos(t testing.TB) []planner.NodeInfo {
 	var out []planner.NodeInfo
+	byName := map[string]int{}
 	for _, n := range b.info {
+		byName[n.name] = len(out)
 		out = append(out, planner.NodeInfo{Name: n.name, Leaf: n.leaf, Spine: n.spine, Slices: nodeSlices(t, n.name, n.profile, n.leaf, n.spine)})
+	}
+	for _, e := range b.edits {
+		for _, name := range e.nodes {
+			i, ok := byName[name]
+			if !ok {
+				t.Fatalf("the test cluster has no node %s", name)
+			}
+			e.edit(&out[i])
+		}
+	}
+	return out
+}
+
+// parseTaint reads key=value:effect or key:effect.
+func parseTaint(s string) v1.Taint {
+	kv, effect, _ := strings.Cut(s, ":")
+	key, value, _ := strings.Cut(kv, "=")
+	return v1.Taint{Key: key, Value: value, Effect: v1.TaintEffect(effect)}
+}
+
+// resources builds a ResourceList from name, quantity pairs.
+func resources(pairs ...string) v1.ResourceList {
+	out := v1.ResourceList{}
+	for i := 0; i+1 < len(pairs); i += 2 {
+		out[v1.ResourceName(pairs[i])] = resource.MustParse(pairs[i+1])
 	}
 	return out
 }
@@ -154,8 +233,9 @@ func (u *usage) Obj() devicefit.Allocated { return u.set }
 // jobBuilder makes a job of pods p0, p1, ... with claims from the demo
 // templates.
 type jobBuilder struct {
-	t   testing.TB
-	job planner.Job
+	t     testing.TB
+	job   planner.Job
+	batch int // first pod of the latest Pods call
 }
 
 func makeJob(t testing.TB, key string) *jobBuilder {
@@ -165,12 +245,52 @@ func makeJob(t testing.TB, key string) *jobBuilder {
 // Pods adds n pods, each with one claim from template.
 func (b *jobBuilder) Pods(n int, template string) *jobBuilder {
 	tmpl := loadSpec[resourceapi.ResourceClaimTemplate](b.t, "claims/"+template+".yaml")
+	b.batch = len(b.job.Pods)
 	for range n {
 		name := fmt.Sprintf("p%d", len(b.job.Pods))
 		claim := devicefit.ClaimFromTemplate(tmpl, b.job.Key+"-"+name+"-"+template)
 		b.job.Pods = append(b.job.Pods, planner.Pod{Name: name, Claims: []*resourceapi.ResourceClaim{claim}})
 	}
 	return b
+}
+
+// each changes the pods of the latest Pods call.
+func (b *jobBuilder) each(edit func(*planner.Pod)) *jobBuilder {
+	for i := b.batch; i < len(b.job.Pods); i++ {
+		edit(&b.job.Pods[i])
+	}
+	return b
+}
+
+// Tolerate lets the latest pods tolerate taint key=value:effect.
+func (b *jobBuilder) Tolerate(taint string) *jobBuilder {
+	t := parseTaint(taint)
+	return b.each(func(p *planner.Pod) {
+		p.Tolerations = append(p.Tolerations, v1.Toleration{Key: t.Key, Value: t.Value, Effect: t.Effect, Operator: v1.TolerationOpEqual})
+	})
+}
+
+// Selector adds key=value to the latest pods' nodeSelector.
+func (b *jobBuilder) Selector(key, value string) *jobBuilder {
+	return b.each(func(p *planner.Pod) {
+		if p.NodeSelector == nil {
+			p.NodeSelector = map[string]string{}
+		}
+		p.NodeSelector[key] = value
+	})
+}
+
+// Requires sets the latest pods' required node affinity; a node must
+// match one of the terms.
+func (b *jobBuilder) Requires(terms ...v1.NodeSelectorTerm) *jobBuilder {
+	return b.each(func(p *planner.Pod) {
+		p.NodeAffinity = &v1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{NodeSelectorTerms: terms}}
+	})
+}
+
+// Request sets the latest pods' requests.
+func (b *jobBuilder) Request(list v1.ResourceList) *jobBuilder {
+	return b.each(func(p *planner.Pod) { p.Requests = list })
 }
 
 func (b *jobBuilder) Placement(p planner.Placement) *jobBuilder { b.job.Placement = p; return b }

@@ -14,17 +14,19 @@ type attempt struct {
 	extra    map[int]bitset // devices this attempt took, by node
 	podsOn   map[int]int    // pods of the job on a node, pinned ones included
 	podsLeaf map[*leaf]int
-	mine     map[int]int // pods of this attempt on a node
-	assign   []int       // by pod index; -1 while unplaced
+	mine     map[int]int     // pods of this attempt on a node
+	req      map[int][]int64 // what the attempt's pods take from a node's allocatable
+	assign   []int           // by pod index; -1 while unplaced
 	placed   int
 	nodes    int // nodes the attempt used
+	rank     int // sum of the placed pods' ladder ranks (fitResult.rank)
 }
 
 // tryPlace places as many pods as it can inside nodes, in strategy order.
 // It places every pod it can rather than stopping at the first that does
 // not fit, so a failed domain says how close it came.
 func (st *state) tryPlace(nodes []int) (*attempt, error) {
-	a := &attempt{st: st, extra: map[int]bitset{}, podsOn: map[int]int{}, podsLeaf: map[*leaf]int{}, mine: map[int]int{}, assign: make([]int, len(st.job.Pods))}
+	a := &attempt{st: st, extra: map[int]bitset{}, podsOn: map[int]int{}, podsLeaf: map[*leaf]int{}, mine: map[int]int{}, req: map[int][]int64{}, assign: make([]int, len(st.job.Pods))}
 	for i := range a.assign {
 		a.assign[i] = -1
 	}
@@ -34,26 +36,37 @@ func (st *state) tryPlace(nodes []int) (*attempt, error) {
 	}
 	var order []int
 	for _, n := range nodes {
-		if st.c.nodes[n].schedulable {
+		if st.usable[n] {
 			order = append(order, n)
 		}
 	}
 	for _, p := range st.podOrder {
 		sh := st.podShape[p]
 		st.sortNodes(a, order)
+		// The first node in strategy order that gives the pod's claims
+		// their first choices; with preference ladders, the node giving
+		// the best rung, strategy order breaking ties.
+		best, bestRank := -1, 0
+		var bestPos []int
 		for _, n := range order {
-			if !st.f.mayFit(n, sh, a.extra[n]) {
+			if st.filters[sh].why[n] != "" || st.room(sh, n, a.req[n], 1) == 0 || !st.f.mayFit(n, sh, a.extra[n]) {
 				continue
 			}
 			r, err := st.f.fit(n, sh, a.extra[n])
 			if err != nil {
 				return nil, err
 			}
-			if !r.ok {
+			if !r.ok || (best >= 0 && r.rank >= bestRank) {
 				continue
 			}
-			a.take(p, n, r.pos)
-			break
+			best, bestRank, bestPos = n, r.rank, r.pos
+			if r.rank == 0 {
+				break
+			}
+		}
+		if best >= 0 {
+			a.take(p, best, bestPos)
+			a.rank += bestRank
 		}
 	}
 	return a, nil
@@ -73,6 +86,14 @@ func (a *attempt) take(pod, n int, pos []int) {
 	a.mine[n]++
 	a.podsOn[n]++
 	a.podsLeaf[nd.leaf]++
+	if req := a.st.f.shapes[a.st.podShape[pod]].needs.req; req != nil {
+		if a.req[n] == nil {
+			a.req[n] = make([]int64, len(req))
+		}
+		for i, r := range req {
+			a.req[n][i] += r
+		}
+	}
 	a.assign[pod] = n
 	a.placed++
 }

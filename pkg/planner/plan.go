@@ -8,6 +8,9 @@ import (
 	"slices"
 	"sort"
 
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/klog/v2"
+
 	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -28,7 +31,7 @@ type state struct {
 	f        *fitter
 	n        int   // pods to place
 	podShape []int // by pod index
-	podOrder []int // pod indexes, most devices first
+	podOrder []int // pod indexes, most devices first, then most constrained
 	minNeed  int
 	pinned   []int // nodes of pinned pods
 	pref     *preference
@@ -38,6 +41,10 @@ type state struct {
 	outcomes map[string]*outcome
 	caps     []capTable // by shape
 	reasons  []string
+	filters  []nodeFilters // by shape
+	usable   []bool        // by node: some pod of the job passes its filters
+	resBase  [][]int64     // by node: allocatable in use before the plan
+	ruledOut []FilteredNodes
 }
 
 type preference struct {
@@ -80,6 +87,12 @@ func (p *Planner) Plan(ctx context.Context, snap *Snapshot, res *Reservations, j
 		}
 		cand.honours = true
 		levels = []level{{label: label + d.String(), named: true, cands: func() []*candidate { return []*candidate{cand} }}}
+		st.ruledOut = st.filtered(cand.nodes())
+	} else {
+		st.ruledOut = st.filtered(nil)
+	}
+	if len(st.ruledOut) > 0 {
+		st.reasons = append(st.reasons, filteredSentence(st.ruledOut))
 	}
 
 	var failures []levelFailure
@@ -173,6 +186,7 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 	c := snap.cluster
 	st := &state{c: c, job: job, n: len(job.Pods), outcomes: map[string]*outcome{}}
 	st.f = newFitter(ctx, p.eval, c, job.Key, snap.withReservations(res, job.Key))
+	st.resBase = snap.resourcesInUse(res, job.Key)
 	shapeIDs := map[string]int{}
 	seen := map[string]bool{}
 	for _, pod := range job.Pods {
@@ -190,6 +204,7 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 		st.podShape = append(st.podShape, sh)
 	}
 	st.f.findRelevant()
+	st.filterNodes(klog.FromContext(ctx))
 	st.minNeed = st.f.shapes[0].need
 	for _, s := range st.f.shapes {
 		st.minNeed = min(st.minNeed, s.need)
@@ -198,8 +213,14 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 	for i := range st.podOrder {
 		st.podOrder[i] = i
 	}
+	// Among pods of equal size, those that fewer nodes accept go first, so
+	// a pod that could go anywhere does not take the only node another can.
 	sort.SliceStable(st.podOrder, func(a, b int) bool {
-		return st.f.shapes[st.podShape[st.podOrder[a]]].need > st.f.shapes[st.podShape[st.podOrder[b]]].need
+		x, y := st.podShape[st.podOrder[a]], st.podShape[st.podOrder[b]]
+		if st.f.shapes[x].need != st.f.shapes[y].need {
+			return st.f.shapes[x].need > st.f.shapes[y].need
+		}
+		return st.filters[x].passed < st.filters[y].passed
 	})
 	for _, pod := range slices.Sorted(maps.Keys(job.Pinned)) {
 		i, ok := c.byName[job.Pinned[pod]]
@@ -282,6 +303,12 @@ func (st *state) pick(cands []*candidate, lv level) (*Plan, error) {
 		}
 		return topology.NaturalLess(feasible[a].key, feasible[b].key)
 	})
+	// The first domain in best-fit order where every pod gets its claims'
+	// first choices; with preference ladders, the domain with the best
+	// rungs, best fit breaking ties.
+	var best *candidate
+	var bestA *attempt
+	var bestAllocs map[string][]resourceapi.AllocationResult
 	for _, c := range feasible {
 		out, err := st.evaluate(c)
 		if err != nil {
@@ -293,7 +320,7 @@ func (st *state) pick(cands []*candidate, lv level) (*Plan, error) {
 		if out, err = st.attemptOn(c); err != nil {
 			return nil, err
 		}
-		if out.a == nil || out.a.placed < st.n {
+		if out.a == nil || out.a.placed < st.n || (best != nil && out.a.rank >= bestA.rank) {
 			continue
 		}
 		allocs, err := st.verify(out.a)
@@ -304,9 +331,15 @@ func (st *state) pick(cands []*candidate, lv level) (*Plan, error) {
 		if err != nil {
 			return nil, err
 		}
-		return st.makePlan(c, out.a, allocs, lv.label, len(feasible)), nil
+		best, bestA, bestAllocs = c, out.a, allocs
+		if out.a.rank == 0 {
+			break
+		}
 	}
-	return nil, nil
+	if best == nil {
+		return nil, nil
+	}
+	return st.makePlan(best, bestA, bestAllocs, lv.label, len(feasible)), nil
 }
 
 func (st *state) totalNeed() int {

@@ -7,26 +7,32 @@ import (
 	"sort"
 	"sync"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
 )
 
 // Snapshot is one cycle's view of the devices in use, taken from the
-// allocation status of the cluster's ResourceClaims. It is immutable: a
-// plan works on its own copy of the nodes it touches.
+// allocation status of the cluster's ResourceClaims, and of what the pods
+// on each node take from its allocatable. It is immutable: a plan works
+// on its own copy of the nodes it touches.
 type Snapshot struct {
 	cluster *Cluster
-	used    []bitset // by node; nil where nothing is in use
+	used    []bitset  // by node; nil where nothing is in use
+	usedRes [][]int64 // by node and resource index; nil where nothing is counted
 }
 
 // NewSnapshot records which of the cluster's devices are allocated.
 // Devices the cluster does not know (other nodes, other slices) are
 // ignored.
-func NewSnapshot(c *Cluster, allocated devicefit.Allocated) *Snapshot {
-	s := &Snapshot{cluster: c, used: make([]bitset, len(c.nodes))}
+func NewSnapshot(c *Cluster, allocated devicefit.Allocated, opts ...SnapshotOption) *Snapshot {
+	s := &Snapshot{cluster: c, used: make([]bitset, len(c.nodes)), usedRes: make([][]int64, len(c.nodes))}
 	for id := range allocated {
 		s.mark(s.used, id)
+	}
+	for _, o := range opts {
+		o(s)
 	}
 	return s
 }
@@ -65,17 +71,42 @@ func (s *Snapshot) withReservations(res *Reservations, except string) []bitset {
 	return used
 }
 
+// resourcesInUse returns what is taken from each node's allocatable once
+// every reservation but the job's own is counted, copying only the nodes
+// reservations touch.
+func (s *Snapshot) resourcesInUse(res *Reservations, except string) [][]int64 {
+	used := slices.Clone(s.usedRes)
+	copied := map[int]bool{}
+	res.eachRequest(except, func(node string, l v1.ResourceList) {
+		i, ok := s.cluster.byName[node]
+		if !ok || s.cluster.nodes[i].alloc == nil {
+			return
+		}
+		if !copied[i] {
+			copied[i] = true
+			used[i] = slices.Clone(used[i])
+		}
+		used[i] = s.cluster.res.add(used[i], l)
+	})
+	return used
+}
+
 // Reservation is what a job's plan holds while its pods are gated: the
-// node of each pod and the devices of each node.
+// node of each pod, the devices of each node and what the pods take from
+// each node's allocatable.
 type Reservation struct {
 	Job     string
 	Pods    map[string]string                // pod → node
 	Devices map[string][]structured.DeviceID // node → devices
+	// Requests sums, per node, the requests of the pods planned there
+	// and one pod slot each. Those pods must not be counted in the
+	// snapshot's WithUsed as well.
+	Requests NodeUsage
 }
 
 // Reservation is the hold the controller records before it pins the pods.
 func (p *Plan) Reservation() Reservation {
-	r := Reservation{Job: p.Job, Pods: maps.Clone(p.Assignments), Devices: map[string][]structured.DeviceID{}}
+	r := Reservation{Job: p.Job, Pods: maps.Clone(p.Assignments), Devices: map[string][]structured.DeviceID{}, Requests: p.Requests.clone()}
 	for pod, results := range p.Allocations {
 		node := p.Assignments[pod]
 		for _, res := range results {
@@ -91,7 +122,7 @@ func (p *Plan) Reservation() Reservation {
 }
 
 func (r Reservation) clone() Reservation {
-	out := Reservation{Job: r.Job, Pods: maps.Clone(r.Pods), Devices: make(map[string][]structured.DeviceID, len(r.Devices))}
+	out := Reservation{Job: r.Job, Pods: maps.Clone(r.Pods), Devices: make(map[string][]structured.DeviceID, len(r.Devices)), Requests: r.Requests.clone()}
 	for n, ids := range r.Devices {
 		out.Devices[n] = slices.Clone(ids)
 	}
@@ -184,6 +215,24 @@ func (rs *Reservations) Jobs() []string {
 	rs.mu.RLock()
 	defer rs.mu.RUnlock()
 	return slices.Sorted(maps.Keys(rs.jobs))
+}
+
+// eachRequest calls fn for the requests of every job but except, node by
+// node. A nil set holds nothing.
+func (rs *Reservations) eachRequest(except string, fn func(node string, l v1.ResourceList)) {
+	if rs == nil {
+		return
+	}
+	rs.mu.RLock()
+	defer rs.mu.RUnlock()
+	for job, r := range rs.jobs {
+		if job == except {
+			continue
+		}
+		for node, l := range r.Requests {
+			fn(node, l)
+		}
+	}
 }
 
 // each calls fn for every held device except the job's own. A nil set

@@ -2,81 +2,57 @@ package planner
 
 import (
 	"fmt"
-	"strings"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+
+	placementapi "github.com/gputopo/gputopo/api/placement/v1alpha1"
 )
 
-// Placement says how close together a job's pods must be.
-type Placement string
+// Placement, Strategy, Level and Domain are the placement API's types:
+// the planner decides in the terms the controller records.
+type (
+	Placement = placementapi.Placement
+	Strategy  = placementapi.Strategy
+	Level     = placementapi.Level
+	Domain    = placementapi.Domain
+)
 
 const (
-	// PlacementAuto picks the smallest subtree that holds the job.
-	PlacementAuto Placement = "auto"
-	// PlacementSameLeaf requires every pod under one leaf switch.
-	PlacementSameLeaf Placement = "same-leaf"
-	// PlacementAdjacentLeaves requires a run of adjacent leaves under one
-	// spine (a single leaf is the shortest run).
-	PlacementAdjacentLeaves Placement = "adjacent-leaves"
-	// PlacementSameSpine requires every pod under one spine.
-	PlacementSameSpine Placement = "same-spine"
-	// PlacementNone places pods like the plain scheduler: anywhere, first
-	// fit in strategy order.
-	PlacementNone Placement = "none"
+	PlacementAuto           = placementapi.PlacementAuto
+	PlacementSameLeaf       = placementapi.PlacementSameLeaf
+	PlacementAdjacentLeaves = placementapi.PlacementAdjacentLeaves
+	PlacementSameSpine      = placementapi.PlacementSameSpine
+	PlacementNone           = placementapi.PlacementNone
+
+	StrategyConsolidated = placementapi.StrategyConsolidated
+	StrategyBalanced     = placementapi.StrategyBalanced
+	StrategyDistributed  = placementapi.StrategyDistributed
+
+	LevelNode    = placementapi.LevelNode
+	LevelLeaf    = placementapi.LevelLeaf
+	LevelLeaves  = placementapi.LevelLeaves
+	LevelSpine   = placementapi.LevelSpine
+	LevelCluster = placementapi.LevelCluster
 )
-
-// Strategy says how pods spread over the nodes of the chosen domain.
-type Strategy string
-
-const (
-	// StrategyConsolidated packs pods onto as few nodes as possible, the
-	// fullest nodes first.
-	StrategyConsolidated Strategy = "consolidated"
-	// StrategyBalanced spreads pods evenly over the domain's nodes, filling
-	// nodes that are already partly used before empty ones. The default.
-	StrategyBalanced Strategy = "balanced"
-	// StrategyDistributed puts one pod per node where possible and spreads
-	// pods across the domain's leaves.
-	StrategyDistributed Strategy = "distributed"
-)
-
-// Level is the size of a domain.
-type Level string
-
-const (
-	LevelNode   Level = "node"
-	LevelLeaf   Level = "leaf"
-	LevelLeaves Level = "leaves" // a run of adjacent leaves under one spine
-	LevelSpine  Level = "spine"
-	// LevelCluster spans spines: Names lists them, or is empty for the
-	// whole cluster (which also holds nodes without network labels).
-	LevelCluster Level = "cluster"
-)
-
-// Domain is a subtree of the cluster. Names are node, leaf or spine names
-// according to Level, in topology order.
-type Domain struct {
-	Level Level
-	Names []string
-}
-
-// String reads as a phrase: "leaf leaf-1", "leaves leaf-2,leaf-3",
-// "the whole cluster".
-func (d Domain) String() string {
-	if d.Level == LevelCluster && len(d.Names) == 0 {
-		return "the whole cluster"
-	}
-	if d.Level == LevelCluster {
-		return "spines " + strings.Join(d.Names, ",")
-	}
-	return string(d.Level) + " " + strings.Join(d.Names, ",")
-}
 
 // Pod is one pod of a job with its ResourceClaims, already instantiated
-// from templates and not yet allocated.
+// from templates and not yet allocated, and the parts of its spec that
+// decide which nodes it may use. PodFor fills it from a v1.Pod.
 type Pod struct {
 	Name   string
 	Claims []*resourceapi.ResourceClaim
+	// NodeSelector and NodeAffinity (only its required terms) must match
+	// the node's labels, as kube-scheduler's NodeAffinity filter checks.
+	NodeSelector map[string]string
+	NodeAffinity *v1.NodeAffinity
+	// Tolerations must tolerate every NoSchedule and NoExecute taint of
+	// the node, and the unschedulable taint of a cordoned node.
+	Tolerations []v1.Toleration
+	// Requests are the pod's effective requests (init containers,
+	// pod-level resources and overhead included): what it takes from the
+	// node's allocatable besides one pod slot.
+	Requests v1.ResourceList
 }
 
 // Job is a group of pods placed together.
@@ -110,6 +86,9 @@ type Plan struct {
 	// Allocations maps each planned pod to one allocation result per claim,
 	// in the order of Pod.Claims: the devices the plan holds for it.
 	Allocations map[string][]resourceapi.AllocationResult
+	// Requests sums, per node, what the planned pods take from its
+	// allocatable: their requests and one pod slot each.
+	Requests NodeUsage
 	// Reasons explain the decision, one line each, for events and
 	// `gputopo explain`.
 	Reasons []string
@@ -133,12 +112,18 @@ type Unschedulable struct {
 	BestPods   int
 	// Details holds one line per size that was tried.
 	Details []string
+	// Filtered counts the nodes that the job's pods cannot use at all,
+	// whatever their devices, by the filter that ruled each out.
+	Filtered []FilteredNodes
 }
 
 func (e *Unschedulable) Error() string {
 	msg := fmt.Sprintf("job %s: %s", e.Job, e.Reason)
 	if e.Best != "" {
 		msg += "; best: " + e.Best
+	}
+	if len(e.Filtered) > 0 {
+		msg += "; " + filteredSentence(e.Filtered)
 	}
 	return msg
 }

@@ -168,6 +168,8 @@ func BenchmarkAllocate(b *testing.B) {
 		{"hgx-pcie-pairs", "gpu-4-nvlink", 0}, // unsatisfiable
 		{"pcie-only", "gpu-2-nvlink-pair", 0}, // unsatisfiable
 		{"dgx-h100", "gpu-2-pcie-root", 0},
+		{"dgx-h100", "gpu-4-ladder", 0},       // first rung
+		{"hgx-pcie-pairs", "gpu-4-ladder", 0}, // third rung, after two that fail
 	} {
 		name := tc.profile + "/" + tc.template
 		tmpl := loadSpec[resourceapi.ResourceClaimTemplate](b, "claims/"+tc.template+".yaml")

@@ -4,6 +4,7 @@
 package slices
 
 import (
+	"cmp"
 	"fmt"
 	"regexp"
 	"sort"
@@ -29,22 +30,24 @@ type Node struct {
 
 // Config controls how attributes are derived.
 type Config struct {
-	Network topology.NetworkLabels
+	Network topology.LabelMapping
 	// NUMAForm must match the cluster's DRAListTypeAttributes gate.
 	NUMAForm deviceattribute.AttributeForm
+	// TaintEffect of the unhealthy taint; empty means NoSchedule.
+	TaintEffect resourceapi.DeviceTaintEffect
 }
 
-// DefaultConfig reads the default network labels and publishes numaNode as
+// DefaultConfig reads the default label mapping and publishes numaNode as
 // a scalar, which every 1.37 cluster accepts.
 func DefaultConfig() Config {
-	return Config{Network: topology.DefaultNetworkLabels(), NUMAForm: deviceattribute.ScalarAttribute}
+	return Config{Network: topology.DefaultLabelMapping(), NUMAForm: deviceattribute.ScalarAttribute, TaintEffect: resourceapi.DeviceTaintEffectNoSchedule}
 }
 
 // DeviceName is the name of GPU index in the node's pool.
 func DeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }
 
 // Build returns the node's pool. unhealthy maps GPU UUIDs to the event that
-// made them unhealthy; those devices carry a NoSchedule taint.
+// made them unhealthy; those devices carry the unhealthy taint.
 func Build(inv *gpu.Inventory, node Node, cfg Config, unhealthy map[string]gpu.HealthEvent) (resourceslice.DriverResources, error) {
 	devices, err := Devices(inv, node, cfg, unhealthy)
 	if err != nil {
@@ -85,10 +88,11 @@ func Devices(inv *gpu.Inventory, node Node, cfg Config, unhealthy map[string]gpu
 			},
 		}
 		if ev, bad := unhealthy[d.UUID]; bad {
+			effect := cmp.Or(cfg.TaintEffect, resourceapi.DeviceTaintEffectNoSchedule)
 			dev.Taints = []resourceapi.DeviceTaint{{
 				Key:    topology.TaintUnhealthy,
 				Value:  taintValue(ev.Reason),
-				Effect: resourceapi.DeviceTaintEffectNoSchedule,
+				Effect: effect,
 			}}
 		}
 		devices = append(devices, dev)
@@ -136,6 +140,7 @@ func deviceAttributes(d gpu.Device, g topology.GPUPlacement, net topology.Networ
 	setStr(topology.AttrNVLinkClique, truncate(topology.Clique(net, d.Fabric)))
 	setStr(topology.AttrLeaf, truncate(net.Leaf))
 	setStr(topology.AttrSpine, truncate(net.Spine))
+	setStr(topology.AttrCore, truncate(net.Core))
 	for _, t := range net.TierNumbers() {
 		setStr(topology.TierAttr(t), truncate(net.Tiers[t]))
 	}

@@ -37,7 +37,8 @@ func str(d resourceapi.Device, name string) string {
 }
 
 func TestDevicesAreOrderedAndComplete(t *testing.T) {
-	devs := build(t, "dgx-h100", map[string]string{topology.LabelTopographLeaf: "leaf-1", topology.LabelTopographSpine: "spine-0", topology.LabelTopographTierPrefix + "3": "core"}, nil)
+	devs := build(t, "dgx-h100", map[string]string{"fabric.topograph.run/tier-0": "leaf-1", "fabric.topograph.run/tier-1": "spine-0",
+		"fabric.topograph.run/tier-2": "core-0", "fabric.topograph.run/tier-3": "zone-a"}, nil)
 	var names []string
 	for _, d := range devs {
 		names = append(names, d.Name)
@@ -47,10 +48,10 @@ func TestDevicesAreOrderedAndComplete(t *testing.T) {
 	}
 	d := devs[5]
 	got := map[string]string{}
-	for _, a := range []string{topology.AttrLeaf, topology.AttrSpine, "tier3", topology.AttrNVLinkDomain, topology.AttrNVLinkBlock8, "resource.kubernetes.io/pcieRoot", "resource.kubernetes.io/pciBusID"} {
+	for _, a := range []string{topology.AttrLeaf, topology.AttrSpine, topology.AttrCore, "tier3", topology.AttrNVLinkDomain, topology.AttrNVLinkBlock8, "resource.kubernetes.io/pcieRoot", "resource.kubernetes.io/pciBusID"} {
 		got[a] = str(d, a)
 	}
-	want := map[string]string{topology.AttrLeaf: "leaf-1", topology.AttrSpine: "spine-0", "tier3": "core", topology.AttrNVLinkDomain: "n1-nvl0",
+	want := map[string]string{topology.AttrLeaf: "leaf-1", topology.AttrSpine: "spine-0", topology.AttrCore: "core-0", "tier3": "zone-a", topology.AttrNVLinkDomain: "n1-nvl0",
 		topology.AttrNVLinkBlock8: "n1-b8-0", "resource.kubernetes.io/pcieRoot": "pci0000:80", "resource.kubernetes.io/pciBusID": "0000:82:00.0"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("attributes of gpu-5 (-want +got):\n%s", diff)
@@ -68,7 +69,7 @@ func TestDevicesAreOrderedAndComplete(t *testing.T) {
 
 func TestAbsentAttributes(t *testing.T) {
 	d := build(t, "pcie-only", nil, nil)[0]
-	for _, a := range []string{topology.AttrNVLinkDomain, topology.AttrNVLinkBlock2, topology.AttrLeaf, topology.AttrSpine, topology.AttrNVLinkClique} {
+	for _, a := range []string{topology.AttrNVLinkDomain, topology.AttrNVLinkBlock2, topology.AttrLeaf, topology.AttrSpine, topology.AttrCore, topology.AttrNVLinkClique} {
 		if s := str(d, a); s != "<absent>" {
 			t.Errorf("%s = %q on an unlabelled PCIe-only node, want absent", a, s)
 		}
@@ -83,6 +84,60 @@ func TestCliqueFromFabricAndLabel(t *testing.T) {
 	d = build(t, "gb200-nvl72-tray", map[string]string{topology.LabelNVIDIAClique: "rack7.1"}, nil)[0]
 	if got := str(d, topology.AttrNVLinkClique); got != "rack7.1" {
 		t.Errorf("clique label must win, got %q", got)
+	}
+	d = build(t, "gb200-nvl72-tray", map[string]string{topology.LabelNVIDIAClique: "rack7.1", topology.LabelTopographDomain: "nvl72-7"}, nil)[0]
+	if got := str(d, topology.AttrNVLinkClique); got != "nvl72-7" {
+		t.Errorf("topograph's accelerator domain must win over nvidia.com/gpu.clique, got %q", got)
+	}
+}
+
+// A node labelled by topograph 1.0, by topograph before 1.0, or both, and
+// a cluster with a mapping of its own.
+func TestNetworkAttributesFromLabels(t *testing.T) {
+	custom, err := topology.ParseLabelMapping(map[string]string{"leaf": "example.com/rack", "spine": "example.com/row"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		mapping topology.LabelMapping
+		labels  map[string]string
+		want    map[string]string
+	}{
+		"topograph 1.0": {
+			labels: map[string]string{"fabric.topograph.run/tier-0": "leaf-7", "fabric.topograph.run/tier-1": "spine-2"},
+			want:   map[string]string{"leaf": "leaf-7", "spine": "spine-2", "core": "<absent>"},
+		},
+		"before 1.0": {
+			labels: map[string]string{"network.topology.nvidia.com/leaf": "sw-l3", "network.topology.nvidia.com/spine": "sw-s1", "network.topology.nvidia.com/core": "sw-c0"},
+			want:   map[string]string{"leaf": "sw-l3", "spine": "sw-s1", "core": "sw-c0"},
+		},
+		"both": {
+			labels: map[string]string{"fabric.topograph.run/tier-0": "leaf-7", "network.topology.nvidia.com/leaf": "sw-l3", "network.topology.nvidia.com/spine": "sw-s1"},
+			want:   map[string]string{"leaf": "leaf-7", "spine": "sw-s1", "core": "<absent>"},
+		},
+		"custom mapping": {
+			mapping: custom,
+			labels:  map[string]string{"example.com/rack": "r12", "example.com/row": "row-b", "fabric.topograph.run/tier-0": "leaf-7"},
+			want:    map[string]string{"leaf": "r12", "spine": "row-b", "core": "<absent>"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := slices.DefaultConfig()
+			if tc.mapping.Leaf != nil {
+				cfg.Network = tc.mapping
+			}
+			p, _ := sim.LoadBuiltin("dgx-h100")
+			devs, err := slices.Devices(p.Inventory("n1"), slices.Node{Name: "n1", Labels: tc.labels}, cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range devs {
+				got := map[string]string{"leaf": str(d, topology.AttrLeaf), "spine": str(d, topology.AttrSpine), "core": str(d, topology.AttrCore)}
+				if diff := cmp.Diff(tc.want, got); diff != "" {
+					t.Fatalf("%s (-want +got):\n%s", d.Name, diff)
+				}
+			}
+		})
 	}
 }
 

@@ -31,7 +31,9 @@ const (
 	AttrNVLinkClique          = "nvlinkClique"
 	AttrLeaf                  = "leaf"
 	AttrSpine                 = "spine"
-	// AttrTierPrefix names tiers above the spine: tier3, tier4, ...
+	AttrCore                  = "core"
+	// AttrTierPrefix names tiers above the core: tier3, tier4, ... (the
+	// number is topograph's: tier-0 is the leaf).
 	AttrTierPrefix = "tier"
 
 	// CapacityMemory is the device's framebuffer memory.
@@ -54,16 +56,41 @@ func BlockAttr(n int) string {
 // BlockSizes are the aligned NVLink block sizes gputopo computes.
 var BlockSizes = []int{2, 4, 8}
 
-// Node labels read for network placement. The defaults follow topograph
-// (fabric.topograph.run/tier-N, tier-1 being the leaf) and the older
-// network.topology.nvidia.com labels.
+// Node labels read for network placement by default (see
+// DefaultLabelMapping). topograph 1.0 numbers switch tiers from the node
+// outwards: tier-0 is the switch the node hangs off (the leaf), tier-1 the
+// next one (the spine), tier-2 the core, with no fixed depth; its
+// accelerator domain is the multi-node NVLink domain. Before 1.0 it wrote
+// the network.topology.nvidia.com labels, which NVIDIA's tools still read.
 const (
 	LabelTopographTierPrefix = "fabric.topograph.run/tier-"
-	LabelTopographLeaf       = LabelTopographTierPrefix + "1"
-	LabelTopographSpine      = LabelTopographTierPrefix + "2"
+	LabelTopographLeaf       = LabelTopographTierPrefix + "0"
+	LabelTopographSpine      = LabelTopographTierPrefix + "1"
+	LabelTopographCore       = LabelTopographTierPrefix + "2"
+	LabelTopographDomain     = "accelerator.topograph.run/domain"
 	LabelNVIDIALeaf          = "network.topology.nvidia.com/leaf"
 	LabelNVIDIASpine         = "network.topology.nvidia.com/spine"
-	LabelNVIDIAClique        = "nvidia.com/gpu.clique"
+	LabelNVIDIACore          = "network.topology.nvidia.com/core"
+	LabelNVIDIAAccelerator   = "network.topology.nvidia.com/accelerator"
+	// LabelNVIDIAClique is written by GPU feature discovery:
+	// <fabric cluster UUID>.<clique ID>.
+	LabelNVIDIAClique = "nvidia.com/gpu.clique"
+)
+
+// The label mapping ConfigMap: one per cluster, read by the kubelet
+// plugins, the controller and the CLI, so all three place a node in the
+// same spot of the tree. Each data key lists node labels, comma-separated,
+// the first present on a node winning; a key left out keeps its default,
+// a key set to "" reads no label.
+const (
+	LabelMappingConfigMap = "gputopo-label-mapping"
+	MappingKeyLeaf        = "leaf"
+	MappingKeySpine       = "spine"
+	MappingKeyCore        = "core"
+	MappingKeyClique      = "clique"
+	// MappingKeyTierPrefix is a label prefix: <prefix>N for N >= 3 is
+	// published as tierN.
+	MappingKeyTierPrefix = "tierPrefix"
 )
 
 // Labels, annotations, taints and the scheduling gate gputopo owns.

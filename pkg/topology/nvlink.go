@@ -17,14 +17,16 @@ type GPUPlacement struct {
 	// component; empty when the GPU has no NVLink peer.
 	Domain string
 	// Blocks maps block size (2, 4, 8) to the cluster-unique ID of the
-	// aligned, fully-connected block holding the GPU; a size is absent when
-	// the GPU's aligned block of that size is not fully connected.
+	// fully connected block of that size holding the GPU. A node's blocks
+	// of one size are disjoint and found from the graph; a size is absent
+	// when the GPU is in no block of that size.
 	Blocks map[int]string
 	// Peers is the number of GPUs directly linked to this one.
 	Peers int
-	// Links is the number of active NVLink lanes to other GPUs.
+	// Links is the number of the GPU's active NVLink links, as NVML counts
+	// them (18 on an H100, whether they go to peers or to NVSwitches).
 	Links int
-	// BandwidthGBps is Links times the per-lane bandwidth.
+	// BandwidthGBps is Links times the per-link bandwidth, one direction.
 	BandwidthGBps int64
 }
 
@@ -36,7 +38,7 @@ type NodeNVLink struct {
 	Domains [][]int
 }
 
-// AnalyzeNVLink derives NVLink domains, aligned blocks, peers and bandwidth
+// AnalyzeNVLink derives NVLink domains, blocks, peers and bandwidth
 // from the link graph. node makes the IDs unique across the cluster.
 func AnalyzeNVLink(node string, inv *gpu.Inventory) (*NodeNVLink, error) {
 	n := len(inv.Devices)
@@ -73,6 +75,11 @@ func AnalyzeNVLink(node string, inv *gpu.Inventory) (*NodeNVLink, error) {
 				g.Peers++
 				g.Links += lanes[i][j]
 			}
+		}
+		// Behind NVSwitches the pairwise counts overlap (every pair is
+		// joined by the same links); the GPU's own count is the truth.
+		if d := inv.Devices[i].NVLinks; d > 0 {
+			g.Links = d
 		}
 		g.BandwidthGBps = int64(float64(g.Links) * inv.LinkBandwidthGBps)
 	}
@@ -113,46 +120,46 @@ func AnalyzeNVLink(node string, inv *gpu.Inventory) (*NodeNVLink, error) {
 		out.Domains = append(out.Domains, idx)
 	}
 
-	// Aligned blocks: indexes [k*s, (k+1)*s) form a block when all of them
-	// were discovered and every pair inside is directly linked.
-	last := maxIndex(inv)
-	for _, s := range BlockSizes {
-		for base := 0; base <= last; base += s {
-			members := make([]int, 0, s)
-			for idx := base; idx < base+s; idx++ {
-				if p, ok := pos[idx]; ok {
-					members = append(members, p)
+	// Blocks: for each size, largest first, a partition of the GPUs into
+	// disjoint fully connected groups found from the graph, whatever the
+	// indexes (bridged pairs 0-2 and 1-3 are blocks as much as 0-1 and
+	// 2-3). Smaller blocks nest inside larger ones when they can.
+	adj := make([][]bool, n) // by rank
+	for x := range n {
+		adj[x] = make([]bool, n)
+		for y := range n {
+			adj[x][y] = x != y && lanes[order[x]][order[y]] > 0
+		}
+	}
+	var larger map[int]int // rank -> block number of the next larger size
+	for i := len(BlockSizes) - 1; i >= 0; i-- {
+		s := BlockSizes[i]
+		var region []int
+		if larger != nil {
+			region = make([]int, n)
+			for r := range region {
+				region[r] = -1
+				if b, ok := larger[r]; ok {
+					region[r] = b
 				}
 			}
-			if len(members) != s || !fullyConnected(lanes, members) {
-				continue
+		}
+		groups := partitionBlocks(adj, s, region)
+		// Number blocks by their lowest GPU index so IDs are stable.
+		sort.Slice(groups, func(a, b int) bool { return groups[a][0] < groups[b][0] })
+		next := map[int]int{}
+		for k, g := range groups {
+			id := UniqueID(node, fmt.Sprintf("b%d-%d", s, k))
+			for _, r := range g {
+				out.GPUs[order[r]].Blocks[s] = id
+				next[r] = k
 			}
-			id := UniqueID(node, fmt.Sprintf("b%d-%d", s, base/s))
-			for _, m := range members {
-				out.GPUs[m].Blocks[s] = id
-			}
+		}
+		if len(groups) > 0 {
+			larger = next
 		}
 	}
 	return out, nil
-}
-
-func maxIndex(inv *gpu.Inventory) int {
-	m := -1
-	for _, d := range inv.Devices {
-		m = max(m, d.Index)
-	}
-	return m
-}
-
-func fullyConnected(lanes [][]int, members []int) bool {
-	for x := range members {
-		for y := x + 1; y < len(members); y++ {
-			if lanes[members[x]][members[y]] == 0 {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // UniqueID joins a node name and a node-local suffix into an ID that fits

@@ -1,6 +1,7 @@
 package topology_test
 
 import (
+	"sort"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -10,24 +11,21 @@ import (
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
-// blocksOf groups GPU indexes by their block ID of the given size.
-func blocksOf(nv *topology.NodeNVLink, size int) [][]int {
+// blocksOf groups GPU indexes by their block ID of the given size, blocks
+// ordered by their lowest index.
+func blocksOf(inv *gpu.Inventory, nv *topology.NodeNVLink, size int) [][]int {
 	byID := map[string][]int{}
-	var order []string
 	for i, g := range nv.GPUs {
-		id, ok := g.Blocks[size]
-		if !ok {
-			continue
+		if id, ok := g.Blocks[size]; ok {
+			byID[id] = append(byID[id], inv.Devices[i].Index)
 		}
-		if _, seen := byID[id]; !seen {
-			order = append(order, id)
-		}
-		byID[id] = append(byID[id], i)
 	}
 	var out [][]int
-	for _, id := range order {
-		out = append(out, byID[id])
+	for _, b := range byID {
+		sort.Ints(b)
+		out = append(out, b)
 	}
+	sort.Slice(out, func(a, b int) bool { return out[a][0] < out[b][0] })
 	return out
 }
 
@@ -58,7 +56,8 @@ func TestAnalyzeNVLinkProfiles(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			nv, err := topology.AnalyzeNVLink("node-a", p.Inventory("node-a"))
+			inv := p.Inventory("node-a")
+			nv, err := topology.AnalyzeNVLink("node-a", inv)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,7 +66,7 @@ func TestAnalyzeNVLinkProfiles(t *testing.T) {
 			}
 			got := map[int][][]int{}
 			for _, s := range topology.BlockSizes {
-				if b := blocksOf(nv, s); b != nil {
+				if b := blocksOf(inv, nv, s); b != nil {
 					got[s] = b
 				}
 			}
@@ -117,10 +116,10 @@ func TestAnalyzeNVLinkSparseIndexes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([][]int{{0, 1}}, blocksOf(nv, 2)); diff != "" {
+	if diff := cmp.Diff([][]int{{0, 1}}, blocksOf(inv, nv, 2)); diff != "" {
 		t.Errorf("pairs (-want +got):\n%s", diff)
 	}
-	if b := blocksOf(nv, 4); b != nil {
+	if b := blocksOf(inv, nv, 4); b != nil {
 		t.Errorf("no quad may form without GPU 2, got %v", b)
 	}
 }
@@ -149,22 +148,158 @@ func TestUniqueIDFitsAttribute(t *testing.T) {
 	}
 }
 
-func TestNetworkLabelsResolve(t *testing.T) {
-	nl := topology.DefaultNetworkLabels()
-	got := nl.Resolve(map[string]string{
-		topology.LabelTopographLeaf:               "leaf-3",
-		topology.LabelNVIDIASpine:                 "spine-old",
-		topology.LabelTopographSpine:              "spine-1",
-		topology.LabelTopographTierPrefix + "3":   "core-0",
-		topology.LabelTopographTierPrefix + "bad": "x",
-		topology.LabelNVIDIAClique:                "clq.7",
-	})
-	want := topology.NetworkPlacement{Leaf: "leaf-3", Spine: "spine-1", Tiers: map[int]string{3: "core-0"}, Clique: "clq.7"}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("(-want +got):\n%s", diff)
+// graphInventory builds n GPUs with the given undirected links (2 lanes
+// each), listed in the device order given by perm (nil: index order).
+func graphInventory(n int, edges [][2]int, perm []int) *gpu.Inventory {
+	inv := &gpu.Inventory{LinkBandwidthGBps: 25}
+	for i := range n {
+		idx := i
+		if perm != nil {
+			idx = perm[i]
+		}
+		inv.Devices = append(inv.Devices, gpu.Device{Index: idx})
 	}
-	// The older NVIDIA labels are used when topograph's are absent.
-	if got := nl.Resolve(map[string]string{topology.LabelNVIDIALeaf: "l"}); got.Leaf != "l" {
-		t.Errorf("fallback leaf label ignored: %+v", got)
+	for _, e := range edges {
+		inv.Links = append(inv.Links, gpu.Link{A: min(e[0], e[1]), B: max(e[0], e[1]), Count: 2})
+	}
+	return inv
+}
+
+// indexBlocks analyses inv and returns its blocks of size.
+func indexBlocks(t *testing.T, inv *gpu.Inventory, size int) [][]int {
+	t.Helper()
+	nv, err := topology.AnalyzeNVLink("n", inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return blocksOf(inv, nv, size)
+}
+
+func TestBlocksFollowTheGraphNotTheIndexes(t *testing.T) {
+	// DGX-1 hybrid cube-mesh: two fully linked quads plus i <-> i+4.
+	var cube [][2]int
+	for _, q := range [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}} {
+		for a := range q {
+			for b := a + 1; b < len(q); b++ {
+				cube = append(cube, [2]int{q[a], q[b]})
+			}
+		}
+	}
+	for i := range 4 {
+		cube = append(cube, [2]int{i, i + 4})
+	}
+	// relabel maps the cube's GPU g to index p[g], as a board whose NVML
+	// order does not follow the wiring would report it.
+	relabel := func(edges [][2]int, p []int) [][2]int {
+		out := make([][2]int, len(edges))
+		for i, e := range edges {
+			out[i] = [2]int{p[e[0]], p[e[1]]}
+		}
+		return out
+	}
+	perm := []int{5, 0, 7, 2, 1, 6, 3, 4} // quad {0,1,2,3} becomes {5,0,7,2}
+
+	tests := map[string]struct {
+		n     int
+		edges [][2]int
+		want  map[int][][]int
+	}{
+		// Bridged pairs in the order k8s-device-plugin issue 546 reports:
+		// 0-2, 1-3, 4-5, 6-7. Aligned blocks would give GPUs 0-3 none.
+		"bridged pairs, non-aligned": {
+			n: 8, edges: [][2]int{{0, 2}, {1, 3}, {4, 5}, {6, 7}},
+			want: map[int][][]int{2: {{0, 2}, {1, 3}, {4, 5}, {6, 7}}},
+		},
+		"cube mesh": {
+			n: 8, edges: cube,
+			want: map[int][][]int{2: {{0, 1}, {2, 3}, {4, 5}, {6, 7}}, 4: {{0, 1, 2, 3}, {4, 5, 6, 7}}},
+		},
+		// The same wiring with permuted indexes: the quads are found where
+		// the links put them, and pairs nest inside them.
+		"cube mesh, permuted": {
+			n: 8, edges: relabel(cube, perm),
+			want: map[int][][]int{2: {{0, 2}, {1, 3}, {4, 6}, {5, 7}}, 4: {{0, 2, 5, 7}, {1, 3, 4, 6}}},
+		},
+		// Quads {0,2,4,6} and {1,3,5,7} joined by 0-1, 2-3, 4-5, 6-7: by
+		// index alone the pairs would straddle the quads; they nest.
+		"cube mesh, pairs nest in quads": {
+			n: 8, edges: relabel(cube, []int{0, 2, 4, 6, 1, 3, 5, 7}),
+			want: map[int][][]int{2: {{0, 2}, {1, 3}, {4, 6}, {5, 7}}, 4: {{0, 2, 4, 6}, {1, 3, 5, 7}}},
+		},
+		// A ring of four has no quad and exactly two disjoint pairs.
+		"ring": {
+			n: 4, edges: [][2]int{{0, 1}, {1, 2}, {2, 3}, {3, 0}},
+			want: map[int][][]int{2: {{0, 1}, {2, 3}}},
+		},
+		// A path 0-1-2-3: greedy 1-2 would strand 0 and 3; the partition
+		// keeps both pairs.
+		"path": {
+			n: 4, edges: [][2]int{{1, 2}, {0, 1}, {2, 3}},
+			want: map[int][][]int{2: {{0, 1}, {2, 3}}},
+		},
+		// A triangle plus a pendant: one pair only, never two blocks
+		// sharing a GPU.
+		"odd": {
+			n: 4, edges: [][2]int{{0, 1}, {1, 2}, {0, 2}, {2, 3}},
+			want: map[int][][]int{2: {{0, 1}, {2, 3}}},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got := map[int][][]int{}
+			for _, s := range topology.BlockSizes {
+				if b := indexBlocks(t, graphInventory(tc.n, tc.edges, nil), s); b != nil {
+					got[s] = b
+				}
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("blocks (-want +got):\n%s", diff)
+			}
+			// Discovery order must not matter.
+			rev := make([]int, tc.n)
+			for i := range rev {
+				rev[i] = tc.n - 1 - i
+			}
+			for _, s := range topology.BlockSizes {
+				if diff := cmp.Diff(got[s], indexBlocks(t, graphInventory(tc.n, tc.edges, rev), s)); diff != "" {
+					t.Errorf("size %d blocks depend on discovery order (-index order +reversed):\n%s", s, diff)
+				}
+			}
+		})
+	}
+}
+
+func TestBlocksOfALargeSwitchedNode(t *testing.T) {
+	// 64 fully linked GPUs (the most a simulated profile may have) must
+	// partition at once into 32 pairs, 16 quads and 8 eights.
+	var edges [][2]int
+	for a := range 64 {
+		for b := a + 1; b < 64; b++ {
+			edges = append(edges, [2]int{a, b})
+		}
+	}
+	inv := graphInventory(64, edges, nil)
+	for s, want := range map[int]int{2: 32, 4: 16, 8: 8} {
+		if got := len(indexBlocks(t, inv, s)); got != want {
+			t.Errorf("%d blocks of %d, want %d", got, s, want)
+		}
+	}
+}
+
+func TestLinksAreTheGPUsOwnCount(t *testing.T) {
+	p, err := sim.LoadBuiltin("dgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nv, err := topology.AnalyzeNVLink("n", p.Inventory("n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An H100 has 18 NVLink 4 links of 25 GB/s per direction: 450 GB/s,
+	// not 7 peers x 18.
+	for i, g := range nv.GPUs {
+		if g.Links != 18 || g.BandwidthGBps != 450 || g.Peers != 7 {
+			t.Errorf("GPU %d: links=%d bandwidth=%d peers=%d, want 18, 450, 7", i, g.Links, g.BandwidthGBps, g.Peers)
+		}
 	}
 }

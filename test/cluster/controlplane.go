@@ -24,13 +24,11 @@ const (
 )
 
 // DefaultFeatureGates are the 1.37 gates that are off by default and that
-// gputopo needs; every component gets them.
+// gputopo needs; every component gets them. The alpha Workload gates
+// (GenericWorkload, WorkloadWithJob, ...) stay off: gputopo places groups
+// itself, by allocating their claims, and needs no scheduler pod groups.
 var DefaultFeatureGates = map[string]bool{
-	"GenericWorkload":                 true,
-	"TopologyAwareWorkloadScheduling": true,
-	"WorkloadWithJob":                 true,
-	"DRAWorkloadResourceClaims":       true,
-	"DRAListTypeAttributes":           true,
+	"DRAListTypeAttributes": true,
 }
 
 // RuntimeConfig is the apiserver's --runtime-config: the Job controller

@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -184,6 +185,18 @@ func (c *Cluster) createFakeNode(ctx context.Context, n NodeSpec) error {
 	return c.publishFakeNodeSlices(ctx, n)
 }
 
+// RestoreFakeNode creates a fake node's Node object again after a test
+// deleted it, Ready, with its ResourceSlices. Deleting a fake Node leaves its
+// slices behind (they have no owner reference to the Node, unlike the ones
+// the kubelet plugin publishes); those are kept and the missing ones created.
+func (c *Cluster) RestoreFakeNode(ctx context.Context, name string) error {
+	n := c.nodes[name]
+	if n == nil || n.spec.Real {
+		return fmt.Errorf("restore node %s: not a fake node of this cluster", name)
+	}
+	return c.createFakeNode(ctx, n.spec)
+}
+
 // publishFakeNodeSlices asks the plugin which ResourceSlices the node would
 // have and creates them.
 func (c *Cluster) publishFakeNodeSlices(ctx context.Context, n NodeSpec) error {
@@ -213,7 +226,7 @@ func (c *Cluster) publishFakeNodeSlices(ctx context.Context, n NodeSpec) error {
 		if s.Name == "" && s.GenerateName == "" {
 			s.GenerateName = n.Name + "-" + s.Spec.Driver + "-"
 		}
-		if _, err := c.client.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
+		if _, err := c.client.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("create ResourceSlice for fake node %s: %w", n.Name, err)
 		}
 	}

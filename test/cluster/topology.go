@@ -10,11 +10,12 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Labels every node of a local cluster carries. The tier labels follow topograph's
-// convention, which is what the gputopo plugin reads by default.
+// Labels every node of a local cluster carries. The tier labels are those
+// topograph 1.0 writes (tier-0 is the switch the node hangs off), which the
+// gputopo plugin, controller and CLI read by default.
 const (
-	LabelLeaf    = "fabric.topograph.run/tier-1"
-	LabelSpine   = "fabric.topograph.run/tier-2"
+	LabelLeaf    = "fabric.topograph.run/tier-0"
+	LabelSpine   = "fabric.topograph.run/tier-1"
 	LabelProfile = "gputopo.dev/profile"
 	// LabelFake marks nodes without a kubelet; harness-only, not a product label.
 	LabelFake = "localcluster.gputopo.dev/fake"

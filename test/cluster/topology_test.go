@@ -53,7 +53,7 @@ nodes:
 		"duplicate name":    {doc: "{nodes: [{name: a, profile: p}, {name: a, profile: p}]}", wantErr: "duplicate"},
 		"invalid name":      {doc: "{nodes: [{name: A_1, profile: p}]}", wantErr: "invalid name"},
 		"missing profile":   {doc: "{nodes: [{name: a}]}", wantErr: "profile is required"},
-		"invalid label":     {doc: "{nodes: [{name: a, profile: p, leaf: 'bad leaf'}]}", wantErr: "fabric.topograph.run/tier-1"},
+		"invalid label":     {doc: "{nodes: [{name: a, profile: p, leaf: 'bad leaf'}]}", wantErr: "fabric.topograph.run/tier-0"},
 		"invalid extra key": {doc: "{nodes: [{name: a, profile: p, labels: {'a b': x}}]}", wantErr: "label key"},
 	}
 	for name, tc := range tests {
@@ -96,8 +96,8 @@ func TestNodeLabels(t *testing.T) {
 	n := NodeSpec{Name: "gpu-s0-l1-n0", Leaf: "leaf-1", Spine: "spine-0", Profile: "dgx-h100", Labels: map[string]string{"extra": "x"}}
 	want := map[string]string{
 		"kubernetes.io/hostname":      "gpu-s0-l1-n0",
-		"fabric.topograph.run/tier-1": "leaf-1",
-		"fabric.topograph.run/tier-2": "spine-0",
+		"fabric.topograph.run/tier-0": "leaf-1",
+		"fabric.topograph.run/tier-1": "spine-0",
 		"gputopo.dev/profile":         "dgx-h100",
 		LabelFake:                     "true",
 		"extra":                       "x",
@@ -105,7 +105,7 @@ func TestNodeLabels(t *testing.T) {
 	if diff := cmp.Diff(want, n.AllLabels()); diff != "" {
 		t.Errorf("labels (-want +got):\n%s", diff)
 	}
-	wantFlag := "extra=x,fabric.topograph.run/tier-1=leaf-1,fabric.topograph.run/tier-2=spine-0,gputopo.dev/profile=dgx-h100,kubernetes.io/hostname=gpu-s0-l1-n0," + LabelFake + "=true"
+	wantFlag := "extra=x,fabric.topograph.run/tier-0=leaf-1,fabric.topograph.run/tier-1=spine-0,gputopo.dev/profile=dgx-h100,kubernetes.io/hostname=gpu-s0-l1-n0," + LabelFake + "=true"
 	if got := LabelString(n.AllLabels()); got != wantFlag {
 		t.Errorf("LabelString = %q, want %q", got, wantFlag)
 	}

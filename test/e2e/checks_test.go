@@ -201,23 +201,6 @@ func sliceContent(in []resourcev1.ResourceSlice) []resourcev1.ResourceSliceSpec 
 // quantities compares resource.Quantity values, whose fields are unexported.
 var quantities = cmp.Comparer(func(a, b resource.Quantity) bool { return a.Cmp(b) == 0 })
 
-// waitLeaf waits until every device of the node publishes leaf and spine.
-func waitLeaf(t *testing.T, node, leaf, spine string) {
-	t.Helper()
-	framework.Eventually(t, waitLong, fmt.Sprintf("the slices of %s to say leaf=%s", node, leaf), func() (bool, string) {
-		slices, err := nodeSlices(context.Background(), node)
-		if err != nil || len(slices) == 0 {
-			return false, fmt.Sprintf("slices: %d, %v", len(slices), err)
-		}
-		for _, d := range devicesOf(slices) {
-			if l, s := stringAttr(d, topology.AttrLeaf), stringAttr(d, topology.AttrSpine); l != leaf || s != spine {
-				return false, fmt.Sprintf("%s has leaf=%q spine=%q", d.Name, l, s)
-			}
-		}
-		return true, ""
-	})
-}
-
 // waitTaints waits until exactly the devices in want carry the unhealthy
 // taint (NoSchedule, value = reason) and no other device has a taint.
 func waitTaints(t *testing.T, node string, want map[string]string) {

@@ -284,7 +284,7 @@ func TestPluginCrashRestart(t *testing.T) {
 }
 
 // TestRelabelLeaf moves a real node to another leaf by its
-// fabric.topograph.run/tier-1 label: the plugin must republish its slices
+// fabric.topograph.run/tier-0 label (topograph 1.0's leaf): the plugin must republish its slices
 // with the new leaf, and the scheduler must act on them (a claim for
 // leaf-0's GPUs no longer fits the node, and fits again once it is back).
 func TestRelabelLeaf(t *testing.T) {
@@ -301,18 +301,18 @@ func TestRelabelLeaf(t *testing.T) {
 	const moved = "leaf-e2e-moved"
 	t.Cleanup(func() {
 		setNodeLabel(t, n, topology.LabelTopographLeaf, origLeaf)
-		waitLeaf(t, n, origLeaf, spine)
+		waitPlacement(t, n, origLeaf, spine, "")
 	})
 
 	setNodeLabel(t, n, topology.LabelTopographLeaf, moved)
-	waitLeaf(t, n, moved, spine)
+	waitPlacement(t, n, moved, spine, "")
 
 	createPod(t, "relabel", n, "gpu-4-leaf")
 	cond, _ := waitUnschedulable(t, "relabel")
 	t.Logf("gpu-4-leaf on the moved node: %s", cond)
 
 	setNodeLabel(t, n, topology.LabelTopographLeaf, origLeaf)
-	waitLeaf(t, n, origLeaf, spine)
+	waitPlacement(t, n, origLeaf, spine, "")
 	p := verifyPrepared(t, "relabel", n)
 	_, spec, err := findCDISpec(n, string(p.claim.UID))
 	if err != nil {

@@ -1,12 +1,20 @@
-// Package v1alpha1 is how a workload asks gputopo for placement: a set of
-// pod annotations, parsed and validated here. The same rules are enforced
-// at admission by the ValidatingAdmissionPolicy in deployments/admission,
-// so a bad value is refused when the pod (or its Job) is created.
+// Package v1alpha1 is gputopo's placement API: how a workload asks for
+// placement (pod annotations a user sets, parsed and validated by Parse),
+// and the decision the controller records (annotations on pods and on the
+// ResourceClaims it allocates, read and written by the typed values in
+// decision.go). The user's annotations are also checked at admission by the
+// ValidatingAdmissionPolicy in deployments/admission, which refuses a bad
+// value when the pod (or its Job) is created and keeps the
+// controller-written annotations to the controller.
+//
+// The package imports no client-go and no controller code, so the planner
+// and the controller share these types.
 package v1alpha1
 
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -27,44 +35,84 @@ const (
 	AnnotationGroup     = Prefix + "group"
 	AnnotationGroupSize = Prefix + "group-size"
 
-	// AnnotationDomain is written by the controller on every placed pod:
-	// the domain its group was given ("leaf leaf-1").
+	// AnnotationDomain is written by the controller on every placed pod and
+	// on every ResourceClaim it allocates: the domain the group was given,
+	// as Domain.Format writes it ("leaf:leaf-2").
 	AnnotationDomain = Prefix + "domain"
-	// AnnotationStatus is written on a waiting pod: why its group is not
-	// placed yet.
-	AnnotationStatus = Prefix + "status"
-	// AnnotationNode records the node a pod was pinned to.
+	// AnnotationNode is written on a placed pod: the node its claims were
+	// allocated on, a plain node name.
 	AnnotationNode = Prefix + "node"
-	// AnnotationReservedDevices records the devices the plan holds for a
-	// pod until its claims are allocated, so a restarted controller keeps
-	// the hold.
-	AnnotationReservedDevices = Prefix + "reserved-devices"
+	// AnnotationStatus is written on a waiting pod: why its group is not
+	// placed yet, as Status.Format writes it ("Unschedulable: ...").
+	AnnotationStatus = Prefix + "status"
+	// AnnotationReleased is written on a pod whose group was released and
+	// planned again: how often and why the last time, as Release.Format
+	// writes it ("2;NodeNotReady").
+	AnnotationReleased = Prefix + "released"
+	// AnnotationAllocatedBy is written on every ResourceClaim the
+	// controller allocates: the group it was allocated for, as
+	// GroupKey.Format writes it ("default/job/train").
+	AnnotationAllocatedBy = Prefix + "allocated-by"
 
 	// SchedulingGate keeps an opted-in pod out of the scheduler until the
-	// controller has planned and pinned its whole group.
+	// controller has planned its whole group and allocated its claims.
 	SchedulingGate = Prefix + "topology"
 )
 
-// Placement values.
+// ControllerAnnotations are the annotations only the controller writes. The
+// gputopo-placement admission policy refuses to create a Pod, Job,
+// ResourceClaim or ResourceClaimTemplate that carries one, and refuses an
+// update that sets, changes or removes one unless the requester holds the
+// controller's permission below.
+var ControllerAnnotations = []string{AnnotationDomain, AnnotationNode, AnnotationStatus, AnnotationReleased, AnnotationAllocatedBy}
+
+// The permission that lets a request write ControllerAnnotations: verb
+// "update" on the resource "placements" of the API group "gputopo.dev". No
+// such API is served; RBAC grants it like any other rule, and the Helm
+// chart grants it to the controller's ServiceAccount.
 const (
-	PlacementAuto           = "auto"
-	PlacementSameLeaf       = "same-leaf"
-	PlacementAdjacentLeaves = "adjacent-leaves"
-	PlacementSameSpine      = "same-spine"
-	PlacementNone           = "none"
+	ControllerPermissionGroup    = "gputopo.dev"
+	ControllerPermissionResource = "placements"
+	ControllerPermissionVerb     = "update"
 )
 
-// Strategy values.
+// Placement says how close together a group's pods must be.
+type Placement string
+
 const (
-	StrategyConsolidated = "consolidated"
-	StrategyBalanced     = "balanced"
-	StrategyDistributed  = "distributed"
+	// PlacementAuto picks the smallest subtree that holds the group.
+	PlacementAuto Placement = "auto"
+	// PlacementSameLeaf requires every pod under one leaf switch.
+	PlacementSameLeaf Placement = "same-leaf"
+	// PlacementAdjacentLeaves requires a run of adjacent leaves under one
+	// spine (a single leaf is the shortest run).
+	PlacementAdjacentLeaves Placement = "adjacent-leaves"
+	// PlacementSameSpine requires every pod under one spine.
+	PlacementSameSpine Placement = "same-spine"
+	// PlacementNone places pods like the plain scheduler: anywhere, first
+	// fit in strategy order.
+	PlacementNone Placement = "none"
+)
+
+// Strategy says how pods spread over the nodes of the chosen domain.
+type Strategy string
+
+const (
+	// StrategyConsolidated packs pods onto as few nodes as possible, the
+	// fullest nodes first.
+	StrategyConsolidated Strategy = "consolidated"
+	// StrategyBalanced spreads pods evenly over the domain's nodes, filling
+	// nodes that are already partly used before empty ones. The default.
+	StrategyBalanced Strategy = "balanced"
+	// StrategyDistributed puts one pod per node where possible and spreads
+	// pods across the domain's leaves.
+	StrategyDistributed Strategy = "distributed"
 )
 
 // Placements and Strategies list the accepted values in documentation order.
 var (
-	Placements = []string{PlacementAuto, PlacementSameLeaf, PlacementAdjacentLeaves, PlacementSameSpine, PlacementNone}
-	Strategies = []string{StrategyConsolidated, StrategyBalanced, StrategyDistributed}
+	Placements = []Placement{PlacementAuto, PlacementSameLeaf, PlacementAdjacentLeaves, PlacementSameSpine, PlacementNone}
+	Strategies = []Strategy{StrategyConsolidated, StrategyBalanced, StrategyDistributed}
 )
 
 // MaxGroupSize bounds gputopo.dev/group-size.
@@ -72,10 +120,10 @@ const MaxGroupSize = 4096
 
 // Request is a pod's placement request.
 type Request struct {
-	Placement         string
+	Placement         Placement
 	PreferredDomain   string
 	PreferredRequired bool
-	Strategy          string
+	Strategy          Strategy
 	Group             string
 	GroupSize         int
 }
@@ -90,23 +138,23 @@ func OptedIn(annotations map[string]string) bool {
 // problem is reported, each naming the annotation and what to write.
 func Parse(annotations map[string]string) (Request, error) {
 	r := Request{
-		Placement:       annotations[AnnotationPlacement],
+		Placement:       Placement(annotations[AnnotationPlacement]),
 		PreferredDomain: annotations[AnnotationPreferredDomain],
-		Strategy:        annotations[AnnotationStrategy],
+		Strategy:        Strategy(annotations[AnnotationStrategy]),
 		Group:           annotations[AnnotationGroup],
 	}
 	var errs []error
 	if r.Placement == "" {
 		r.Placement = PlacementAuto
 	}
-	if !contains(Placements, r.Placement) {
-		errs = append(errs, fmt.Errorf("%s: %q is not one of %s", AnnotationPlacement, r.Placement, strings.Join(Placements, ", ")))
+	if !slices.Contains(Placements, r.Placement) {
+		errs = append(errs, fmt.Errorf("%s: %q is not one of %s", AnnotationPlacement, r.Placement, join(Placements)))
 	}
 	if r.Strategy == "" {
 		r.Strategy = StrategyBalanced
 	}
-	if !contains(Strategies, r.Strategy) {
-		errs = append(errs, fmt.Errorf("%s: %q is not one of %s", AnnotationStrategy, r.Strategy, strings.Join(Strategies, ", ")))
+	if !slices.Contains(Strategies, r.Strategy) {
+		errs = append(errs, fmt.Errorf("%s: %q is not one of %s", AnnotationStrategy, r.Strategy, join(Strategies)))
 	}
 	if r.PreferredDomain != "" {
 		if msgs := validation.IsValidLabelValue(r.PreferredDomain); len(msgs) > 0 {
@@ -148,11 +196,11 @@ func Parse(annotations map[string]string) (Request, error) {
 	return r, errors.Join(errs...)
 }
 
-func contains(list []string, v string) bool {
-	for _, x := range list {
-		if x == v {
-			return true
-		}
+// join lists enum values for a message.
+func join[T ~string](values []T) string {
+	parts := make([]string, len(values))
+	for i, v := range values {
+		parts[i] = string(v)
 	}
-	return false
+	return strings.Join(parts, ", ")
 }

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -60,7 +61,7 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if !contains(Placements, r.Placement) || !contains(Strategies, r.Strategy) || r.GroupSize < 1 {
+		if !slices.Contains(Placements, r.Placement) || !slices.Contains(Strategies, r.Strategy) || r.GroupSize < 1 {
 			t.Fatalf("accepted invalid request %+v", r)
 		}
 	})

@@ -19,4 +19,4 @@ else
   "$KIND" create cluster --name "$CLUSTER_NAME" --image "$KIND_NODE_IMAGE" \
     --config "$KIND_DIR/kind-cluster.yaml" --wait 5m
 fi
-k get nodes -L fabric.topograph.run/tier-2,fabric.topograph.run/tier-1,gputopo.dev/profile
+k get nodes -L fabric.topograph.run/tier-1,fabric.topograph.run/tier-0,gputopo.dev/profile

@@ -10,6 +10,7 @@ package nvml
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"sync"
 	"time"
 
@@ -32,6 +33,8 @@ type options struct {
 	lib         gonvml.Interface
 	libraryPath string
 	waitTimeout time.Duration
+	sysfs       fs.ReadLinkFS
+	health      HealthConfig
 }
 
 // WithInterface makes the backend use lib instead of loading the real
@@ -47,6 +50,17 @@ func WithLibraryPath(path string) Option {
 	return func(o *options) { o.libraryPath = path }
 }
 
+// WithSysFS reads PCI and NUMA facts from sysfs instead of the host's /sys
+// (tests pass a synthetic tree).
+func WithSysFS(sysfs fs.ReadLinkFS) Option {
+	return func(o *options) { o.sysfs = sysfs }
+}
+
+// WithHealth configures which errors make a GPU unhealthy.
+func WithHealth(c HealthConfig) Option {
+	return func(o *options) { o.health = c }
+}
+
 // WithEventWaitTimeout overrides DefaultEventWaitTimeout.
 func WithEventWaitTimeout(d time.Duration) Option {
 	return func(o *options) {
@@ -57,20 +71,25 @@ func WithEventWaitTimeout(d time.Duration) Option {
 }
 
 // Backend is the NVML implementation of gpu.Backend. It is safe for
-// concurrent use: NVML itself is thread-safe and Backend keeps no mutable
-// state besides the shutdown guard.
+// concurrent use: NVML itself is thread-safe and Backend's own state is
+// guarded.
 type Backend struct {
 	lib         gonvml.Interface
 	waitTimeout time.Duration
+	sysfs       fs.ReadLinkFS
+	health      HealthConfig
 	closeOnce   sync.Once
 	closeErr    error
+
+	symMu   sync.Mutex
+	symbols map[string]bool
 }
 
 var _ gpu.Backend = (*Backend)(nil)
 
 // New initialises NVML and returns a backend using it. Close releases it.
 func New(opts ...Option) (*Backend, error) {
-	o := options{waitTimeout: DefaultEventWaitTimeout}
+	o := options{waitTimeout: DefaultEventWaitTimeout, health: DefaultHealthConfig()}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -86,9 +105,29 @@ func New(opts ...Option) (*Backend, error) {
 		if o.libraryPath != "" {
 			return nil, fmt.Errorf("initialise NVML from %s: %w", o.libraryPath, err)
 		}
+		if errors.Is(err, gonvml.ERROR_LIBRARY_NOT_FOUND) {
+			return nil, fmt.Errorf("initialise NVML: %w: no libnvidia-ml.so.1 found; is the NVIDIA driver installed, and do --nvidia-driver-root (and --container-driver-root) point at it?", err)
+		}
 		return nil, fmt.Errorf("initialise NVML: %w", err)
 	}
-	return &Backend{lib: lib, waitTimeout: o.waitTimeout}, nil
+	return &Backend{lib: lib, waitTimeout: o.waitTimeout, sysfs: o.sysfs, health: o.health, symbols: map[string]bool{}}, nil
+}
+
+// Library is the initialised NVML library the backend uses, for CDI spec
+// generation that must see the same GPUs.
+func (b *Backend) Library() gonvml.Interface { return b.lib }
+
+// has reports whether the loaded driver exports an NVML function; the
+// answer is cached.
+func (b *Backend) has(symbol string) bool {
+	b.symMu.Lock()
+	defer b.symMu.Unlock()
+	ok, known := b.symbols[symbol]
+	if !known {
+		ok = b.lib.Extensions().LookupSymbol(symbol) == nil
+		b.symbols[symbol] = ok
+	}
+	return ok
 }
 
 // Name implements gpu.Backend.

@@ -3,18 +3,43 @@ package nvml
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
 	"strings"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/pkg/gpu"
 )
 
-// Discover implements gpu.Backend.
+// Reasons a GPU is left out of the inventory (gpu.Skipped.Reason).
+const (
+	SkipMIGEnabled    = "MIG-ENABLED"
+	SkipGPULost       = "GPU-LOST"
+	SkipDiscoverError = "DISCOVERY-ERROR"
+)
+
+// NVML functions newer than the oldest driver gputopo runs on. go-nvml
+// resolves symbols lazily, so calling one the driver lacks ends the
+// process; each is looked up before its first use.
+const (
+	symArchitecture     = "nvmlDeviceGetArchitecture"
+	symCUDAVersion      = "nvmlSystemGetCudaDriverVersion_v2"
+	symRemoteDeviceType = "nvmlDeviceGetNvLinkRemoteDeviceType"
+	symFabricInfo       = "nvmlDeviceGetGpuFabricInfo"
+	symMIGMode          = "nvmlDeviceGetMigMode"
+)
+
+// Discover implements gpu.Backend. A GPU that cannot be described (lost,
+// failing queries, MIG mode) is listed in Skipped and the others are
+// published; a link that cannot be read is left out of the graph. Only a
+// failure that says nothing about any GPU can be read fails discovery.
 func (b *Backend) Discover(ctx context.Context) (*gpu.Inventory, error) {
+	logger := klog.FromContext(ctx)
 	count, ret := b.lib.DeviceGetCount()
 	if err := check(ret); err != nil {
 		return nil, fmt.Errorf("count GPUs: %w", err)
@@ -23,62 +48,100 @@ func (b *Backend) Discover(ctx context.Context) (*gpu.Inventory, error) {
 	if err := check(ret); err != nil {
 		return nil, fmt.Errorf("get driver version: %w", err)
 	}
-	cudaVersion, ret := b.lib.SystemGetCudaDriverVersion_v2()
-	if err := check(ret); err != nil {
-		return nil, fmt.Errorf("get CUDA driver version: %w", err)
+	var cudaVersion string
+	if b.has(symCUDAVersion) {
+		if v, ret := b.lib.SystemGetCudaDriverVersion_v2(); ret == gonvml.SUCCESS {
+			cudaVersion = formatCUDAVersion(v)
+		} else {
+			logger.Info("CUDA driver version unknown", "err", ret)
+		}
 	}
 
-	inv := &gpu.Inventory{Devices: make([]gpu.Device, 0, max(count, 0)), DevRoot: "/dev"}
+	inv := &gpu.Inventory{Devices: make([]gpu.Device, 0, max(count, 0)), SysFS: b.sysfs}
 	handles := make([]gonvml.Device, 0, max(count, 0))
 	for i := range count {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		h, ret := b.lib.DeviceGetHandleByIndex(i)
-		if err := check(ret); err != nil {
-			return nil, fmt.Errorf("get handle of GPU %d: %w", i, err)
-		}
-		d, err := describe(i, h)
+		var d gpu.Device
+		err := check(ret)
 		if err != nil {
-			return nil, err
+			err = fmt.Errorf("get handle of GPU %d: %w", i, err)
+		} else {
+			d, err = b.describe(i, h)
+		}
+		if err != nil {
+			s := gpu.Skipped{Index: i, UUID: d.UUID, Reason: skipReason(err), Message: err.Error()}
+			logger.Error(err, "GPU not published", "index", i, "uuid", d.UUID, "reason", s.Reason)
+			inv.Skipped = append(inv.Skipped, s)
+			continue
 		}
 		d.DriverVersion = driver
-		d.CUDADriverVersion = formatCUDAVersion(cudaVersion)
+		d.CUDADriverVersion = cudaVersion
 		inv.Devices = append(inv.Devices, d)
 		handles = append(handles, h)
 	}
 
-	links, err := linkGraph(inv.Devices, handles)
-	if err != nil {
-		return nil, err
-	}
+	links, counts := b.linkGraph(ctx, inv.Devices, handles)
 	inv.Links = links
+	for i := range inv.Devices {
+		inv.Devices[i].NVLinks = counts[i]
+	}
 	if len(links) > 0 {
-		inv.LinkBandwidthGBps = laneBandwidthGBps(inv.Devices[links[0].A].Architecture)
+		inv.LinkBandwidthGBps = laneBandwidthGBps(inv.Devices[0].Architecture)
 	}
 	return inv, nil
 }
 
+// migEnabledError marks a GPU in MIG mode: CUDA sees its MIG devices, not
+// the GPU, so publishing it whole would hand out a GPU a pod cannot use.
+type migEnabledError struct{ index int }
+
+func (e *migEnabledError) Error() string {
+	return fmt.Sprintf("GPU %d has MIG mode enabled; gputopo publishes whole GPUs only: disable MIG (nvidia-smi -i %d -mig 0) to publish it", e.index, e.index)
+}
+
+func skipReason(err error) string {
+	var mig *migEnabledError
+	switch {
+	case errors.As(err, &mig):
+		return SkipMIGEnabled
+	case errors.Is(err, gonvml.ERROR_GPU_IS_LOST):
+		return SkipGPULost
+	default:
+		return SkipDiscoverError
+	}
+}
+
 // describe reads the per-GPU facts; driver versions are node-wide and set by
-// the caller.
-func describe(i int, h gonvml.Device) (gpu.Device, error) {
+// the caller. The UUID is set on the returned device as soon as it is known,
+// even on error, so a skipped GPU can be named.
+func (b *Backend) describe(i int, h gonvml.Device) (gpu.Device, error) {
 	d := gpu.Device{Index: i, NUMANode: -1}
 	var ret gonvml.Return
 
 	if d.UUID, ret = h.GetUUID(); ret != gonvml.SUCCESS {
 		return d, fmt.Errorf("get UUID of GPU %d: %w", i, ret)
 	}
+	if b.has(symMIGMode) {
+		current, _, ret := h.GetMigMode()
+		if ret == gonvml.SUCCESS && current == gonvml.DEVICE_MIG_ENABLE {
+			return d, &migEnabledError{index: i}
+		}
+	}
 	if d.ProductName, ret = h.GetName(); ret != gonvml.SUCCESS {
 		return d, fmt.Errorf("get name of GPU %d: %w", i, ret)
 	}
-	arch, ret := h.GetArchitecture()
-	switch err := check(ret); {
-	case err == nil:
-		d.Architecture = architectureName(arch)
-	case unsupported(err):
-		d.Architecture = "unknown"
-	default:
-		return d, fmt.Errorf("get architecture of GPU %d: %w", i, err)
+	d.Architecture = "unknown"
+	if b.has(symArchitecture) {
+		arch, ret := h.GetArchitecture()
+		switch err := check(ret); {
+		case err == nil:
+			d.Architecture = architectureName(arch)
+		case !unsupported(err):
+			return d, fmt.Errorf("get architecture of GPU %d: %w", i, err)
+		}
 	}
 	major, minor, ret := h.GetCudaComputeCapability()
 	if err := check(ret); err != nil {
@@ -98,39 +161,58 @@ func describe(i int, h gonvml.Device) (gpu.Device, error) {
 		return d, fmt.Errorf("get PCI info of GPU %d: %w", i, err)
 	}
 	d.PCIBusID = pciBusID(pci)
-	// Single-socket hosts and VMs commonly have no NUMA affinity to report;
-	// -1 is the documented "none" value rather than a discovery failure.
-	if numa, ret := h.GetNumaNodeId(); ret == gonvml.SUCCESS && numa >= 0 {
-		d.NUMANode = numa
+	d.NUMANode = b.numaNode(d.PCIBusID)
+	if b.has(symFabricInfo) {
+		fabric, pending, err := fabricOf(h)
+		if err != nil {
+			return d, fmt.Errorf("get fabric info of GPU %d: %w", i, err)
+		}
+		d.Fabric, d.FabricPending = fabric, pending
 	}
-	fabric, err := fabricOf(h)
-	if err != nil {
-		return d, fmt.Errorf("get fabric info of GPU %d: %w", i, err)
-	}
-	d.Fabric = fabric
 	return d, nil
+}
+
+// numaNode reads the CPU NUMA node the GPU's PCI device is attached to from
+// sysfs, as the standard attribute helper does. NVML's GetNumaNodeId is not
+// used: it is NOT_SUPPORTED on x86 servers and on Grace names the GPU's own
+// memory node rather than the CPU's. -1 when sysfs reports no affinity.
+func (b *Backend) numaNode(busID string) int {
+	var mods []deviceattribute.MachineModifier
+	if b.sysfs != nil {
+		mods = append(mods, deviceattribute.WithFS(b.sysfs))
+	}
+	attr, err := deviceattribute.GetNUMANodeAttributeByPCIBusID(busID, deviceattribute.ScalarAttribute, mods...)
+	if err != nil || attr.Value.IntValue == nil {
+		return -1
+	}
+	return int(*attr.Value.IntValue)
 }
 
 // fabricOf uses the v1 GetGpuFabricInfo rather than GetGpuFabricInfoV: the
 // latter returns a handler bound to the concrete NVML device type, which
-// cannot be mocked, and the v1 fields are all this needs.
-func fabricOf(h gonvml.Device) (*gpu.Fabric, error) {
+// cannot be mocked, and the v1 fields are all this needs. pending is true
+// while registration with the fabric manager is still under way.
+func fabricOf(h gonvml.Device) (fabric *gpu.Fabric, pending bool, err error) {
 	info, ret := h.GetGpuFabricInfo()
 	if err := check(ret); err != nil {
 		if unsupported(err) {
-			return nil, nil
+			return nil, false, nil
 		}
-		return nil, err
+		return nil, false, err
 	}
-	// Until registration with the fabric manager completes, the clique is
-	// not final; publishing it would let claims span GPUs that cannot talk.
-	if info.State != gonvml.GPU_FABRIC_STATE_COMPLETED || gonvml.Return(info.Status) != gonvml.SUCCESS {
-		return nil, nil
+	switch info.State {
+	case gonvml.GPU_FABRIC_STATE_NOT_STARTED, gonvml.GPU_FABRIC_STATE_IN_PROGRESS:
+		// Until registration completes, the clique is not final;
+		// publishing it would let claims span GPUs that cannot talk.
+		return nil, true, nil
+	case gonvml.GPU_FABRIC_STATE_COMPLETED:
+	default:
+		return nil, false, nil
 	}
-	if info.ClusterUuid == ([16]uint8{}) {
-		return nil, nil
+	if gonvml.Return(info.Status) != gonvml.SUCCESS || info.ClusterUuid == ([16]uint8{}) {
+		return nil, false, nil
 	}
-	return &gpu.Fabric{ClusterUUID: formatUUID(info.ClusterUuid), CliqueID: info.CliqueId}, nil
+	return &gpu.Fabric{ClusterUUID: formatUUID(info.ClusterUuid), CliqueID: info.CliqueId}, false, nil
 }
 
 func formatUUID(b [16]uint8) string {

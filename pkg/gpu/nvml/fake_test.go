@@ -2,7 +2,10 @@ package nvml
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
+	"testing/fstest"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -25,9 +28,15 @@ type fakeGPU struct {
 	memoryRet gonvml.Return
 	ccMajor   int
 	ccMinor   int
-	numa      int
-	numaRet   gonvml.Return
-	fabric    gonvml.GpuFabricInfo
+	// numa is what sysfs says (written as numa_node); NVML's own
+	// GetNumaNodeId answers numaRet, which discovery must not need.
+	numa    int
+	numaRet gonvml.Return
+	// mig enables MIG mode; lost makes every query after GetUUID answer
+	// GPU_IS_LOST.
+	mig    bool
+	lost   bool
+	fabric gonvml.GpuFabricInfo
 	// fabricRet defaults to ERROR_NOT_SUPPORTED, as on GPUs without a
 	// multi-node fabric.
 	fabricRet gonvml.Return
@@ -38,6 +47,8 @@ type fakeGPU struct {
 	linkStateRet gonvml.Return
 	// typeRet, when set, is returned by GetNvLinkRemoteDeviceType.
 	typeRet gonvml.Return
+	// remotePciRet, when set, is returned by GetNvLinkRemotePciInfo.
+	remotePciRet gonvml.Return
 }
 
 func fakeUUID(i int) string { return fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", i) }
@@ -53,8 +64,14 @@ func newFakeDevice(i int, g fakeGPU) *mock.Device {
 		}
 		return g.links[n], gonvml.SUCCESS
 	}
-	return &mock.Device{
-		GetUUIDFunc:         func() (string, gonvml.Return) { return fakeUUID(i), gonvml.SUCCESS },
+	d := &mock.Device{
+		GetUUIDFunc: func() (string, gonvml.Return) { return fakeUUID(i), gonvml.SUCCESS },
+		GetMigModeFunc: func() (int, int, gonvml.Return) {
+			if g.mig {
+				return gonvml.DEVICE_MIG_ENABLE, gonvml.DEVICE_MIG_ENABLE, gonvml.SUCCESS
+			}
+			return gonvml.DEVICE_MIG_DISABLE, gonvml.DEVICE_MIG_DISABLE, gonvml.SUCCESS
+		},
 		GetNameFunc:         func() (string, gonvml.Return) { return g.name, gonvml.SUCCESS },
 		GetArchitectureFunc: func() (gonvml.DeviceArchitecture, gonvml.Return) { return g.arch, gonvml.SUCCESS },
 		GetCudaComputeCapabilityFunc: func() (int, int, gonvml.Return) {
@@ -80,6 +97,9 @@ func newFakeDevice(i int, g fakeGPU) *mock.Device {
 			return gonvml.FEATURE_ENABLED, gonvml.SUCCESS
 		},
 		GetNvLinkRemotePciInfoFunc: func(n int) (gonvml.PciInfo, gonvml.Return) {
+			if g.remotePciRet != gonvml.SUCCESS {
+				return gonvml.PciInfo{}, g.remotePciRet
+			}
 			l, ret := link(n)
 			return pciInfo(l.remoteBus), ret
 		},
@@ -90,6 +110,71 @@ func newFakeDevice(i int, g fakeGPU) *mock.Device {
 			l, ret := link(n)
 			return l.remoteType, ret
 		},
+	}
+	if g.lost {
+		loseDevice(d)
+	}
+	return d
+}
+
+// loseDevice makes d answer GPU_IS_LOST to everything but GetUUID, as a
+// GPU that fell off the bus does.
+func loseDevice(d *mock.Device) {
+	lost := gonvml.ERROR_GPU_IS_LOST
+	d.GetNameFunc = func() (string, gonvml.Return) { return "", lost }
+	d.GetMigModeFunc = func() (int, int, gonvml.Return) { return 0, 0, lost }
+	d.GetArchitectureFunc = func() (gonvml.DeviceArchitecture, gonvml.Return) { return 0, lost }
+	d.GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) { return gonvml.Memory{}, lost }
+	d.GetNvLinkStateFunc = func(int) (gonvml.EnableState, gonvml.Return) { return 0, lost }
+}
+
+// fakeSysFS is the /sys of gpus: each PCI device with its numa_node.
+func fakeSysFS(gpus []fakeGPU) fstest.MapFS {
+	sys := fstest.MapFS{}
+	for _, g := range gpus {
+		bus := normaliseBusID(g.busID)
+		sys["bus/pci/devices/"+bus+"/numa_node"] = &fstest.MapFile{Data: []byte(strconv.Itoa(g.numa) + "\n")}
+	}
+	return sys
+}
+
+// withMissingSymbols makes lib's driver lack the named NVML functions:
+// looking them up fails, and calling them fails the test.
+func withMissingSymbols(t *testing.T, lib *mock.Interface, devs []*mock.Device, names ...string) {
+	lib.ExtensionsFunc = func() gonvml.ExtendedInterface {
+		return &mock.ExtendedInterface{LookupSymbolFunc: func(s string) error {
+			for _, n := range names {
+				if s == n {
+					return fmt.Errorf("symbol %s not found", s)
+				}
+			}
+			return nil
+		}}
+	}
+	for _, n := range names {
+		for _, d := range devs {
+			fail := func() { t.Errorf("%s called although the driver lacks it", n) }
+			switch n {
+			case symFabricInfo:
+				d.GetGpuFabricInfoFunc = func() (gonvml.GpuFabricInfo, gonvml.Return) {
+					fail()
+					return gonvml.GpuFabricInfo{}, gonvml.ERROR_FUNCTION_NOT_FOUND
+				}
+			case symMIGMode:
+				d.GetMigModeFunc = func() (int, int, gonvml.Return) { fail(); return 0, 0, gonvml.ERROR_FUNCTION_NOT_FOUND }
+			case symRemoteDeviceType:
+				d.GetNvLinkRemoteDeviceTypeFunc = func(int) (gonvml.IntNvLinkDeviceType, gonvml.Return) {
+					fail()
+					return 0, gonvml.ERROR_FUNCTION_NOT_FOUND
+				}
+			case symArchitecture:
+				d.GetArchitectureFunc = func() (gonvml.DeviceArchitecture, gonvml.Return) { fail(); return 0, gonvml.ERROR_FUNCTION_NOT_FOUND }
+			default:
+				if !strings.HasPrefix(n, "nvmlSystem") {
+					t.Fatalf("withMissingSymbols: no fake for %s", n)
+				}
+			}
+		}
 	}
 }
 
@@ -117,15 +202,20 @@ func newFakeLib(devs ...gonvml.Device) *mock.Interface {
 		SystemGetCudaDriverVersion_v2Func: func() (int, gonvml.Return) {
 			return 12040, gonvml.SUCCESS
 		},
+		ExtensionsFunc: func() gonvml.ExtendedInterface {
+			return &mock.ExtendedInterface{LookupSymbolFunc: func(string) error { return nil }}
+		},
 	}
 }
 
-func newFakeNode(gpus []fakeGPU) *mock.Interface {
+func newFakeNode(gpus []fakeGPU) (*mock.Interface, []*mock.Device) {
 	devs := make([]gonvml.Device, len(gpus))
+	mocks := make([]*mock.Device, len(gpus))
 	for i, g := range gpus {
-		devs[i] = newFakeDevice(i, g)
+		mocks[i] = newFakeDevice(i, g)
+		devs[i] = mocks[i]
 	}
-	return newFakeLib(devs...)
+	return newFakeLib(devs...), mocks
 }
 
 func newTestBackend(t *testing.T, lib gonvml.Interface, opts ...Option) *Backend {

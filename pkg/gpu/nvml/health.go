@@ -16,17 +16,57 @@ import (
 // bit ECC errors are corrected by hardware and would only add noise.
 const healthEventMask = uint64(gonvml.EventTypeXidCriticalError | gonvml.EventTypeDoubleBitEccError)
 
-// ignoredXids are raised by faulty applications, not faulty GPUs, and are
-// skipped by default by NVIDIA's k8s-device-plugin as well: 13 graphics engine
-// exception, 31 GPU memory page fault, 43 GPU stopped processing, 45
-// preemptive cleanup, 68 video processor exception, 109 context switch
-// timeout. Taking a GPU out of service for them would let one bad job drain a
-// node.
-var ignoredXids = map[uint64]bool{13: true, 31: true, 43: true, 45: true, 68: true, 109: true}
+// Health reasons (gpu.HealthEvent.Reason) besides "XID-<n>" and "ECC-DBE".
+const (
+	ReasonGPULost   = "GPU-LOST"
+	ReasonRecovered = "Recovered"
+)
 
-// WatchHealth implements gpu.Backend. It reports Xid critical errors and
-// double-bit ECC errors as unhealthy; NVML offers no "recovered" event (a GPU
-// reset is needed), so it never reports Healthy: true.
+// DefaultIgnoredXids are raised by faulty applications, not faulty GPUs,
+// and are skipped by NVIDIA's k8s-device-plugin and DRA driver as well: 13
+// graphics engine exception, 31 GPU memory page fault, 43 GPU stopped
+// processing, 45 preemptive cleanup, 68 video processor exception, 109
+// context switch timeout. Taking a GPU out of service for them would let one
+// bad job drain a node.
+func DefaultIgnoredXids() []uint64 { return []uint64{13, 31, 43, 45, 68, 109} }
+
+// HealthConfig says which errors make a GPU unhealthy.
+type HealthConfig struct {
+	// IgnoredXids never make a GPU unhealthy.
+	IgnoredXids []uint64
+	// ProbeInterval is how often a GPU reported lost is queried again to
+	// see whether it is back; 0 means DefaultProbeInterval.
+	ProbeInterval time.Duration
+}
+
+// DefaultProbeInterval is how often lost GPUs are probed for recovery.
+const DefaultProbeInterval = 30 * time.Second
+
+// DefaultHealthConfig ignores DefaultIgnoredXids.
+func DefaultHealthConfig() HealthConfig {
+	return HealthConfig{IgnoredXids: DefaultIgnoredXids(), ProbeInterval: DefaultProbeInterval}
+}
+
+// watched is one GPU whose health is followed.
+type watched struct {
+	uuid   string
+	handle gonvml.Device
+}
+
+// healthState is what WatchHealth has reported. Xid and ECC errors are
+// sticky: NVML has no event for their repair (a GPU reset), so only a
+// restart of the plugin clears them. A lost GPU is probed and reported
+// healthy again once it answers.
+type healthState struct {
+	sticky map[string]bool
+	lost   map[string]bool
+}
+
+// WatchHealth implements gpu.Backend. It reports Xid critical errors (but
+// the ignored ones) and double-bit ECC errors as unhealthy, and GPUs NVML
+// reports lost; a lost GPU that answers again is reported healthy. Any
+// other failure to wait for events is logged and retried without marking
+// GPUs: it says nothing about them.
 func (b *Backend) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent) error {
 	logger := klog.FromContext(ctx)
 	set, ret := b.lib.EventSetCreate()
@@ -44,7 +84,7 @@ func (b *Backend) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent
 		}
 	}()
 
-	uuids, registered, err := b.register(ctx, set)
+	gpus, registered, err := b.register(ctx, set)
 	if err != nil {
 		return err
 	}
@@ -54,30 +94,61 @@ func (b *Backend) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent
 		return nil
 	}
 
+	ignored := map[uint64]bool{}
+	for _, x := range b.health.IgnoredXids {
+		ignored[x] = true
+	}
+	probeEvery := b.health.ProbeInterval
+	if probeEvery <= 0 {
+		probeEvery = DefaultProbeInterval
+	}
+	st := healthState{sticky: map[string]bool{}, lost: map[string]bool{}}
+	emit := func(ev gpu.HealthEvent) bool {
+		logger.Info("GPU health changed", "uuid", ev.UUID, "healthy", ev.Healthy, "reason", ev.Reason)
+		return send(ctx, events, ev)
+	}
+
 	timeoutMs := uint32(max(1, min(b.waitTimeout.Milliseconds(), math.MaxUint32)))
 	failing := false
+	lastProbe := time.Now()
 	for ctx.Err() == nil {
+		if len(st.lost) > 0 && time.Since(lastProbe) >= probeEvery {
+			lastProbe = time.Now()
+			for _, g := range gpus {
+				if st.lost[g.uuid] && probe(g.handle) == nil {
+					delete(st.lost, g.uuid)
+					if !st.sticky[g.uuid] && !emit(gpu.HealthEvent{UUID: g.uuid, Healthy: true, Reason: ReasonRecovered, Message: "the GPU answers NVML again"}) {
+						return nil
+					}
+				}
+			}
+		}
+
 		data, ret := set.Wait(timeoutMs)
 		if ret == gonvml.ERROR_TIMEOUT {
 			failing = false
 			continue
 		}
 		if ret != gonvml.SUCCESS {
-			// A failing wait means events can no longer be seen, so no GPU
-			// can be vouched for. Report once per failure streak and back
-			// off, so a persistent error neither floods nor spins.
-			if !failing {
-				logger.Error(ret, "Failed to wait for NVML events, marking all GPUs unhealthy")
-				reason := "NVML-EVENT-ERROR"
-				if ret == gonvml.ERROR_GPU_IS_LOST {
-					reason = "GPU-LOST"
-				}
-				msg := fmt.Sprintf("waiting for NVML events failed: %v", ret)
-				for _, u := range uuids {
-					if !send(ctx, events, gpu.HealthEvent{UUID: u, Reason: reason, Message: msg}) {
-						return nil
+			if ret == gonvml.ERROR_GPU_IS_LOST {
+				// The wait does not say which GPU; ask each.
+				for _, g := range gpus {
+					if st.lost[g.uuid] {
+						continue
+					}
+					if err := probe(g.handle); err != nil {
+						st.lost[g.uuid] = true
+						lastProbe = time.Now()
+						if !emit(gpu.HealthEvent{UUID: g.uuid, Reason: ReasonGPULost, Message: fmt.Sprintf("GPU does not answer NVML: %v", err)}) {
+							return nil
+						}
 					}
 				}
+			}
+			// Report once per failure streak and back off, so a persistent
+			// error neither floods nor spins.
+			if !failing {
+				logger.Error(ret, "Failed to wait for NVML events; retrying")
 			}
 			failing = true
 			select {
@@ -88,12 +159,12 @@ func (b *Backend) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent
 		}
 		failing = false
 
-		ev, ok := toHealthEvent(data)
+		ev, ok := toHealthEvent(data, ignored)
 		if !ok {
 			logger.V(4).Info("Ignoring NVML event", "type", data.EventType, "data", data.EventData)
 			continue
 		}
-		targets := uuids
+		var targets []string
 		if data.Device != nil {
 			if u, ret := data.Device.GetUUID(); ret == gonvml.SUCCESS {
 				targets = []string{u}
@@ -101,10 +172,15 @@ func (b *Backend) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent
 				logger.Error(ret, "Failed to identify the GPU of an NVML event, marking all GPUs unhealthy", "reason", ev.Reason)
 			}
 		}
+		if targets == nil {
+			for _, g := range gpus {
+				targets = append(targets, g.uuid)
+			}
+		}
 		for _, u := range targets {
+			st.sticky[u] = true
 			ev.UUID = u
-			logger.Info("GPU unhealthy", "uuid", u, "reason", ev.Reason)
-			if !send(ctx, events, ev) {
+			if !emit(ev) {
 				return nil
 			}
 		}
@@ -112,56 +188,59 @@ func (b *Backend) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent
 	return nil
 }
 
+// probe asks the GPU something only a working GPU answers.
+func probe(h gonvml.Device) error {
+	_, ret := h.GetMemoryInfo()
+	return check(ret)
+}
+
 // register subscribes every GPU that supports it to the health events and
-// returns the UUIDs of all GPUs, plus how many were subscribed.
-func (b *Backend) register(ctx context.Context, set gonvml.EventSet) ([]string, int, error) {
+// returns the GPUs it could open, plus how many were subscribed. A GPU that
+// cannot be opened is logged and left out; it is not published either.
+func (b *Backend) register(ctx context.Context, set gonvml.EventSet) ([]watched, int, error) {
 	logger := klog.FromContext(ctx)
 	count, ret := b.lib.DeviceGetCount()
 	if err := check(ret); err != nil {
 		return nil, 0, fmt.Errorf("count GPUs: %w", err)
 	}
-	var uuids []string
+	var gpus []watched
 	registered := 0
 	for i := range count {
 		h, ret := b.lib.DeviceGetHandleByIndex(i)
 		if err := check(ret); err != nil {
-			return nil, 0, fmt.Errorf("get handle of GPU %d: %w", i, err)
+			logger.Error(err, "GPU health not watched: cannot open the GPU", "index", i)
+			continue
 		}
 		u, ret := h.GetUUID()
 		if err := check(ret); err != nil {
-			return nil, 0, fmt.Errorf("get UUID of GPU %d: %w", i, err)
+			logger.Error(err, "GPU health not watched: cannot read its UUID", "index", i)
+			continue
 		}
-		uuids = append(uuids, u)
+		gpus = append(gpus, watched{uuid: u, handle: h})
 		supported, ret := h.GetSupportedEventTypes()
 		if err := check(ret); err != nil {
-			if unsupported(err) {
-				logger.Info("GPU does not support NVML events", "index", i, "uuid", u)
-				continue
-			}
-			return nil, 0, fmt.Errorf("get supported event types of GPU %d: %w", i, err)
+			logger.Info("GPU health not watched: NVML events unavailable", "index", i, "uuid", u, "err", err)
+			continue
 		}
 		mask := healthEventMask & supported
 		if mask == 0 {
 			continue
 		}
 		if err := check(h.RegisterEvents(mask, set)); err != nil {
-			if unsupported(err) {
-				logger.Info("GPU does not support NVML health events", "index", i, "uuid", u)
-				continue
-			}
-			return nil, 0, fmt.Errorf("register health events of GPU %d: %w", i, err)
+			logger.Info("GPU health not watched: cannot register NVML events", "index", i, "uuid", u, "err", err)
+			continue
 		}
 		registered++
 	}
-	return uuids, registered, nil
+	return gpus, registered, nil
 }
 
 // toHealthEvent maps an NVML event to an unhealthy event without UUID; ok is
 // false for events that say nothing about the GPU's health.
-func toHealthEvent(data gonvml.EventData) (gpu.HealthEvent, bool) {
+func toHealthEvent(data gonvml.EventData, ignored map[uint64]bool) (gpu.HealthEvent, bool) {
 	switch data.EventType {
 	case gonvml.EventTypeXidCriticalError:
-		if ignoredXids[data.EventData] {
+		if ignored[data.EventData] {
 			return gpu.HealthEvent{}, false
 		}
 		return gpu.HealthEvent{

@@ -9,6 +9,7 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/gputopo/gputopo/pkg/gpu"
 )
@@ -17,7 +18,7 @@ import (
 type fakeEvents struct {
 	queue chan gonvml.EventData
 	// waitRet, when set, fails every Wait.
-	waitRet gonvml.Return
+	waitRet atomic.Int32
 	freed   atomic.Bool
 	set     *mock.EventSet
 }
@@ -28,8 +29,9 @@ func newHealthNode(n int, masks []atomic.Uint64) (*mock.Interface, *fakeEvents) 
 	ev := &fakeEvents{queue: make(chan gonvml.EventData, 8)}
 	ev.set = &mock.EventSet{
 		WaitFunc: func(ms uint32) (gonvml.EventData, gonvml.Return) {
-			if ev.waitRet != gonvml.SUCCESS {
-				return gonvml.EventData{}, ev.waitRet
+			if ret := gonvml.Return(ev.waitRet.Load()); ret != gonvml.SUCCESS {
+				time.Sleep(time.Millisecond)
+				return gonvml.EventData{}, ret
 			}
 			select {
 			case d := <-ev.queue:
@@ -134,22 +136,91 @@ func TestWatchHealthUnknownDevice(t *testing.T) {
 	}
 }
 
-func TestWatchHealthGPULost(t *testing.T) {
-	lib, ev := newHealthNode(1, make([]atomic.Uint64, 1))
-	ev.waitRet = gonvml.ERROR_GPU_IS_LOST
-	b := newTestBackend(t, lib, WithEventWaitTimeout(10*time.Millisecond))
+func TestWatchHealthGPULostAndBack(t *testing.T) {
+	lib, ev := newHealthNode(2, make([]atomic.Uint64, 2))
+	dev1, _ := lib.DeviceGetHandleByIndex(1)
+	var gone atomic.Bool
+	dev1.(*mock.Device).GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) {
+		if gone.Load() {
+			return gonvml.Memory{}, gonvml.ERROR_GPU_IS_LOST
+		}
+		return gonvml.Memory{Total: 1}, gonvml.SUCCESS
+	}
+	gone.Store(true)
+	ev.waitRet.Store(int32(gonvml.ERROR_GPU_IS_LOST))
+	b := newTestBackend(t, lib, WithEventWaitTimeout(10*time.Millisecond),
+		WithHealth(HealthConfig{ProbeInterval: 20 * time.Millisecond}))
 
 	events := make(chan gpu.HealthEvent, 8)
 	stop := watch(t, b, events)
-	got := receive(t, events)
-	time.Sleep(50 * time.Millisecond) // several failing waits
+	lost := receive(t, events)
+	time.Sleep(50 * time.Millisecond) // several failing waits: one event only
+	if n := len(events); n != 0 {
+		t.Errorf("%d more events while GPU 1 stays lost, want 0: %v", n, <-events)
+	}
+	// The GPU answers again and waits work again.
+	gone.Store(false)
+	ev.waitRet.Store(int32(gonvml.SUCCESS))
+	back := receive(t, events)
 	stop()
 
-	if got.UUID != fakeUUID(0) || got.Healthy || got.Reason != "GPU-LOST" {
-		t.Errorf("event = %+v, want GPU-LOST for %s", got, fakeUUID(0))
+	want := []gpu.HealthEvent{
+		{UUID: fakeUUID(1), Reason: ReasonGPULost},
+		{UUID: fakeUUID(1), Healthy: true, Reason: ReasonRecovered},
 	}
+	if diff := cmp.Diff(want, []gpu.HealthEvent{lost, back}, cmpopts.IgnoreFields(gpu.HealthEvent{}, "Message")); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+func TestWatchHealthOtherWaitErrorsMarkNothing(t *testing.T) {
+	lib, ev := newHealthNode(2, make([]atomic.Uint64, 2))
+	ev.waitRet.Store(int32(gonvml.ERROR_UNKNOWN))
+	b := newTestBackend(t, lib, WithEventWaitTimeout(5*time.Millisecond))
+	events := make(chan gpu.HealthEvent, 8)
+	stop := watch(t, b, events)
+	time.Sleep(50 * time.Millisecond)
+	stop()
 	if n := len(events); n != 0 {
-		t.Errorf("%d more events for one failure streak, want 0", n)
+		t.Errorf("a failing wait marked %d GPUs, want none: %v", n, <-events)
+	}
+}
+
+func TestWatchHealthIgnoredXidsAreConfigurable(t *testing.T) {
+	lib, ev := newHealthNode(1, make([]atomic.Uint64, 1))
+	b := newTestBackend(t, lib, WithEventWaitTimeout(10*time.Millisecond),
+		WithHealth(HealthConfig{IgnoredXids: []uint64{79}}))
+	dev0, _ := lib.DeviceGetHandleByIndex(0)
+	ev.queue <- gonvml.EventData{Device: dev0, EventType: gonvml.EventTypeXidCriticalError, EventData: 79}
+	ev.queue <- gonvml.EventData{Device: dev0, EventType: gonvml.EventTypeXidCriticalError, EventData: 13}
+
+	events := make(chan gpu.HealthEvent, 2)
+	stop := watch(t, b, events)
+	got := receive(t, events)
+	stop()
+	if got.Reason != "XID-13" {
+		t.Errorf("first event %+v, want XID-13 (79 is ignored, 13 no longer is)", got)
+	}
+}
+
+func TestWatchHealthSkipsAGPUItCannotOpen(t *testing.T) {
+	lib, ev := newHealthNode(2, make([]atomic.Uint64, 2))
+	open := lib.DeviceGetHandleByIndexFunc
+	lib.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
+		if i == 0 {
+			return nil, gonvml.ERROR_GPU_IS_LOST
+		}
+		return open(i)
+	}
+	dev1, _ := open(1)
+	ev.queue <- gonvml.EventData{Device: dev1, EventType: gonvml.EventTypeXidCriticalError, EventData: 79}
+	b := newTestBackend(t, lib, WithEventWaitTimeout(10*time.Millisecond))
+	events := make(chan gpu.HealthEvent, 1)
+	stop := watch(t, b, events)
+	got := receive(t, events)
+	stop()
+	if got.UUID != fakeUUID(1) || got.Reason != "XID-79" {
+		t.Errorf("event %+v, want XID-79 on GPU 1", got)
 	}
 }
 

@@ -1,15 +1,17 @@
 package nvml
 
 import (
+	"context"
 	"errors"
-	"fmt"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/pkg/gpu"
 )
 
-// linkGraph builds the node's undirected NVLink graph.
+// linkGraph builds the node's undirected NVLink graph and each GPU's count
+// of active links (to peers and to NVSwitches; lanes to CPUs do not count).
 //
 // Direct GPU-to-GPU lanes (DGX-1, HGX boards without switches, NVLink
 // bridges) are counted per pair; a lane counts only when both ends report it,
@@ -23,10 +25,14 @@ import (
 // Count = min(switchLanes(a), switchLanes(b)): the lanes the pair can drive at
 // once are bounded by the weaker end. Lanes to CPUs (IBM NPU) or to GPUs this
 // process cannot see are ignored.
-func linkGraph(devs []gpu.Device, handles []gonvml.Device) ([]gpu.Link, error) {
+//
+// A link that cannot be read is left out and logged; a GPU whose links
+// cannot be read at all (lost) simply has none. Neither stops discovery.
+func (b *Backend) linkGraph(ctx context.Context, devs []gpu.Device, handles []gonvml.Device) ([]gpu.Link, []int) {
+	logger := klog.FromContext(ctx)
 	byBus := make(map[string]int, len(devs))
-	for _, d := range devs {
-		byBus[d.PCIBusID] = d.Index
+	for i, d := range devs {
+		byBus[d.PCIBusID] = i
 	}
 	n := len(devs)
 	direct := make([][]int, n) // direct[i][j]: lanes i reports towards j
@@ -34,6 +40,8 @@ func linkGraph(devs []gpu.Device, handles []gonvml.Device) ([]gpu.Link, error) {
 		direct[i] = make([]int, n)
 	}
 	switchLanes := make([]int, n)
+	counts := make([]int, n)
+	typed := b.has(symRemoteDeviceType)
 
 	for i, h := range handles {
 		for link := range gonvml.NVLINK_MAX_LINKS {
@@ -44,27 +52,38 @@ func linkGraph(devs []gpu.Device, handles []gonvml.Device) ([]gpu.Link, error) {
 				if unsupported(err) || errors.Is(err, gonvml.ERROR_INVALID_ARGUMENT) {
 					continue
 				}
-				return nil, fmt.Errorf("get NVLink %d state of GPU %d: %w", link, i, err)
+				logger.Error(err, "Cannot read NVLink state; ignoring the GPU's remaining links", "index", devs[i].Index, "uuid", devs[i].UUID, "link", link)
+				break
 			}
 			if state != gonvml.FEATURE_ENABLED {
 				continue
 			}
 			pci, ret := h.GetNvLinkRemotePciInfo(link)
 			if err := check(ret); err != nil {
-				return nil, fmt.Errorf("get NVLink %d remote PCI info of GPU %d: %w", link, i, err)
+				logger.V(2).Info("Cannot read NVLink remote end; ignoring the link", "index", devs[i].Index, "link", link, "err", err)
+				continue
 			}
 			if j, ok := byBus[pciBusID(pci)]; ok {
 				if j != i {
 					direct[i][j]++
+					counts[i]++
 				}
 				continue
 			}
-			toSwitch, err := remoteIsSwitch(h, link)
-			if err != nil {
-				return nil, fmt.Errorf("get NVLink %d remote device type of GPU %d: %w", link, i, err)
+			toSwitch := true
+			if typed {
+				typ, ret := h.GetNvLinkRemoteDeviceType(link)
+				switch err := check(ret); {
+				case err == nil:
+					toSwitch = typ == gonvml.NVLINK_DEVICE_TYPE_SWITCH
+				case !unsupported(err):
+					logger.V(2).Info("Cannot read NVLink remote device type; ignoring the link", "index", devs[i].Index, "link", link, "err", err)
+					toSwitch = false
+				}
 			}
 			if toSwitch {
 				switchLanes[i]++
+				counts[i]++
 			}
 		}
 	}
@@ -77,22 +96,11 @@ func linkGraph(devs []gpu.Device, handles []gonvml.Device) ([]gpu.Link, error) {
 				count += min(switchLanes[a], switchLanes[b])
 			}
 			if count > 0 {
-				links = append(links, gpu.Link{A: a, B: b, Count: count})
+				links = append(links, gpu.Link{A: devs[a].Index, B: devs[b].Index, Count: count})
 			}
 		}
 	}
-	return links, nil
-}
-
-func remoteIsSwitch(h gonvml.Device, link int) (bool, error) {
-	typ, ret := h.GetNvLinkRemoteDeviceType(link)
-	if err := check(ret); err != nil {
-		if unsupported(err) {
-			return true, nil
-		}
-		return false, err
-	}
-	return typ == gonvml.NVLINK_DEVICE_TYPE_SWITCH, nil
+	return links, counts
 }
 
 // laneBandwidthGBps is the unidirectional bandwidth of one NVLink lane, from

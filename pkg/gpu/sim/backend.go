@@ -192,6 +192,7 @@ func (p *Profile) Inventory(node string) *gpu.Inventory {
 			MemoryBytes:           p.memoryBytes,
 			PCIBusID:              busID,
 			NUMANode:              numa,
+			NVLinks:               p.NVLinksPerGPU,
 		}
 		if p.Fabric != nil {
 			d.Fabric = &gpu.Fabric{ClusterUUID: p.Fabric.ClusterUUID, CliqueID: p.Fabric.CliqueID}

@@ -39,6 +39,10 @@ type Profile struct {
 	// NVLink is the symmetric matrix of NVLink lanes between GPU pairs;
 	// omitted when the node has no NVLink.
 	NVLink [][]int `json:"nvlink,omitempty"`
+	// NVLinksPerGPU is each GPU's own count of active NVLink links, for
+	// NVSwitch systems where the matrix joins every pair with the same
+	// links; 0 counts the matrix row.
+	NVLinksPerGPU int `json:"nvlinksPerGPU,omitempty"`
 	// Fabric makes every GPU part of a multi-node NVLink partition.
 	Fabric *FabricSpec `json:"fabric,omitempty"`
 
@@ -131,6 +135,9 @@ func (p *Profile) validate() error {
 		errs = append(errs, fmt.Errorf("memory must be a positive quantity such as 80Gi, got %q", p.Memory))
 	} else {
 		p.memoryBytes = q.Value()
+	}
+	if p.NVLinksPerGPU < 0 {
+		errs = append(errs, errors.New("nvlinksPerGPU must not be negative"))
 	}
 	if p.LinkBandwidthGBps < 0 {
 		errs = append(errs, errors.New("linkBandwidthGBps must not be negative"))

@@ -301,7 +301,7 @@ func newJob(name string, s Shape) *batchv1.Job {
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{
 					Labels:      map[string]string{LabelWorkload: "jobs"},
-					Annotations: map[string]string{placement.AnnotationPlacement: placement.PlacementAuto},
+					Annotations: map[string]string{placement.AnnotationPlacement: string(placement.PlacementAuto)},
 				},
 				Spec: podSpec(ShapeTemplates[s.GPUs]),
 			},

@@ -10,6 +10,16 @@
 // admission, that a placed Job really runs on real nodes, and the
 // controller's metrics.
 //
+// TestContention (contention_test.go) submits ungated pods and gated Jobs
+// of every shape at the same instant, deletes one node and taints another
+// NoExecute while they are planned and kills the controller between claim
+// writes; a watch checks every ResourceClaim event for a device held by
+// two claims (ledger_test.go), every Job that fits must be bound in its
+// domain within 6 minutes, the one too big stays gated and says why, and
+// nothing stays allocated once the pods are gone. It logs each Job's time
+// from creation to all pods bound. The node and the taint are restored,
+// so the tests after it find the whole cluster.
+//
 // Run it with `make e2e` (together with the kubelet plugin suite in
 // test/e2e), or alone:
 //

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	placementapi "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	cluster "github.com/gputopo/gputopo/test/cluster"
 	"github.com/gputopo/gputopo/test/e2e/framework"
 )
 
@@ -34,18 +35,18 @@ func TestTwoPodJobOneLeaf(t *testing.T) {
 		t.Fatalf("the two pods are in leaves %v, want one leaf: %s", pl.leaves, pl)
 	}
 	// The nodes say so themselves.
-	var tier1 []string
+	var leaves []string
 	for _, n := range pl.nodes {
 		node, err := client.CoreV1().Nodes().Get(framework.Ctx(t), n, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		tier1 = append(tier1, node.Labels["fabric.topograph.run/tier-1"])
+		leaves = append(leaves, node.Labels[cluster.LabelLeaf])
 	}
-	if tier1[0] == "" || tier1[0] != tier1[1] {
-		t.Errorf("nodes %v have fabric.topograph.run/tier-1 %v, want one leaf", pl.nodes, tier1)
+	if leaves[0] == "" || leaves[0] != leaves[1] {
+		t.Errorf("nodes %v have %s %v, want one leaf", pl.nodes, cluster.LabelLeaf, leaves)
 	}
-	if want := "leaf:" + tier1[0]; pl.domain != want {
+	if want := "leaf:" + leaves[0]; pl.domain != want {
 		t.Errorf("%s=%q, want %q", placementapi.AnnotationDomain, pl.domain, want)
 	}
 }
@@ -263,7 +264,7 @@ func TestControllerRestart(t *testing.T) {
 		case p.Spec.NodeName != b.Spec.NodeName:
 			t.Errorf("pod %s moved from %s to %s", p.Name, b.Spec.NodeName, p.Spec.NodeName)
 		}
-		for _, k := range []string{placementapi.AnnotationNode, placementapi.AnnotationDomain, placementapi.AnnotationReservedDevices} {
+		for _, k := range []string{placementapi.AnnotationNode, placementapi.AnnotationDomain} {
 			if p.Annotations[k] != b.Annotations[k] {
 				t.Errorf("pod %s: %s changed across the restart from %q to %q", p.Name, k, b.Annotations[k], p.Annotations[k])
 			}
@@ -286,12 +287,12 @@ func TestControllerRestart(t *testing.T) {
 		key := fmt.Sprintf(`group="%s/job/%s"`, namespace, job)
 		n := 0
 		for _, line := range strings.Split(string(log), "\n") {
-			if strings.Contains(line, "Placed pod group") && strings.Contains(line, key) {
+			if strings.Contains(line, "Allocated the claims of the pod group") && strings.Contains(line, key) {
 				n++
 			}
 		}
 		if n != 1 {
-			t.Errorf("the controller log has %d \"Placed pod group\" lines for %s, want 1", n, key)
+			t.Errorf("the controller log has %d \"Allocated the claims of the pod group\" lines for %s, want 1", n, key)
 		}
 	}
 }
@@ -354,7 +355,7 @@ func TestPlacedJobRuns(t *testing.T) {
 		t.Fatal("testdata/topology.yaml has no real node")
 	}
 	createJob(t, "runs", 4, map[string]string{
-		placementapi.AnnotationPlacement:         placementapi.PlacementSameLeaf,
+		placementapi.AnnotationPlacement:         string(placementapi.PlacementSameLeaf),
 		placementapi.AnnotationPreferredDomain:   leaf,
 		placementapi.AnnotationPreferredRequired: "true",
 	})

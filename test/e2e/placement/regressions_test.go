@@ -50,7 +50,7 @@ func TestDeletedJobReleasesDevices(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
 	ann := map[string]string{
-		placementapi.AnnotationPlacement:         placementapi.PlacementSameLeaf,
+		placementapi.AnnotationPlacement:         string(placementapi.PlacementSameLeaf),
 		placementapi.AnnotationPreferredDomain:   leaf,
 		placementapi.AnnotationPreferredRequired: "true",
 	}
@@ -164,7 +164,7 @@ func deleteWaitingJob(t *testing.T, name string) {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if strings.Contains(line, "pin pod "+name+"-") || strings.Contains(line, "Placed pod group") && strings.Contains(line, fmt.Sprintf("%s/job/%s\"", namespace, name)) {
+		if strings.Contains(line, "Allocated the claims of the pod group") && strings.Contains(line, fmt.Sprintf("%s/job/%s\"", namespace, name)) {
 			t.Errorf("controller log: %s", line)
 		}
 	}

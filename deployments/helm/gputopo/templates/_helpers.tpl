@@ -57,14 +57,12 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The driver name: fixed by the binaries, used by the DeviceClass and the slice policy. */}}
 {{- define "gputopo.driverName" -}}gpu.gputopo.dev{{- end }}
 
-{{/* Flags mapping node labels to the network tree (shared by plugin and controller). */}}
-{{- define "gputopo.networkArgs" -}}
-{{- with .Values.topology.leafLabels }}
-- --leaf-labels={{ join "," . }}
-{{- end }}
-{{- with .Values.topology.spineLabels }}
-- --spine-labels={{ join "," . }}
-{{- end }}
+{{/* The label mapping ConfigMap: its name is fixed, so the CLI finds it in any namespace. */}}
+{{- define "gputopo.labelMappingName" -}}gputopo-label-mapping{{- end }}
+
+{{/* The flag pointing the plugin and the controller at the label mapping ConfigMap. */}}
+{{- define "gputopo.labelMappingArg" -}}
+--label-mapping={{ .Release.Namespace }}/{{ include "gputopo.labelMappingName" . }}
 {{- end }}
 
 {{/*

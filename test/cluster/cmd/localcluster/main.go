@@ -1,12 +1,7 @@
 // Command localcluster builds and runs a local Kubernetes cluster for the
 // gputopo demo and e2e tests: a real control plane, real kubelets on a fake
-// container runtime, and fake nodes. No Docker needed.
-//
-//	localcluster build [--out DIR] [--force]
-//	localcluster up --topology FILE --dir DIR [--plugin-bin PATH] [--foreground]
-//	localcluster down --dir DIR
-//	localcluster plugin start|stop|kill|restart --dir DIR --node NODE
-//	localcluster fakecri --socket PATH --record FILE
+// container runtime, and fake nodes. No Docker needed. `localcluster help`
+// lists the subcommands and their flags.
 package main
 
 import (
@@ -14,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -25,58 +21,89 @@ import (
 	cluster "github.com/gputopo/gputopo/test/cluster"
 )
 
-const usage = `usage:
-  localcluster build [--out DIR] [--force]
-  localcluster up --topology FILE --dir DIR [--plugin-bin PATH] [--bin-dir DIR] [--foreground]
-  localcluster down --dir DIR
-  localcluster plugin start|stop|kill|restart --dir DIR --node NODE
-  localcluster fakecri --socket PATH --record FILE
-`
+// subcommand is one verb of localcluster. setup registers its flags and
+// returns what runs it once they are parsed.
+type subcommand struct {
+	name, args, summary string
+	setup               func(fs *flag.FlagSet) func(ctx context.Context, args []string) error
+}
+
+var subcommands = []subcommand{
+	{"build", "", "build the Kubernetes binaries and etcd from the Go module proxy", setupBuild},
+	{"up", "", "start a cluster and return when it is ready (--foreground: supervise it here)", setupUp},
+	{"down", "", "stop the cluster in --dir; idempotent", setupDown},
+	{"plugin", "start|stop|kill|restart", "drive the gputopo kubelet plugin of one real node", setupPlugin},
+	{"fakecri", "", "serve the fake container runtime on a unix socket", setupFakeCRI},
+}
+
+// usage lists every subcommand with its flags, generated from the flag
+// definitions so it cannot go stale.
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: localcluster COMMAND [flags]")
+	for _, sc := range subcommands {
+		fs := flag.NewFlagSet(sc.name, flag.ContinueOnError)
+		sc.setup(fs)
+		synopsis := "localcluster " + sc.name
+		if sc.args != "" {
+			synopsis += " " + sc.args
+		}
+		fmt.Fprintf(w, "\n  %s\n      %s\n", synopsis, sc.summary)
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+	}
+}
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprint(os.Stderr, usage)
+		usage(os.Stderr)
+		os.Exit(2)
+	}
+	name, args := os.Args[1], os.Args[2:]
+	if name == "-h" || name == "--help" || name == "help" {
+		usage(os.Stdout)
+		return
+	}
+	var sc *subcommand
+	for i := range subcommands {
+		if subcommands[i].name == name {
+			sc = &subcommands[i]
+		}
+	}
+	if sc == nil {
+		fmt.Fprintf(os.Stderr, "unknown command %q\n", name)
+		usage(os.Stderr)
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	var err error
-	switch os.Args[1] {
-	case "build":
-		err = runBuild(ctx, os.Args[2:])
-	case "up":
-		err = runUp(ctx, os.Args[2:])
-	case "down":
-		err = runDown(os.Args[2:])
-	case "plugin":
-		err = runPlugin(os.Args[2:])
-	case "fakecri":
-		err = runFakeCRI(ctx, os.Args[2:])
-	case "-h", "--help", "help":
-		fmt.Print(usage)
-		return
-	default:
-		fmt.Fprintf(os.Stderr, "unknown command %q\n%s", os.Args[1], usage)
-		os.Exit(2)
+	fs := flag.NewFlagSet(sc.name, flag.ExitOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: localcluster %s %s[flags]\n", sc.name, strings.TrimSpace(sc.args+" "))
+		fs.PrintDefaults()
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "localcluster %s: %v\n", os.Args[1], err)
+	run := sc.setup(fs)
+	var positional []string
+	if sc.args != "" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		positional, args = args[:1], args[1:]
+	}
+	_ = fs.Parse(args) // ExitOnError
+	if err := run(ctx, append(positional, fs.Args()...)); err != nil {
+		fmt.Fprintf(os.Stderr, "localcluster %s: %v\n", sc.name, err)
 		os.Exit(1)
 	}
 }
 
-func runBuild(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("build", flag.ExitOnError)
+func setupBuild(fs *flag.FlagSet) func(context.Context, []string) error {
 	out := fs.String("out", cluster.DefaultBinDir(), "directory for the binaries (env GPUTOPO_K8S_BIN)")
 	force := fs.Bool("force", false, "rebuild binaries that are current")
-	fs.Parse(args)
-	return cluster.Build(ctx, cluster.BuildOptions{OutDir: *out, Force: *force})
+	return func(ctx context.Context, _ []string) error {
+		return cluster.Build(ctx, cluster.BuildOptions{OutDir: *out, Force: *force})
+	}
 }
 
-func runUp(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("up", flag.ExitOnError)
-	topology := fs.String("topology", "", "topology file (YAML)")
-	dir := fs.String("dir", "", "cluster directory")
+func setupUp(fs *flag.FlagSet) func(context.Context, []string) error {
+	topology := fs.String("topology", "", "topology file (YAML); required")
+	dir := fs.String("dir", "", "cluster directory; required")
 	pluginBin := fs.String("plugin-bin", "", "gputopo kubelet plugin binary; none started if empty")
 	binDir := fs.String("bin-dir", cluster.DefaultBinDir(), "Kubernetes binaries (env GPUTOPO_K8S_BIN)")
 	controllerBin := fs.String("controller-bin", "", "gputopo controller binary; none started if empty")
@@ -84,40 +111,41 @@ func runUp(ctx context.Context, args []string) error {
 	fs.Var(&manifests, "manifest", "file or directory applied before the controller starts (repeatable)")
 	foreground := fs.Bool("foreground", false, "supervise in this process instead of daemonizing")
 	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait for the cluster to be ready")
-	fs.Parse(args)
-	if *topology == "" || *dir == "" {
-		return errors.New("--topology and --dir are required")
-	}
-	absDir, err := filepath.Abs(*dir)
-	if err != nil {
-		return fmt.Errorf("resolve --dir: %w", err)
-	}
-	nodes, err := cluster.LoadTopology(*topology)
-	if err != nil {
-		return err
-	}
-	for i, m := range manifests {
-		if manifests[i], err = filepath.Abs(m); err != nil {
-			return fmt.Errorf("resolve --manifest: %w", err)
+	return func(ctx context.Context, _ []string) error {
+		if *topology == "" || *dir == "" {
+			return errors.New("--topology and --dir are required")
 		}
+		absDir, err := filepath.Abs(*dir)
+		if err != nil {
+			return fmt.Errorf("resolve --dir: %w", err)
+		}
+		nodes, err := cluster.LoadTopology(*topology)
+		if err != nil {
+			return err
+		}
+		for i, m := range manifests {
+			if manifests[i], err = filepath.Abs(m); err != nil {
+				return fmt.Errorf("resolve --manifest: %w", err)
+			}
+		}
+		cfg := cluster.Config{Dir: absDir, BinDir: *binDir, Nodes: nodes, PluginBin: *pluginBin, Timeout: *timeout,
+			ControllerBin: *controllerBin, Manifests: manifests}
+		if err := cfg.Validate(); err != nil {
+			return err
+		}
+		if !*foreground {
+			return daemonize(absDir, *timeout)
+		}
+		c, err := cluster.Start(ctx, cfg)
+		if err != nil {
+			os.WriteFile(filepath.Join(absDir, "failed"), []byte(err.Error()+"\n"), 0o644)
+			return err
+		}
+		c.Watch(ctx) // until SIGTERM or SIGINT
+		fmt.Fprintln(os.Stderr, "stopping the cluster")
+		c.Stop()
+		return nil
 	}
-	cfg := cluster.Config{Dir: absDir, BinDir: *binDir, Nodes: nodes, PluginBin: *pluginBin, Timeout: *timeout,
-		ControllerBin: *controllerBin, Manifests: manifests}
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	if !*foreground {
-		return daemonize(absDir, *timeout)
-	}
-	c, err := cluster.Start(ctx, cfg)
-	if err != nil {
-		os.WriteFile(filepath.Join(absDir, "failed"), []byte(err.Error()+"\n"), 0o644)
-		return err
-	}
-	c.Watch(ctx) // until SIGTERM or SIGINT
-	fmt.Fprintln(os.Stderr, "stopping the cluster")
-	c.Stop()
-	return nil
 }
 
 // daemonize runs this command again with --foreground in a new session,
@@ -186,60 +214,54 @@ func failure(dir, logPath string) string {
 	return strings.Join(lines, "\n")
 }
 
-func runDown(args []string) error {
-	fs := flag.NewFlagSet("down", flag.ExitOnError)
-	dir := fs.String("dir", "", "cluster directory")
-	fs.Parse(args)
-	if *dir == "" {
-		return errors.New("--dir is required")
+func setupDown(fs *flag.FlagSet) func(context.Context, []string) error {
+	dir := fs.String("dir", "", "cluster directory; required")
+	return func(context.Context, []string) error {
+		if *dir == "" {
+			return errors.New("--dir is required")
+		}
+		return cluster.Down(*dir)
 	}
-	return cluster.Down(*dir)
 }
 
-func runFakeCRI(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("fakecri", flag.ExitOnError)
-	socket := fs.String("socket", "", "unix socket to serve CRI on")
-	record := fs.String("record", "", "file to append CreateContainer records to (JSON lines)")
-	fs.Parse(args)
-	if *socket == "" || *record == "" {
-		return errors.New("--socket and --record are required")
+func setupFakeCRI(fs *flag.FlagSet) func(context.Context, []string) error {
+	socket := fs.String("socket", "", "unix socket to serve CRI on; required")
+	record := fs.String("record", "", "file to append CreateContainer records to (JSON lines); required")
+	return func(ctx context.Context, _ []string) error {
+		if *socket == "" || *record == "" {
+			return errors.New("--socket and --record are required")
+		}
+		f, err := cluster.StartFakeCRI(*socket, *record)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "fake CRI serving on %s, recording to %s\n", *socket, *record)
+		<-ctx.Done()
+		f.Stop()
+		return nil
 	}
-	f, err := cluster.StartFakeCRI(*socket, *record)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(os.Stderr, "fake CRI serving on %s, recording to %s\n", *socket, *record)
-	<-ctx.Done()
-	f.Stop()
-	return nil
 }
 
-func runPlugin(args []string) error {
-	if len(args) == 0 {
-		return errors.New("want start, stop, kill or restart")
+func setupPlugin(fs *flag.FlagSet) func(context.Context, []string) error {
+	dir := fs.String("dir", "", "cluster directory; required")
+	node := fs.String("node", "", "real node whose plugin to drive; required")
+	return func(_ context.Context, args []string) error {
+		actions := map[string]func(*cluster.Cluster, string) error{
+			"start": (*cluster.Cluster).StartPlugin, "stop": (*cluster.Cluster).StopPlugin,
+			"kill": (*cluster.Cluster).KillPlugin, "restart": (*cluster.Cluster).RestartPlugin,
+		}
+		if len(args) != 1 || actions[args[0]] == nil {
+			return fmt.Errorf("want one action: start, stop, kill or restart, got %q", args)
+		}
+		if *dir == "" || *node == "" {
+			return errors.New("--dir and --node are required")
+		}
+		c, err := cluster.Attach(*dir)
+		if err != nil {
+			return err
+		}
+		return actions[args[0]](c, *node)
 	}
-	fs := flag.NewFlagSet("plugin", flag.ExitOnError)
-	dir := fs.String("dir", "", "cluster directory")
-	node := fs.String("node", "", "real node whose plugin to drive")
-	fs.Parse(args[1:])
-	if *dir == "" || *node == "" {
-		return errors.New("--dir and --node are required")
-	}
-	c, err := cluster.Attach(*dir)
-	if err != nil {
-		return err
-	}
-	switch args[0] {
-	case "start":
-		return c.StartPlugin(*node)
-	case "stop":
-		return c.StopPlugin(*node)
-	case "kill":
-		return c.KillPlugin(*node)
-	case "restart":
-		return c.RestartPlugin(*node)
-	}
-	return fmt.Errorf("unknown plugin action %q: want start, stop, kill or restart", args[0])
 }
 
 // stringList is a repeatable string flag.

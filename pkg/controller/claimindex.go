@@ -1,0 +1,154 @@
+package controller
+
+import (
+	"slices"
+	"strconv"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/gputopo/gputopo/pkg/devicefit"
+)
+
+// claimIndex tracks which claim holds which device, kept current from
+// claim events and from the controller's own writes, so a plan never needs
+// to list every claim and a device allocated to two claims is seen at
+// once. Shared allocations (consumable capacity) and admin access do not
+// hold a device exclusively and are not indexed.
+type claimIndex struct {
+	mu       sync.Mutex
+	byDevice map[structured.DeviceID][]types.UID
+	claims   map[types.UID]indexedClaim
+}
+
+type indexedClaim struct {
+	key     string // namespace/name
+	version uint64 // resourceVersion, 0 when unknown
+	devices []structured.DeviceID
+}
+
+func newClaimIndex() *claimIndex {
+	return &claimIndex{byDevice: map[structured.DeviceID][]types.UID{}, claims: map[types.UID]indexedClaim{}}
+}
+
+// exclusiveDevices lists the devices an allocation holds on its own.
+func exclusiveDevices(a *resourceapi.AllocationResult) []structured.DeviceID {
+	if a == nil {
+		return nil
+	}
+	var out []structured.DeviceID
+	for _, r := range a.Devices.Results {
+		if r.ShareID != nil || (r.AdminAccess != nil && *r.AdminAccess) {
+			continue
+		}
+		out = append(out, structured.MakeDeviceID(r.Driver, r.Pool, r.Device))
+	}
+	return out
+}
+
+func parseVersion(rv string) uint64 {
+	v, _ := strconv.ParseUint(rv, 10, 64)
+	return v
+}
+
+// update records the claim's allocation. An event older than what the
+// index already holds (the controller's own write arrived first) is
+// ignored. It returns the other claims that now share a device with it.
+func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	v := parseVersion(claim.ResourceVersion)
+	if old, ok := ix.claims[claim.UID]; ok && v != 0 && old.version > v {
+		return nil
+	}
+	ix.removeLocked(claim.UID)
+	devs := exclusiveDevices(claim.Status.Allocation)
+	ix.claims[claim.UID] = indexedClaim{key: claim.Namespace + "/" + claim.Name, version: v, devices: devs}
+	var clash []types.UID
+	for _, d := range devs {
+		for _, other := range ix.byDevice[d] {
+			if !slices.Contains(clash, other) {
+				clash = append(clash, other)
+			}
+		}
+		ix.byDevice[d] = append(ix.byDevice[d], claim.UID)
+	}
+	return clash
+}
+
+// remove forgets a deleted claim.
+func (ix *claimIndex) remove(uid types.UID) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.removeLocked(uid)
+}
+
+func (ix *claimIndex) removeLocked(uid types.UID) {
+	old, ok := ix.claims[uid]
+	if !ok {
+		return
+	}
+	for _, d := range old.devices {
+		holders := slices.DeleteFunc(ix.byDevice[d], func(u types.UID) bool { return u == uid })
+		if len(holders) == 0 {
+			delete(ix.byDevice, d)
+		} else {
+			ix.byDevice[d] = holders
+		}
+	}
+	delete(ix.claims, uid)
+}
+
+// allocated returns every device held by some claim.
+func (ix *claimIndex) allocated() devicefit.Allocated {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	out := make(devicefit.Allocated, len(ix.byDevice))
+	for d := range ix.byDevice {
+		out.Insert(d)
+	}
+	return out
+}
+
+// sharers returns, for each device of the claim, the other claims that
+// hold it too, keyed by namespace/name.
+func (ix *claimIndex) sharers(uid types.UID) map[structured.DeviceID][]string {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	out := map[structured.DeviceID][]string{}
+	for _, d := range ix.claims[uid].devices {
+		for _, other := range ix.byDevice[d] {
+			if other != uid {
+				out[d] = append(out[d], ix.claims[other].key)
+			}
+		}
+	}
+	return out
+}
+
+// seen reports whether the index holds the claim at version rv or newer.
+func (ix *claimIndex) seen(uid types.UID, rv string) bool {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	c, ok := ix.claims[uid]
+	return ok && c.version >= parseVersion(rv)
+}
+
+// key returns namespace/name of an indexed claim.
+func (ix *claimIndex) key(uid types.UID) string {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return ix.claims[uid].key
+}
+
+// ahead reports whether the index holds a newer version of the claim than
+// rv: the controller wrote it and the informer has not caught up yet.
+func (ix *claimIndex) ahead(uid types.UID, rv string) bool {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	c, ok := ix.claims[uid]
+	v := parseVersion(rv)
+	return ok && v != 0 && c.version > v
+}

@@ -1,0 +1,164 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
+)
+
+// errClaimsPending means a pod's ResourceClaims do not all exist yet: the
+// resource claim controller creates them from templates shortly after the
+// pod, and the claim's creation requeues the group.
+var errClaimsPending = errors.New("the pod's ResourceClaims are not created yet")
+
+// podClaims returns the pod's ResourceClaims as the informer shows them,
+// in the order of the pod spec, skipping claims shared with other pods
+// that are already allocated (they hold their devices already).
+func (c *Controller) podClaims(p *v1.Pod) ([]*resourceapi.ResourceClaim, error) {
+	var out []*resourceapi.ResourceClaim
+	for i := range p.Spec.ResourceClaims {
+		pc := &p.Spec.ResourceClaims[i]
+		name, mustCheckOwner, err := resourceclaim.Name(p, pc)
+		switch {
+		case errors.Is(err, resourceclaim.ErrClaimNotFound):
+			return nil, errClaimsPending
+		case err != nil:
+			return nil, fmt.Errorf("pod %s: claim %s: %w", p.Name, pc.Name, err)
+		case name == nil:
+			continue // the template chose to create no claim
+		}
+		claim, err := c.claims.ResourceClaims(p.Namespace).Get(*name)
+		if apierrors.IsNotFound(err) {
+			if pc.ResourceClaimName != nil {
+				return nil, fmt.Errorf("pod %s uses ResourceClaim %s/%s, which does not exist: create it", p.Name, p.Namespace, *name)
+			}
+			return nil, errClaimsPending
+		}
+		if err != nil {
+			return nil, err
+		}
+		if mustCheckOwner {
+			if err := resourceclaim.IsForPod(p, claim, false); err != nil {
+				return nil, errClaimsPending // an older pod's claim; the new one is coming
+			}
+		} else if claim.Status.Allocation != nil && !ownedBy(claim, "") {
+			continue
+		}
+		out = append(out, claim)
+	}
+	return out, nil
+}
+
+// ownedBy reports whether the controller allocated the claim for group
+// key; an empty key matches any group.
+func ownedBy(claim *resourceapi.ResourceClaim, key string) bool {
+	g, ok := claim.Annotations[placement.AnnotationAllocatedBy]
+	return ok && (key == "" || g == key)
+}
+
+// writeAllocation makes the plan a reservation: the claim gets the
+// finalizer the scheduler would add and says who allocated it, then its
+// status gets the allocation. From then on the scheduler places the pod on
+// the allocation's node and counts the devices as taken for every other
+// pod. The returned claim is the stored one.
+func (c *Controller) writeAllocation(ctx context.Context, pod *v1.Pod, claim *resourceapi.ResourceClaim, key, domain string, alloc resourceapi.AllocationResult) (*resourceapi.ResourceClaim, error) {
+	cl := claim.DeepCopy()
+	if cl.Status.Allocation != nil {
+		return nil, fmt.Errorf("claim %s/%s is already allocated", cl.Namespace, cl.Name)
+	}
+	if !slices.Contains(cl.Finalizers, resourceapi.Finalizer) || cl.Annotations[placement.AnnotationAllocatedBy] != key || cl.Annotations[placement.AnnotationDomain] != domain {
+		if cl.Annotations == nil {
+			cl.Annotations = map[string]string{}
+		}
+		if !slices.Contains(cl.Finalizers, resourceapi.Finalizer) {
+			cl.Finalizers = append(cl.Finalizers, resourceapi.Finalizer)
+		}
+		cl.Annotations[placement.AnnotationAllocatedBy] = key
+		cl.Annotations[placement.AnnotationDomain] = domain
+		updated, err := c.cfg.Client.ResourceV1().ResourceClaims(cl.Namespace).Update(ctx, cl, metav1.UpdateOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("mark claim %s/%s as allocated by %s: %w", cl.Namespace, cl.Name, key, err)
+		}
+		cl = updated
+	}
+	cl.Status.Allocation = alloc.DeepCopy()
+	// Reserved for its pod in the same write, as the scheduler does: the
+	// scheduler then only binds the pod and does not write the claim.
+	cl.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
+	updated, err := c.cfg.Client.ResourceV1().ResourceClaims(cl.Namespace).UpdateStatus(ctx, cl, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("write allocation of claim %s/%s: %w", cl.Namespace, cl.Name, err)
+	}
+	c.index.update(updated)
+	return updated, nil
+}
+
+// releasable reports whether the controller may take back the claim's
+// allocation: it made it, and it is reserved for no pod that is bound.
+func (c *Controller) releasable(claim *resourceapi.ResourceClaim) bool {
+	if claim.Status.Allocation == nil || !ownedBy(claim, "") || claim.DeletionTimestamp != nil {
+		return false
+	}
+	for _, r := range claim.Status.ReservedFor {
+		p, err := c.pods.Pods(claim.Namespace).Get(r.Name)
+		if err != nil || p.UID != r.UID || p.Spec.NodeName != "" {
+			return false
+		}
+	}
+	return true
+}
+
+// releaseClaim clears an allocation the controller made and no pod uses
+// yet. A claim that changed meanwhile (the scheduler reserved it) is left
+// alone: errReserved.
+func (c *Controller) releaseClaim(ctx context.Context, claim *resourceapi.ResourceClaim) error {
+	if !c.releasable(claim) {
+		return nil
+	}
+	cl := claim.DeepCopy()
+	cl.Status.Allocation = nil
+	cl.Status.ReservedFor = nil
+	updated, err := c.cfg.Client.ResourceV1().ResourceClaims(cl.Namespace).UpdateStatus(ctx, cl, metav1.UpdateOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case apierrors.IsConflict(err):
+		fresh, gerr := c.cfg.Client.ResourceV1().ResourceClaims(cl.Namespace).Get(ctx, cl.Name, metav1.GetOptions{})
+		if gerr != nil {
+			return fmt.Errorf("release claim %s/%s: %w", cl.Namespace, cl.Name, gerr)
+		}
+		if !c.releasable(fresh) {
+			c.index.update(fresh)
+			return nil
+		}
+		return c.releaseClaim(ctx, fresh)
+	case err != nil:
+		return fmt.Errorf("release claim %s/%s: %w", cl.Namespace, cl.Name, err)
+	}
+	c.index.update(updated)
+	return nil
+}
+
+// allocationNode is the node an allocation binds its pod to, "" when it
+// does not name exactly one.
+func allocationNode(a *resourceapi.AllocationResult) string {
+	if a == nil || a.NodeSelector == nil || len(a.NodeSelector.NodeSelectorTerms) != 1 {
+		return ""
+	}
+	t := a.NodeSelector.NodeSelectorTerms[0]
+	for _, r := range t.MatchFields {
+		if r.Key == "metadata.name" && r.Operator == v1.NodeSelectorOpIn && len(r.Values) == 1 {
+			return r.Values[0]
+		}
+	}
+	return ""
+}

@@ -1,0 +1,94 @@
+package controller
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gputopo/gputopo/pkg/command"
+	"github.com/gputopo/gputopo/pkg/labelmapping"
+)
+
+// Options are the controller's command-line flags.
+type Options struct {
+	Kubeconfig              string
+	MetricsAddress          string
+	LeaderElect             bool
+	LeaderElectionNamespace string
+	LeaderElectionIdentity  string
+	RetryInterval           time.Duration
+	BindTimeout             time.Duration
+	SettleDelay             time.Duration
+	KubeAPIQPS              float32
+	KubeAPIBurst            int
+	LabelMapping            labelmapping.Options
+}
+
+// NewOptions returns the defaults for a controller in a pod: the leader
+// Lease in the pod's namespace, named after the pod.
+func NewOptions() *Options {
+	identity := os.Getenv("POD_NAME")
+	if identity == "" {
+		identity, _ = os.Hostname()
+	}
+	return &Options{
+		MetricsAddress:          ":9401",
+		LeaderElect:             true,
+		LeaderElectionNamespace: command.Namespace(),
+		LeaderElectionIdentity:  identity,
+		RetryInterval:           30 * time.Second,
+		BindTimeout:             60 * time.Second,
+		SettleDelay:             250 * time.Millisecond,
+		KubeAPIQPS:              50,
+		KubeAPIBurst:            100,
+		LabelMapping:            labelmapping.NewOptions(),
+	}
+}
+
+// AddFlags registers the options on fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Kubeconfig file; empty uses the in-cluster configuration.")
+	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Address serving Prometheus metrics on /metrics; empty disables it.")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Run only while holding the leader Lease, so replicas never plan at the same time.")
+	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader Lease (default $POD_NAMESPACE, else kube-system).")
+	fs.StringVar(&o.LeaderElectionIdentity, "leader-election-identity", o.LeaderElectionIdentity, "This replica's name in the Lease (default $POD_NAME, else the host name).")
+	fs.DurationVar(&o.RetryInterval, "retry-interval", o.RetryInterval, "How often groups that did not fit are planned again; a group's retries back off up to this.")
+	fs.DurationVar(&o.BindTimeout, "bind-timeout", o.BindTimeout, "How long a pod whose gate opened may take to bind before its claims are taken back and it is planned again.")
+	fs.DurationVar(&o.SettleDelay, "settle-delay", o.SettleDelay, "How long gates stay closed after a group's claims are written, so allocations the scheduler had in flight are seen first.")
+	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server; placing a pod costs about two.")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the API server, so a large group is pinned and released at once.")
+	o.LabelMapping.AddFlags(fs)
+}
+
+// Config is the controller's configuration from the options; the caller
+// adds the client, the label mapping in force and the metrics.
+func (o *Options) Config() Config {
+	return Config{RetryInterval: o.RetryInterval, BindTimeout: o.BindTimeout, SettleDelay: o.SettleDelay}
+}
+
+// Validate reports every bad flag at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.RetryInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--retry-interval must be positive, got %s", o.RetryInterval))
+	}
+	if o.BindTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--bind-timeout must be positive, got %s", o.BindTimeout))
+	}
+	if o.SettleDelay <= 0 {
+		errs = append(errs, fmt.Errorf("--settle-delay must be positive, got %s", o.SettleDelay))
+	}
+	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
+		errs = append(errs, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %g and %d", o.KubeAPIQPS, o.KubeAPIBurst))
+	}
+	if o.LeaderElect && (o.LeaderElectionNamespace == "" || o.LeaderElectionIdentity == "") {
+		errs = append(errs, errors.New("--leader-elect needs --leader-election-namespace and --leader-election-identity"))
+	}
+	if err := o.LabelMapping.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

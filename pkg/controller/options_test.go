@@ -1,0 +1,42 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestOptionsValidate(t *testing.T) {
+	for name, tc := range map[string]struct {
+		change func(*Options)
+		want   []string
+	}{
+		"defaults": {change: func(*Options) {}},
+		"everything wrong at once": {
+			change: func(o *Options) {
+				o.RetryInterval, o.KubeAPIQPS, o.LeaderElectionIdentity = -time.Second, 0, ""
+				o.BindTimeout, o.SettleDelay = 0, -time.Millisecond
+				o.LabelMapping.ConfigMap = "no-namespace"
+			},
+			want: []string{"--retry-interval must be positive", "--bind-timeout must be positive", "--settle-delay must be positive",
+				"--kube-api-qps and --kube-api-burst must be positive",
+				"--leader-elect needs", "--label-mapping=\"no-namespace\": want NAMESPACE/NAME"},
+		},
+		"no identity without leader election": {change: func(o *Options) { o.LeaderElect, o.LeaderElectionIdentity = false, "" }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := NewOptions()
+			o.LeaderElectionIdentity = "me"
+			tc.change(o)
+			err := o.Validate()
+			if (err != nil) != (len(tc.want) > 0) {
+				t.Fatalf("Validate() = %v, want errors %q", err, tc.want)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,419 @@
+package controller
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	batchv1 "k8s.io/api/batch/v1"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
+)
+
+func leafOf(node string) string {
+	switch node {
+	case "n0", "n1":
+		return "leaf-0"
+	case "n2", "n3":
+		return "leaf-1"
+	}
+	return ""
+}
+
+func TestPlanIsWrittenIntoClaimsBeforeGatesOpen(t *testing.T) {
+	h := newHarness(t, job("train", 2))
+	h.addPod(jobPod("train", 0, "gpu-8-node", nil))
+	h.addPod(jobPod("train", 1, "gpu-8-node", nil))
+	h.settle()
+	if _, err := h.c.sync(h.ctx, "default/job/train"); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	// Written, but the gates stay closed for the settle time.
+	for _, pod := range []string{"train-0", "train-1"} {
+		c := h.claim(pod + "-gpus")
+		if c.Status.Allocation == nil {
+			t.Fatalf("claim of %s not allocated", pod)
+		}
+		if !slices.Contains(c.Finalizers, resourceapi.Finalizer) || c.Annotations[placement.AnnotationAllocatedBy] != "default/job/train" {
+			t.Errorf("claim of %s: finalizers %v, annotations %v; want the delete-protection finalizer and allocated-by", pod, c.Finalizers, c.Annotations)
+		}
+		if !hasGate(h.pod(pod)) {
+			t.Errorf("%s ungated before the settle time passed", pod)
+		}
+	}
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync("default/job/train")
+	n0, n1 := h.allocatedNode("train-0"), h.allocatedNode("train-1")
+	if n0 == n1 || leafOf(n0) != leafOf(n1) || leafOf(n0) == "" {
+		t.Errorf("pods allocated on %s and %s, want two nodes of one leaf", n0, n1)
+	}
+	for _, pod := range []string{"train-0", "train-1"} {
+		p := h.pod(pod)
+		if hasGate(p) {
+			t.Errorf("%s still gated", pod)
+		}
+		if p.Annotations[placement.AnnotationNode] != h.allocatedNode(pod) || !strings.HasPrefix(p.Annotations[placement.AnnotationDomain], "leaf:") {
+			t.Errorf("%s annotations %v", pod, p.Annotations)
+		}
+		// Should the scheduler allocate the claims again by itself, the
+		// pod still may only go to its leaf's nodes.
+		var want []string
+		for _, n := range []string{"n0", "n1", "n2", "n3"} {
+			if leafOf(n) == leafOf(n0) {
+				want = append(want, "host-"+n)
+			}
+		}
+		wantAff := &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
+			{Key: v1.LabelHostname, Operator: v1.NodeSelectorOpIn, Values: want}}}}}
+		var got *v1.NodeSelector
+		if p.Spec.Affinity != nil && p.Spec.Affinity.NodeAffinity != nil {
+			got = p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+		}
+		if diff := cmp.Diff(wantAff, got); diff != "" {
+			t.Errorf("%s required node affinity (-want +got):\n%s", pod, diff)
+		}
+	}
+}
+
+func TestNarrowedAffinityKeepsTheUsersTerms(t *testing.T) {
+	req := v1.NodeSelectorRequirement{Key: v1.LabelHostname, Operator: v1.NodeSelectorOpIn, Values: []string{"a", "b"}}
+	zone := v1.NodeSelectorRequirement{Key: "zone", Operator: v1.NodeSelectorOpIn, Values: []string{"z1"}}
+	gpu := v1.NodeSelectorRequirement{Key: "gpu", Operator: v1.NodeSelectorOpExists}
+	pod := &v1.Pod{Spec: v1.PodSpec{Affinity: &v1.Affinity{NodeAffinity: &v1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
+			{MatchExpressions: []v1.NodeSelectorRequirement{zone}},
+			{MatchExpressions: []v1.NodeSelectorRequirement{gpu}},
+		}}}}}}
+	// Every term (they are ORed) gains the requirement, nothing is lost.
+	want := &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
+		{MatchExpressions: []v1.NodeSelectorRequirement{zone, req}},
+		{MatchExpressions: []v1.NodeSelectorRequirement{gpu, req}},
+	}}
+	got := narrowedAffinity(pod, req)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("(-want +got):\n%s", diff)
+	}
+	if zone := pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions; len(zone) != 1 {
+		t.Errorf("the pod's own terms were modified: %v", zone)
+	}
+	pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution = got
+	if again := narrowedAffinity(pod, req); again != nil {
+		t.Errorf("a pod already narrowed got another change: %v", again)
+	}
+	if got := narrowedAffinity(&v1.Pod{}, req); got == nil || len(got.NodeSelectorTerms) != 1 {
+		t.Errorf("a pod without affinity gets one term, got %v", got)
+	}
+}
+
+// The defect behind the failing demo: a pod that bypasses gputopo takes
+// GPUs of a node. The scheduler writes that into its claim; the plan must
+// count it, and a plan made before must be a claim allocation the
+// scheduler counts in turn.
+func TestForeignAllocationsAreNeverOverbooked(t *testing.T) {
+	h := newHarness(t, job("train", 2), foreignClaim("quad", "n0", "gpu-0", "gpu-1", "gpu-2", "gpu-3"))
+	h.addPod(jobPod("train", 0, "gpu-8-node", nil))
+	h.addPod(jobPod("train", 1, "gpu-8-node", nil))
+	h.settle()
+	h.sync("default/job/train")
+	for _, pod := range []string{"train-0", "train-1"} {
+		if n := h.allocatedNode(pod); n == "n0" || n == "" {
+			t.Errorf("%s allocated on %q; n0 has four GPUs taken", pod, n)
+		}
+	}
+}
+
+// A device the scheduler allocated in memory while the controller wrote
+// the same device: the group's own claims are taken back and planned again
+// before any gate opens.
+func TestClashBeforeGatesOpenIsReplanned(t *testing.T) {
+	h := newHarness(t, job("pair", 1))
+	h.addPod(jobPod("pair", 0, "gpu-4-nvlink", nil))
+	h.settle()
+	if _, err := h.c.sync(h.ctx, "default/job/pair"); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	node, devs := h.allocatedNode("pair-0"), h.devicesOf("pair-0")
+	var names []string
+	for _, d := range devs {
+		names = append(names, d[strings.LastIndex(d, "/")+1:])
+	}
+	h.create(foreignClaim("racer", node, names...))
+	h.settle()
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync("default/job/pair")
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync("default/job/pair")
+	if got := h.devicesOf("pair-0"); cmp.Equal(got, devs) {
+		t.Fatalf("claim still holds %v, which the other claim holds too", got)
+	}
+	if hasGate(h.pod("pair-0")) {
+		t.Error("pod still gated after the re-plan")
+	}
+	if r := h.pod("pair-0").Annotations[placement.AnnotationReleased]; r != "1;"+ReleaseConflict {
+		t.Errorf("released annotation %q, want 1;%s", r, ReleaseConflict)
+	}
+}
+
+// An interrupted write leaves one pod's claim allocated and the other's
+// not: the group is planned again as a whole instead of being squeezed
+// around the first pod.
+func TestHalfWrittenGroupIsPlannedAgainAsAWhole(t *testing.T) {
+	// leaf-1 is full, so the only fit is leaf-0; the stale half sits on n2.
+	h := newHarness(t, job("train", 2), foreignClaim("busy", "n3", gpus(8)...))
+	h.addPod(jobPod("train", 0, "gpu-8-node", nil))
+	h.addPod(jobPod("train", 1, "gpu-8-node", nil))
+	stale := foreignClaim("x", "n2", gpus(8)...).Status.Allocation
+	c := h.claim("train-0-gpus")
+	c.Annotations[placement.AnnotationAllocatedBy] = "default/job/train"
+	c.Annotations[placement.AnnotationDomain] = "leaf:leaf-1"
+	c.Finalizers = []string{resourceapi.Finalizer}
+	c, _ = h.client.ResourceV1().ResourceClaims("default").Update(h.ctx, c, metav1.UpdateOptions{})
+	c.Status.Allocation = stale
+	if _, err := h.client.ResourceV1().ResourceClaims("default").UpdateStatus(h.ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	h.sync("default/job/train")
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync("default/job/train")
+	for _, pod := range []string{"train-0", "train-1"} {
+		if n := h.allocatedNode(pod); leafOf(n) != "leaf-0" {
+			t.Errorf("%s allocated on %q, want leaf-0", pod, n)
+		}
+		if hasGate(h.pod(pod)) {
+			t.Errorf("%s still gated", pod)
+		}
+	}
+}
+
+func TestIncompleteGroupWaitsWithAStableReason(t *testing.T) {
+	h := newHarness(t, job("train", 3))
+	h.addPod(jobPod("train", 0, "gpu-8-node", nil))
+	h.settle()
+	h.sync("default/job/train")
+	first := h.pod("train-0").Annotations[placement.AnnotationStatus]
+	h.addPod(jobPod("train", 1, "gpu-8-node", nil))
+	h.settle()
+	h.sync("default/job/train")
+	if got := h.pod("train-0").Annotations[placement.AnnotationStatus]; got != first || first == "" {
+		t.Errorf("status changed from %q to %q as pods arrived", first, got)
+	}
+	if h.claim("train-0-gpus").Status.Allocation != nil {
+		t.Error("claims allocated before the group is complete")
+	}
+}
+
+func TestCompletionsAboveParallelismPlansTheFirstWave(t *testing.T) {
+	j := job("wave", 2)
+	j.Spec.Completions = ptr.To[int32](4)
+	h := newHarness(t, j)
+	h.addPod(jobPod("wave", 0, "gpu-8-node", nil))
+	h.addPod(jobPod("wave", 1, "gpu-8-node", nil))
+	h.settle()
+	h.sync("default/job/wave")
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync("default/job/wave")
+	for _, pod := range []string{"wave-0", "wave-1"} {
+		if hasGate(h.pod(pod)) {
+			t.Errorf("%s still gated: a Job with completions > parallelism must not wait for all completions", pod)
+		}
+	}
+}
+
+func TestPodThatDoesNotBindIsReleasedAndPlannedAgain(t *testing.T) {
+	h := newHarness(t, job("one", 1))
+	h.c.cfg.BindTimeout = 50 * time.Millisecond
+	h.addPod(jobPod("one", 0, "gpu-8-node", nil))
+	h.settle()
+	h.sync("default/job/one")
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync("default/job/one")
+	if hasGate(h.pod("one-0")) {
+		t.Fatal("pod still gated")
+	}
+	time.Sleep(100 * time.Millisecond)
+	h.sync("default/job/one")
+	p := h.pod("one-0")
+	if r := p.Annotations[placement.AnnotationReleased]; !strings.HasSuffix(r, ";"+ReleaseTimeout) {
+		t.Errorf("released annotation %q, want a BindTimeout release", r)
+	}
+	c := h.claim("one-0-gpus")
+	if c.Status.Allocation == nil {
+		t.Errorf("claim not allocated again after the release")
+	}
+}
+
+func TestPodOfDeletedNodeIsSteeredElsewhere(t *testing.T) {
+	for name, break_ := range map[string]func(h *harness, node string){
+		"deleted": func(h *harness, node string) {
+			if err := h.client.CoreV1().Nodes().Delete(h.ctx, node, metav1.DeleteOptions{}); err != nil {
+				h.t.Fatal(err)
+			}
+		},
+		"not ready": func(h *harness, node string) {
+			n, _ := h.client.CoreV1().Nodes().Get(h.ctx, node, metav1.GetOptions{})
+			n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionFalse}}
+			if _, err := h.client.CoreV1().Nodes().UpdateStatus(h.ctx, n, metav1.UpdateOptions{}); err != nil {
+				h.t.Fatal(err)
+			}
+		},
+		"tainted NoExecute": func(h *harness, node string) {
+			n, _ := h.client.CoreV1().Nodes().Get(h.ctx, node, metav1.GetOptions{})
+			n.Spec.Taints = []v1.Taint{{Key: "maintenance", Effect: v1.TaintEffectNoExecute}}
+			if _, err := h.client.CoreV1().Nodes().Update(h.ctx, n, metav1.UpdateOptions{}); err != nil {
+				h.t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, job("one", 1))
+			h.addPod(jobPod("one", 0, "gpu-8-node", nil))
+			h.settle()
+			h.sync("default/job/one")
+			time.Sleep(h.c.cfg.SettleDelay)
+			h.sync("default/job/one")
+			node := h.allocatedNode("one-0")
+			break_(h, node)
+			h.eventually("the node change", func() bool {
+				n, err := h.c.nodes.Get(node)
+				return err != nil || !nodeReady(n) || len(n.Spec.Taints) > 0
+			})
+			h.sync("default/job/one")
+			if got := h.allocatedNode("one-0"); got == node || got == "" {
+				t.Errorf("claim allocated on %q after node %s failed", got, node)
+			}
+		})
+	}
+}
+
+func TestReplacementGoesBackIntoTheDomain(t *testing.T) {
+	h := newHarness(t, job("train", 2))
+	h.addPod(jobPod("train", 0, "gpu-4-nvlink", nil))
+	h.addPod(jobPod("train", 1, "gpu-4-nvlink", nil))
+	h.settle()
+	h.sync("default/job/train")
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync("default/job/train")
+	h.bind("train-0")
+	h.bind("train-1")
+	leaf := leafOf(h.allocatedNode("train-0"))
+	if err := h.client.CoreV1().Pods("default").Delete(h.ctx, "train-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The replacement's claim is new; the old one is gone with its pod.
+	if err := h.client.ResourceV1().ResourceClaims("default").Delete(h.ctx, "train-1-gpus", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.addPod(jobPod("train", 2, "gpu-4-nvlink", nil))
+	h.settle()
+	h.sync("default/job/train")
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.sync("default/job/train")
+	if got := leafOf(h.allocatedNode("train-2")); got != leaf {
+		t.Errorf("replacement on leaf %q, want %q", got, leaf)
+	}
+}
+
+func TestJobThatCannotFitStaysGatedWithReason(t *testing.T) {
+	h := newHarness(t, job("huge", 5))
+	for i := range 5 {
+		h.addPod(jobPod("huge", i, "gpu-8-node", nil))
+	}
+	h.settle()
+	res, err := h.c.sync(h.ctx, "default/job/huge")
+	if err != nil || res != backoff {
+		t.Fatalf("sync = %v, %v; want a backoff", res, err)
+	}
+	h.settle()
+	if s := h.pod("huge-0").Annotations[placement.AnnotationStatus]; !strings.Contains(s, "huge") {
+		t.Errorf("status %q does not say why", s)
+	}
+	if h.claim("huge-0-gpus").Status.Allocation != nil || !hasGate(h.pod("huge-0")) {
+		t.Error("a group that does not fit got claims or lost its gate")
+	}
+}
+
+// Waiting groups are retried on their own schedules: many of them must not
+// push each other's retries minutes out through one shared bucket.
+func TestPendingGroupsDoNotShareABackoffBucket(t *testing.T) {
+	h := newHarness(t)
+	for i := range 1000 {
+		h.c.setPending(fmt.Sprintf("default/job/j%d", i), true)
+	}
+	for range 3 {
+		h.c.requeuePending()
+	}
+	if n := h.c.queue.Len(); n != 1000 {
+		t.Errorf("queue holds %d groups right away, want all 1000", n)
+	}
+	if r := h.c.queue.NumRequeues("default/job/j0"); r != 0 {
+		t.Errorf("requeue of a pending group counted %d rate-limited retries", r)
+	}
+}
+
+func TestGroupKeys(t *testing.T) {
+	base := func(labels, ann map[string]string, owner string) *v1.Pod {
+		a := map[string]string{placement.AnnotationPlacement: "auto"}
+		for k, v := range ann {
+			a[k] = v
+		}
+		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Labels: labels, Annotations: a}}
+		if owner != "" {
+			p.OwnerReferences = []metav1.OwnerReference{{Kind: "Job", Name: owner, Controller: ptr.To(true)}}
+		}
+		return p
+	}
+	for name, tc := range map[string]struct {
+		pod  *v1.Pod
+		want string
+	}{
+		"lone pod":        {base(nil, nil, ""), "ns/pod/p"},
+		"job":             {base(nil, nil, "j"), "ns/job/j"},
+		"jobset":          {base(map[string]string{labelJobSetName: "js"}, nil, "js-workers-0"), "ns/jobset/js"},
+		"lws group":       {base(map[string]string{labelLWSName: "lws", labelLWSGroupIndex: "3"}, nil, ""), "ns/lws/lws-3"},
+		"group overrides": {base(map[string]string{labelJobSetName: "js"}, map[string]string{placement.AnnotationGroup: "g", placement.AnnotationGroupSize: "2"}, "j"), "ns/group/g"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, ok := groupKey(tc.pod)
+			if !ok || got != tc.want {
+				t.Errorf("groupKey = %q, %v; want %q", got, ok, tc.want)
+			}
+		})
+	}
+}
+
+func TestRankPodsByCompletionIndex(t *testing.T) {
+	var pods []*v1.Pod
+	for _, i := range []int{10, 2, 0, 1} {
+		pods = append(pods, &v1.Pod{ObjectMeta: metav1.ObjectMeta{
+			Name:        fmt.Sprintf("j-%d-abcde", i),
+			Annotations: map[string]string{batchv1.JobCompletionIndexAnnotation: fmt.Sprint(i)},
+		}})
+	}
+	rankPods(pods)
+	var got []string
+	for _, p := range pods {
+		got = append(got, p.Annotations[batchv1.JobCompletionIndexAnnotation])
+	}
+	if diff := cmp.Diff([]string{"0", "1", "2", "10"}, got); diff != "" {
+		t.Errorf("rank (-want +got):\n%s", diff)
+	}
+}
+
+func TestJobSize(t *testing.T) {
+	j := job("j", 4)
+	j.Spec.Completions = ptr.To[int32](10)
+	j.Status.Succeeded = 8
+	if got := jobSize(j); got != 2 {
+		t.Errorf("jobSize = %d, want the 2 remaining completions", got)
+	}
+}
