@@ -13,7 +13,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -21,7 +20,6 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -73,7 +71,7 @@ type Controller struct {
 	podIdx   cache.Indexer
 	nodes    corelisters.NodeLister
 	jobs     batchlisters.JobLister
-	slices   resourcelisters.ResourceSliceLister
+	sliceIdx cache.Indexer
 	claims   resourcelisters.ResourceClaimLister
 	tmpls    resourcelisters.ResourceClaimTemplateLister
 	classes  resourcelisters.DeviceClassLister
@@ -88,14 +86,14 @@ type Controller struct {
 	mu sync.Mutex
 	// network is the label mapping in force; it starts as Config.Network.
 	network topology.LabelMapping
-	// cluster is the static tree, rebuilt when nodes, slices or the label
-	// mapping change.
-	cluster      *planner.Cluster
-	clusterDirty bool
-	pending      map[string]bool         // groups that did not fit
-	settle       map[string]time.Time    // groups whose gates stay closed until then
-	opened       map[types.UID]time.Time // when this process opened a pod's gate
-	usage        planner.NodeUsage       // what the pods on each node request
+	// cluster is the static tree, patched or rebuilt from topo when
+	// nodes, slices or the label mapping change.
+	cluster *planner.Cluster
+	topo    topoState
+	pending map[string]bool         // groups that did not fit
+	settle  map[string]time.Time    // groups whose gates stay closed until then
+	opened  map[types.UID]time.Time // when this process opened a pod's gate
+	usage   planner.NodeUsage       // what the pods on each node request
 }
 
 // New wires the informers. Call Run to start.
@@ -117,32 +115,36 @@ func New(cfg Config) (*Controller, error) {
 	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup}); err != nil {
 		return nil, fmt.Errorf("add pod group index: %w", err)
 	}
+	sliceInf := f.Resource().V1().ResourceSlices().Informer()
+	if err := sliceInf.AddIndexers(cache.Indexers{sliceNodeIndex: indexSliceByNode}); err != nil {
+		return nil, fmt.Errorf("add slice node index: %w", err)
+	}
 	bcast := record.NewBroadcaster()
 	c := &Controller{
-		cfg:     cfg,
-		factory: f,
-		pods:    f.Core().V1().Pods().Lister(),
-		podIdx:  podInf.GetIndexer(),
-		nodes:   f.Core().V1().Nodes().Lister(),
-		jobs:    f.Batch().V1().Jobs().Lister(),
-		slices:  f.Resource().V1().ResourceSlices().Lister(),
-		claims:  f.Resource().V1().ResourceClaims().Lister(),
-		tmpls:   f.Resource().V1().ResourceClaimTemplates().Lister(),
-		classes: f.Resource().V1().DeviceClasses().Lister(),
+		cfg:      cfg,
+		factory:  f,
+		pods:     f.Core().V1().Pods().Lister(),
+		podIdx:   podInf.GetIndexer(),
+		nodes:    f.Core().V1().Nodes().Lister(),
+		jobs:     f.Batch().V1().Jobs().Lister(),
+		sliceIdx: sliceInf.GetIndexer(),
+		claims:   f.Resource().V1().ResourceClaims().Lister(),
+		tmpls:    f.Resource().V1().ResourceClaimTemplates().Lister(),
+		classes:  f.Resource().V1().DeviceClasses().Lister(),
 		// Each group backs off on its own; there is no shared bucket that
 		// many waiting groups could drain for each other.
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, cfg.RetryInterval),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gputopo-groups"}),
-		index:        newClaimIndex(),
-		bcast:        bcast,
-		recorder:     bcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "gputopo-controller"}),
-		network:      cfg.Network,
-		clusterDirty: true,
-		pending:      map[string]bool{},
-		settle:       map[string]time.Time{},
-		opened:       map[types.UID]time.Time{},
-		usage:        planner.NodeUsage{},
+		index:    newClaimIndex(),
+		bcast:    bcast,
+		recorder: bcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "gputopo-controller"}),
+		network:  cfg.Network,
+		topo:     newTopoState(),
+		pending:  map[string]bool{},
+		settle:   map[string]time.Time{},
+		opened:   map[types.UID]time.Time{},
+		usage:    planner.NodeUsage{},
 	}
 	c.planner = planner.New(devicefit.NewEvaluator(classLister{c.classes}))
 
@@ -151,8 +153,8 @@ func New(cfg Config) (*Controller, error) {
 		h   cache.ResourceEventHandler
 	}{
 		{podInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onPodAdd, UpdateFunc: c.onPodUpdate, DeleteFunc: c.onPodDelete}},
-		{f.Core().V1().Nodes().Informer(), c.topologyChanged(nodeMoved)},
-		{f.Resource().V1().ResourceSlices().Informer(), c.topologyChanged(sliceChanged)},
+		{f.Core().V1().Nodes().Informer(), c.nodeHandler()},
+		{sliceInf, c.sliceHandler()},
 		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaim, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
 		{f.Batch().V1().Jobs().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onJob, UpdateFunc: func(_, o any) { c.onJob(o) }, DeleteFunc: c.onJob}},
 		{f.Resource().V1().ResourceClaimTemplates().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.requeuePending() }}},
@@ -350,55 +352,6 @@ func (c *Controller) onJob(obj any) {
 	}
 }
 
-// topologyChanged marks the static tree stale. relevant, when set, skips
-// updates that cannot change the tree, such as node status heartbeats, so
-// a large cluster is not rebuilt for every plan.
-func (c *Controller) topologyChanged(relevant func(old, cur any) bool) cache.ResourceEventHandler {
-	mark := func(any) {
-		c.mu.Lock()
-		c.clusterDirty = true
-		c.mu.Unlock()
-		c.requeuePending()
-	}
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc: mark,
-		UpdateFunc: func(old, cur any) {
-			if relevant == nil || relevant(old, cur) {
-				mark(cur)
-			}
-		},
-		DeleteFunc: mark,
-	}
-}
-
-// nodeMoved reports node updates the planner sees: labels (the network
-// tree), whether the node takes new pods, readiness and taints.
-func nodeMoved(old, cur any) bool {
-	o, ok1 := old.(*v1.Node)
-	n, ok2 := cur.(*v1.Node)
-	if !ok1 || !ok2 {
-		return true
-	}
-	return o.Spec.Unschedulable != n.Spec.Unschedulable || !maps.Equal(o.Labels, n.Labels) ||
-		nodeReady(o) != nodeReady(n) || !equality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints)
-}
-
-// SetLabelMapping rebuilds the tree with a new label mapping, which can
-// move any node, and retries the groups that wait.
-func (c *Controller) SetLabelMapping(m topology.LabelMapping) {
-	c.mu.Lock()
-	c.network, c.clusterDirty = m, true
-	c.mu.Unlock()
-	c.requeuePending()
-}
-
-// sliceChanged skips resyncs of unchanged slices.
-func sliceChanged(old, cur any) bool {
-	o, ok1 := old.(*resourceapi.ResourceSlice)
-	n, ok2 := cur.(*resourceapi.ResourceSlice)
-	return !ok1 || !ok2 || o.ResourceVersion != n.ResourceVersion
-}
-
 // requeuePending retries every group still waiting for room. The queue
 // holds a key once, so a burst of events costs one plan per group.
 func (c *Controller) requeuePending() {
@@ -452,40 +405,6 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		c.queue.Forget(key)
 	}
 	return true
-}
-
-// snapshotCluster returns the static tree, rebuilding it when nodes or
-// slices changed since the last plan.
-func (c *Controller) snapshotCluster() (*planner.Cluster, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.clusterDirty && c.cluster != nil {
-		return c.cluster, nil
-	}
-	nodes, err := c.nodes.List(everything)
-	if err != nil {
-		return nil, err
-	}
-	all, err := c.slices.List(everything)
-	if err != nil {
-		return nil, err
-	}
-	byNode := map[string][]*resourceapi.ResourceSlice{}
-	for _, s := range all {
-		if s.Spec.NodeName != nil {
-			byNode[*s.Spec.NodeName] = append(byNode[*s.Spec.NodeName], s)
-		}
-	}
-	infos := make([]planner.NodeInfo, 0, len(nodes))
-	for _, n := range nodes {
-		infos = append(infos, planner.NodeInfoFor(n, byNode[n.Name], c.network))
-	}
-	cl, err := planner.NewCluster(infos, c.cfg.LeafOrder)
-	if err != nil {
-		return nil, fmt.Errorf("build topology tree: %w", err)
-	}
-	c.cluster, c.clusterDirty = cl, false
-	return cl, nil
 }
 
 // updateUsage refreshes the utilization and fragmentation gauges.
