@@ -413,7 +413,7 @@ func (c *Controller) updateUsage(context.Context) {
 	if err != nil {
 		return
 	}
-	u := planner.Measure(planner.NewSnapshot(cl, c.index.allocated()), nil)
+	u := planner.Measure(c.index.snapshot(cl), nil)
 	c.cfg.Metrics.LeafUtilization.Reset()
 	for _, l := range u.Leaves {
 		c.cfg.Metrics.LeafUtilization.WithLabelValues(l.Spine, l.Leaf).Set(l.Utilization)

@@ -175,6 +175,7 @@ const (
 )
 
 func (c *Controller) sync(ctx context.Context, key string) (result, error) {
+	start := time.Now() // a plan's duration includes reading the group
 	g, err := c.loadGroup(key)
 	if err != nil {
 		return done, err
@@ -261,9 +262,8 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 			delete(job.Pinned, pod) // its node is gone; recover() deals with the pod
 		}
 	}
-	start := time.Now()
 	c.mu.Lock()
-	snap := planner.NewSnapshot(cl, c.index.allocated(), planner.WithUsed(c.usage))
+	snap := c.index.snapshot(cl, planner.WithUsed(c.usage))
 	c.mu.Unlock()
 	plan, err := c.planner.Plan(ctx, snap, nil, job)
 	c.cfg.Metrics.PlanDuration.Observe(time.Since(start).Seconds())
