@@ -11,8 +11,11 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -90,7 +93,7 @@ type Controller struct {
 	// nodes, slices or the label mapping change.
 	cluster *planner.Cluster
 	topo    topoState
-	pending map[string]bool         // groups that did not fit
+	pending map[string]time.Time    // groups that did not fit: when each was created
 	settle  map[string]time.Time    // groups whose gates stay closed until then
 	opened  map[types.UID]time.Time // when this process opened a pod's gate
 	usage   planner.NodeUsage       // what the pods on each node request
@@ -141,7 +144,7 @@ func New(cfg Config) (*Controller, error) {
 		recorder: bcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "gputopo-controller"}),
 		network:  cfg.Network,
 		topo:     newTopoState(),
-		pending:  map[string]bool{},
+		pending:  map[string]time.Time{},
 		settle:   map[string]time.Time{},
 		opened:   map[types.UID]time.Time{},
 		usage:    planner.NodeUsage{},
@@ -352,12 +355,19 @@ func (c *Controller) onJob(obj any) {
 	}
 }
 
-// requeuePending retries every group still waiting for room. The queue
-// holds a key once, so a burst of events costs one plan per group.
+// requeuePending retries every group still waiting for room, oldest
+// first: the queue hands keys out in the order they were added, so room
+// that frees up goes to the group created first, and later groups
+// backfill what it leaves. The queue holds a key once, so a burst of
+// events costs one plan per group.
 func (c *Controller) requeuePending() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	for key := range c.pending {
+	keys := slices.Collect(maps.Keys(c.pending))
+	slices.SortFunc(keys, func(a, b string) int {
+		return cmp.Or(c.pending[a].Compare(c.pending[b]), strings.Compare(a, b))
+	})
+	c.mu.Unlock()
+	for _, key := range keys {
 		c.queue.Add(key)
 	}
 }

@@ -347,7 +347,7 @@ func TestJobThatCannotFitStaysGatedWithReason(t *testing.T) {
 func TestPendingGroupsDoNotShareABackoffBucket(t *testing.T) {
 	h := newHarness(t)
 	for i := range 1000 {
-		h.c.setPending(fmt.Sprintf("default/job/j%d", i), true)
+		h.c.setPending(fmt.Sprintf("default/job/j%d", i), true, time.Time{})
 	}
 	for range 3 {
 		h.c.requeuePending()
@@ -357,6 +357,35 @@ func TestPendingGroupsDoNotShareABackoffBucket(t *testing.T) {
 	}
 	if r := h.c.queue.NumRequeues("default/job/j0"); r != 0 {
 		t.Errorf("requeue of a pending group counted %d rate-limited retries", r)
+	}
+}
+
+// Room that frees up goes to the group created first: pending groups are
+// retried in order of creation, whatever order they failed in.
+func TestPendingGroupsAreRetriedOldestFirst(t *testing.T) {
+	h := newHarness(t)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, p := range []struct {
+		key     string
+		created time.Time
+	}{
+		{"default/job/small-late", t0.Add(2 * time.Second)},
+		{"default/job/big-first", t0},
+		{"default/job/b-same-second", t0.Add(time.Second)},
+		{"default/job/a-same-second", t0.Add(time.Second)},
+	} {
+		h.c.setPending(p.key, true, p.created)
+	}
+	h.c.requeuePending()
+	var got []string
+	for h.c.queue.Len() > 0 {
+		key, _ := h.c.queue.Get()
+		got = append(got, key)
+		h.c.queue.Done(key)
+	}
+	want := []string{"default/job/big-first", "default/job/a-same-second", "default/job/b-same-second", "default/job/small-late"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("retry order (-want +got):\n%s", diff)
 	}
 }
 

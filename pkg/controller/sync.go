@@ -10,6 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
@@ -272,7 +273,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	var invalid *planner.InvalidJobError
 	switch {
 	case errors.As(err, &unsched):
-		c.setPending(key, true)
+		c.setPending(key, true, g.created())
 		c.refuse(ctx, g, OutcomeUnschedulable, ReasonUnschedulable, unsched.Error())
 		return backoff, nil
 	case errors.As(err, &broken), errors.As(err, &invalid):
@@ -285,7 +286,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		return done, err
 	}
 	klog.FromContext(ctx).Info("Allocated the claims of the pod group", "domain", plan.Domain.String(), "pods", len(plan.Assignments), "fallback", plan.Fallback)
-	c.setPending(key, false)
+	c.setPending(key, false, time.Time{})
 	c.cfg.Metrics.Decisions.WithLabelValues(OutcomePlaced).Inc()
 	msg := fmt.Sprintf("placed %d pods in %s", len(plan.Assignments), plan.Domain)
 	if len(plan.Reasons) > 0 {
@@ -334,7 +335,7 @@ func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan)
 // settled: the informer shows them and no other claim holds their devices.
 func (c *Controller) release(ctx context.Context, g *group) error {
 	if len(g.held) == 0 {
-		c.setPending(g.key, false)
+		c.setPending(g.key, false, time.Time{})
 		return nil
 	}
 	c.mu.Lock()
@@ -369,6 +370,14 @@ func (c *Controller) refuse(ctx context.Context, g *group, outcome, reason, msg 
 	if err := c.setStatus(ctx, append(g.pods(g.toPlace), g.gatedWaiting()...), reason, msg); err != nil {
 		klog.FromContext(ctx).Error(err, "Recording why the group waits failed")
 	}
+}
+
+// created is when the group's Job (or first pod) was created.
+func (g *group) created() time.Time {
+	if m, err := meta.Accessor(g.subject); err == nil {
+		return m.GetCreationTimestamp().Time
+	}
+	return time.Time{}
 }
 
 func (g *group) anyPod() *v1.Pod {
