@@ -17,6 +17,9 @@ type ProcStat struct {
 	CPUSeconds float64
 	// RSS is the resident set now, PeakRSS the largest it has been (VmHWM).
 	RSS, PeakRSS uint64
+	// RSSAnon is the part of RSS that is heap and stacks, RSSFile the
+	// mapped files: mostly the binary's own pages.
+	RSSAnon, RSSFile uint64
 }
 
 // MiB renders bytes in MiB.
@@ -36,7 +39,8 @@ func ReadProc(name string, pid int) (ProcStat, error) {
 	if err != nil {
 		return ProcStat{}, fmt.Errorf("read /proc/%d/status of %s: %w", pid, name, err)
 	}
-	return ProcStat{Name: name, PID: pid, CPUSeconds: stat.CPUTime(), RSS: status.VmRSS, PeakRSS: status.VmHWM}, nil
+	return ProcStat{Name: name, PID: pid, CPUSeconds: stat.CPUTime(), RSS: status.VmRSS, PeakRSS: status.VmHWM,
+		RSSAnon: status.RssAnon, RSSFile: status.RssFile}, nil
 }
 
 // ClusterProc reads a process of the local cluster by its name there

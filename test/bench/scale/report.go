@@ -100,11 +100,15 @@ func WriteController(w io.Writer, title string, r ControllerResult) {
 // WritePlugin renders the plugin's memory as Markdown.
 func WritePlugin(w io.Writer, r PluginResult) {
 	fmt.Fprintf(w, "#### Kubelet plugin on one real node (%s, %d GPUs)\n\n", r.Profile, r.GPUs)
-	fmt.Fprintln(w, "| Process | State | RSS | Peak RSS | CPU |")
-	fmt.Fprintln(w, "|---|---|---|---|---|")
-	fmt.Fprintf(w, "| gputopo-kubelet-plugin | slices published | %s MiB | %s MiB | %.2f s |\n", MiB(r.Idle.RSS), MiB(r.Idle.PeakRSS), r.Idle.CPUSeconds)
-	fmt.Fprintf(w, "| gputopo-kubelet-plugin | %d pods prepared | %s MiB | %s MiB | %.2f s |\n", r.Pods, MiB(r.Loaded.RSS), MiB(r.Loaded.PeakRSS), r.Loaded.CPUSeconds)
-	fmt.Fprintf(w, "| kubelet | %d pods running | %s MiB | %s MiB | %.2f s |\n\n", r.Pods, MiB(r.Kubelet.RSS), MiB(r.Kubelet.PeakRSS), r.Kubelet.CPUSeconds)
+	fmt.Fprintln(w, "| Process | State | RSS | of it heap and stacks / mapped files | Peak RSS | CPU |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
+	row := func(name, state string, p ProcStat) {
+		fmt.Fprintf(w, "| %s | %s | %s MiB | %s / %s MiB | %s MiB | %.2f s |\n", name, state, MiB(p.RSS), MiB(p.RSSAnon), MiB(p.RSSFile), MiB(p.PeakRSS), p.CPUSeconds)
+	}
+	row("gputopo-kubelet-plugin", "slices published", r.Idle)
+	row("gputopo-kubelet-plugin", fmt.Sprintf("%d pods prepared", r.Pods), r.Loaded)
+	row("kubelet", fmt.Sprintf("%d pods running", r.Pods), r.Kubelet)
+	fmt.Fprintln(w)
 }
 
 func writeMemory(w io.Writer, mem []ProcStat) {
