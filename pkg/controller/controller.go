@@ -79,6 +79,10 @@ type Controller struct {
 	tmpls    resourcelisters.ResourceClaimTemplateLister
 	classes  resourcelisters.DeviceClassLister
 	queue    workqueue.TypedRateLimitingInterface[string]
+	// releases holds placed groups whose gates are due to open; the
+	// worker serves it before each key of queue, so opening gates never
+	// waits behind a backlog of groups still to be planned.
+	releases workqueue.TypedDelayingInterface[string]
 	recorder record.EventRecorder
 	bcast    record.EventBroadcaster
 	planner  *planner.Planner
@@ -139,6 +143,7 @@ func New(cfg Config) (*Controller, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, cfg.RetryInterval),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gputopo-groups"}),
+		releases: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Name: "gputopo-releases"}),
 		index:    newClaimIndex(),
 		bcast:    bcast,
 		recorder: bcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "gputopo-controller"}),
@@ -331,6 +336,12 @@ func (c *Controller) syncClaimGroups(key string) {
 	}
 	if g, ok := claim.Annotations[placement.AnnotationAllocatedBy]; ok {
 		c.queue.Add(g)
+		c.mu.Lock()
+		_, placed := c.settle[g]
+		c.mu.Unlock()
+		if placed {
+			c.releases.Add(g) // its gates may open now
+		}
 	}
 	for _, ref := range claim.OwnerReferences {
 		if ref.Kind == "Pod" {
@@ -377,6 +388,7 @@ func (c *Controller) requeuePending() {
 func (c *Controller) Run(ctx context.Context) error {
 	defer utilruntime.HandleCrashWithContext(ctx)
 	defer c.queue.ShutDown()
+	defer c.releases.ShutDown()
 	c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.cfg.Client.CoreV1().Events("")})
 	defer c.bcast.Shutdown()
 	c.factory.Start(ctx.Done())
@@ -404,6 +416,27 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer c.queue.Done(key)
+	for c.releases.Len() > 0 {
+		r, quit := c.releases.Get()
+		if quit {
+			return false
+		}
+		c.syncKey(ctx, r)
+		c.releases.Done(r)
+	}
+	c.syncKey(ctx, key)
+	return true
+}
+
+// releaseAfter syncs a placed group after d, ahead of the groups queued
+// by then; queue gets it too, in case the worker waits there.
+func (c *Controller) releaseAfter(key string, d time.Duration) {
+	c.releases.AddAfter(key, d)
+	c.queue.AddAfter(key, d)
+}
+
+// syncKey syncs one group; a failed or refused group backs off in queue.
+func (c *Controller) syncKey(ctx context.Context, key string) {
 	res, err := c.sync(klog.NewContext(ctx, klog.FromContext(ctx).WithValues("group", key)), key)
 	switch {
 	case err != nil:
@@ -414,7 +447,6 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	default:
 		c.queue.Forget(key)
 	}
-	return true
 }
 
 // updateUsage refreshes the utilization and fragmentation gauges.

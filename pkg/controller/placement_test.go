@@ -446,3 +446,42 @@ func TestJobSize(t *testing.T) {
 		t.Errorf("jobSize = %d, want the 2 remaining completions", got)
 	}
 }
+
+// Opening the gates of a placed group does not wait until every group
+// queued ahead of it has been synced.
+func TestPlacedGroupOpensGatesAheadOfTheBacklog(t *testing.T) {
+	h := newHarness(t, job("j", 1))
+	h.addPod(jobPod("j", 0, "gpu-8-node", nil))
+	h.settle()
+	if _, err := h.c.sync(h.ctx, "default/job/j"); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	if !hasGate(h.pod("j-0")) || h.allocatedNode("j-0") == "" {
+		t.Fatal("the group was not placed with its gate still closed")
+	}
+	for h.c.queue.Len() > 0 { // the claim events queued the group: forget that
+		key, _ := h.c.queue.Get()
+		h.c.queue.Done(key)
+	}
+	const backlog = 50
+	for i := range backlog {
+		h.c.queue.Add(fmt.Sprintf("default/job/backlog-%d", i))
+	}
+	h.eventually("the settle time to pass", func() bool {
+		h.c.mu.Lock()
+		defer h.c.mu.Unlock()
+		return time.Now().After(h.c.settle["default/job/j"])
+	})
+	h.eventually("the release to be due", func() bool { return h.c.releases.Len() > 0 })
+	if !h.c.processNext(h.ctx) {
+		t.Fatal("the queue shut down")
+	}
+	h.settle()
+	if hasGate(h.pod("j-0")) {
+		t.Error("the placed group's gate stayed closed behind the backlog")
+	}
+	if n := h.c.queue.Len(); n < backlog-1 {
+		t.Errorf("%d groups left in the queue, want the %d of the backlog not synced yet", n, backlog-1)
+	}
+}

@@ -298,7 +298,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	c.mu.Lock()
 	c.settle[key] = time.Now().Add(c.cfg.SettleDelay)
 	c.mu.Unlock()
-	c.queue.AddAfter(key, c.cfg.SettleDelay)
+	c.releaseAfter(key, c.cfg.SettleDelay)
 	return done, nil
 }
 
@@ -342,7 +342,7 @@ func (c *Controller) release(ctx context.Context, g *group) error {
 	wait := time.Until(c.settle[g.key])
 	c.mu.Unlock()
 	if wait > 0 {
-		c.queue.AddAfter(g.key, wait)
+		c.releaseAfter(g.key, wait)
 		return nil
 	}
 	for _, m := range g.held {
@@ -358,6 +358,9 @@ func (c *Controller) release(ctx context.Context, g *group) error {
 			return err
 		}
 	}
+	c.mu.Lock()
+	delete(c.settle, g.key)
+	c.mu.Unlock()
 	c.queue.AddAfter(g.key, c.cfg.BindTimeout+time.Second)
 	return nil
 }
