@@ -198,6 +198,11 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 	}
 	res.CreateSeconds = time.Since(start).Seconds()
 	env.Progressf("created %d Jobs in %.1fs", len(jobs), res.CreateSeconds)
+	mu.Lock()
+	if lastDone.Before(start) {
+		lastDone = time.Now() // Settle counts from the last create, not from before the first
+	}
+	mu.Unlock()
 	lastReport := time.Now()
 	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
 		mu.Lock()
