@@ -130,17 +130,24 @@ func TestForeignAllocationsAreNeverOverbooked(t *testing.T) {
 	}
 }
 
+// placeOnePodJob places a one-pod Job with one sync: its claim is
+// allocated and, for the settle time, its gate still closed.
+func placeOnePodJob(t *testing.T, name, template string) *harness {
+	h := newHarness(t, job(name, 1))
+	h.addPod(jobPod(name, 0, template, nil))
+	h.settle()
+	if _, err := h.c.sync(h.ctx, "default/job/"+name); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	return h
+}
+
 // A device the scheduler allocated in memory while the controller wrote
 // the same device: the group's own claims are taken back and planned again
 // before any gate opens.
 func TestClashBeforeGatesOpenIsReplanned(t *testing.T) {
-	h := newHarness(t, job("pair", 1))
-	h.addPod(jobPod("pair", 0, "gpu-4-nvlink", nil))
-	h.settle()
-	if _, err := h.c.sync(h.ctx, "default/job/pair"); err != nil {
-		t.Fatal(err)
-	}
-	h.settle()
+	h := placeOnePodJob(t, "pair", "gpu-4-nvlink")
 	node, devs := h.allocatedNode("pair-0"), h.devicesOf("pair-0")
 	var names []string
 	for _, d := range devs {
@@ -450,13 +457,7 @@ func TestJobSize(t *testing.T) {
 // Opening the gates of a placed group does not wait until every group
 // queued ahead of it has been synced.
 func TestPlacedGroupOpensGatesAheadOfTheBacklog(t *testing.T) {
-	h := newHarness(t, job("j", 1))
-	h.addPod(jobPod("j", 0, "gpu-8-node", nil))
-	h.settle()
-	if _, err := h.c.sync(h.ctx, "default/job/j"); err != nil {
-		t.Fatal(err)
-	}
-	h.settle()
+	h := placeOnePodJob(t, "j", "gpu-8-node")
 	if !hasGate(h.pod("j-0")) || h.allocatedNode("j-0") == "" {
 		t.Fatal("the group was not placed with its gate still closed")
 	}
