@@ -10,6 +10,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
+	"github.com/gputopo/gputopo/pkg/planner"
 )
 
 // claimIndex tracks which claim holds which device, kept current from
@@ -21,6 +22,9 @@ type claimIndex struct {
 	mu       sync.Mutex
 	byDevice map[structured.DeviceID][]types.UID
 	claims   map[types.UID]indexedClaim
+	// held is the set of byDevice's keys, kept alongside so a plan's
+	// snapshot reads it without a copy.
+	held devicefit.Allocated
 }
 
 type indexedClaim struct {
@@ -30,7 +34,7 @@ type indexedClaim struct {
 }
 
 func newClaimIndex() *claimIndex {
-	return &claimIndex{byDevice: map[structured.DeviceID][]types.UID{}, claims: map[types.UID]indexedClaim{}}
+	return &claimIndex{byDevice: map[structured.DeviceID][]types.UID{}, claims: map[types.UID]indexedClaim{}, held: devicefit.Allocated{}}
 }
 
 // exclusiveDevices lists the devices an allocation holds on its own.
@@ -74,6 +78,7 @@ func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 			}
 		}
 		ix.byDevice[d] = append(ix.byDevice[d], claim.UID)
+		ix.held.Insert(d)
 	}
 	return clash
 }
@@ -94,6 +99,7 @@ func (ix *claimIndex) removeLocked(uid types.UID) {
 		holders := slices.DeleteFunc(ix.byDevice[d], func(u types.UID) bool { return u == uid })
 		if len(holders) == 0 {
 			delete(ix.byDevice, d)
+			ix.held.Delete(d)
 		} else {
 			ix.byDevice[d] = holders
 		}
@@ -101,15 +107,12 @@ func (ix *claimIndex) removeLocked(uid types.UID) {
 	delete(ix.claims, uid)
 }
 
-// allocated returns every device held by some claim.
-func (ix *claimIndex) allocated() devicefit.Allocated {
+// snapshot records the devices held by some claim in a snapshot of cl,
+// reading the index's own set under its lock instead of copying it.
+func (ix *claimIndex) snapshot(cl *planner.Cluster, opts ...planner.SnapshotOption) *planner.Snapshot {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	out := make(devicefit.Allocated, len(ix.byDevice))
-	for d := range ix.byDevice {
-		out.Insert(d)
-	}
-	return out
+	return planner.NewSnapshot(cl, ix.held, opts...)
 }
 
 // sharers returns, for each device of the claim, the other claims that

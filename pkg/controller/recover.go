@@ -351,11 +351,11 @@ func (c *Controller) ungate(ctx context.Context, m *member, req *v1.NodeSelector
 	return nil
 }
 
-func (c *Controller) setPending(key string, pending bool) {
+func (c *Controller) setPending(key string, pending bool, created time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if pending {
-		c.pending[key] = true
+		c.pending[key] = created
 	} else {
 		delete(c.pending, key)
 	}
