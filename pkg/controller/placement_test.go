@@ -559,3 +559,25 @@ func TestPlacedGroupOpensGatesAheadOfTheBacklog(t *testing.T) {
 		t.Errorf("%d groups left in the queue, want the %d of the backlog not synced yet", n, backlog-1)
 	}
 }
+
+// Right after the controller opened a gate its informer may still show the
+// pod gated; the pod's claims must count as the scheduler's already.
+func TestClaimOfAPodWhoseGateWasJustOpenedIsNotReleasable(t *testing.T) {
+	h := newHarness(t, job("one", 1))
+	h.addPod(jobPod("one", 0, "gpu-8-node", nil))
+	h.settle()
+	h.sync("default/job/one")
+	claim, err := h.c.claims.ResourceClaims("default").Get("one-0-gpus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasGate(h.pod("one-0")) || !h.c.releasable(claim) {
+		t.Fatal("a held pod's claim should be releasable")
+	}
+	h.c.mu.Lock()
+	h.c.opened[h.pod("one-0").UID] = time.Now()
+	h.c.mu.Unlock()
+	if h.c.releasable(claim) {
+		t.Error("the claim of a pod whose gate was just opened is releasable")
+	}
+}
