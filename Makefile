@@ -10,7 +10,7 @@ TOPOLOGY    ?= $(CURDIR)/test/cluster/topologies/demo-topology.yaml
 LOCALCLUSTER := $(BIN)/localcluster
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build test unit e2e chart lint demo demo-loop demo-down bench k8s-binaries image verify-chart verify-chart-cluster lint-dockerfile clean
+.PHONY: all build test unit e2e chart lint demo demo-loop demo-down bench bench-scale k8s-binaries image verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
@@ -37,6 +37,7 @@ unit:
 	$(GO) test ./...
 	cd pkg/clustertopo && $(GO) test ./...
 	cd test/cluster && $(GO) test ./...
+	cd test/bench && $(GO) test ./...
 
 e2e: build k8s-binaries
 	mkdir -p _output
@@ -64,6 +65,7 @@ lint:
 	cd pkg/clustertopo && $(GO) vet ./...
 	cd test/cluster && $(GO) vet ./...
 	cd test/e2e && $(GO) vet ./...
+	cd test/bench && $(GO) vet ./...
 
 # Start the local cluster with simulated GPUs, run the demo workloads and
 # print where everything landed. The cluster keeps running: `make demo-down`.
@@ -80,6 +82,18 @@ demo-down: $(LOCALCLUSTER)
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/...
+
+# Scale on the local cluster with kubelet-less fake nodes (docs/benchmarks.md,
+# "Scale"); not part of `make test`. It holds the local-cluster lock, so it
+# waits for a running e2e suite. Pick the run with BENCH_SCALE_ARGS, e.g.
+#   make bench-scale BENCH_SCALE_ARGS='--spines=10'                    # 1,000 nodes
+#   make bench-scale BENCH_SCALE_ARGS='--mode=controller --spines=10 --leaves-per-spine=50'
+#   make bench-scale BENCH_SCALE_ARGS='--mode=plugin'
+BENCH_SCALE_ARGS ?= --mode=throughput
+bench-scale: build k8s-binaries
+	mkdir -p _output
+	cd test/bench && $(GO) build -o $(BIN)/benchscale ./cmd/benchscale
+	flock $${TMPDIR:-/tmp}/gputopo-e2e.lock $(BIN)/benchscale --bin-dir=$(BIN) --report=_output/bench-scale.md --json=_output/bench-scale.json $(BENCH_SCALE_ARGS)
 
 clean:
 	rm -rf $(BIN) _output

@@ -243,7 +243,7 @@ can "$CT" no list secrets -A
 can "$CT" yes get configmaps/gputopo-label-mapping -n "$NS"
 # placements.gputopo.dev is not a served resource, so kubectl auth can-i
 # cannot resolve it; ask the API server directly.
-got=$(KUBECONFIG="$CT" kubectl create -o jsonpath='{.status.allowed}' -f - <<'EOF' 2>&1 || true
+got=$(KUBECONFIG="$CT" kubectl create --validate=false -o jsonpath='{.status.allowed}' -f - <<'EOF' 2>&1 || true
 apiVersion: authorization.k8s.io/v1
 kind: SelfSubjectAccessReview
 spec: {resourceAttributes: {group: gputopo.dev, resource: placements, verb: update}}

@@ -10,6 +10,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
+	"github.com/gputopo/gputopo/pkg/planner"
 )
 
 // claimIndex tracks which claim holds which device, kept current from
@@ -22,6 +23,9 @@ type claimIndex struct {
 	mu       sync.Mutex
 	byDevice map[structured.DeviceID][]types.UID
 	claims   map[types.UID]indexedClaim
+	// held is the set of byDevice's keys, kept alongside so a plan's
+	// snapshot reads it without a copy.
+	held devicefit.Allocated
 	// sharing lists the claims that hold shares.
 	sharing map[types.UID]bool
 }
@@ -34,7 +38,7 @@ type indexedClaim struct {
 }
 
 func newClaimIndex() *claimIndex {
-	return &claimIndex{byDevice: map[structured.DeviceID][]types.UID{}, claims: map[types.UID]indexedClaim{}, sharing: map[types.UID]bool{}}
+	return &claimIndex{byDevice: map[structured.DeviceID][]types.UID{}, claims: map[types.UID]indexedClaim{}, held: devicefit.Allocated{}, sharing: map[types.UID]bool{}}
 }
 
 // exclusiveDevices lists the devices an allocation holds on its own.
@@ -85,6 +89,7 @@ func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 			}
 		}
 		ix.byDevice[d] = append(ix.byDevice[d], claim.UID)
+		ix.held.Insert(d)
 	}
 	return clash
 }
@@ -105,6 +110,7 @@ func (ix *claimIndex) removeLocked(uid types.UID) {
 		holders := slices.DeleteFunc(ix.byDevice[d], func(u types.UID) bool { return u == uid })
 		if len(holders) == 0 {
 			delete(ix.byDevice, d)
+			ix.held.Delete(d)
 		} else {
 			ix.byDevice[d] = holders
 		}
@@ -113,21 +119,30 @@ func (ix *claimIndex) removeLocked(uid types.UID) {
 	delete(ix.sharing, uid)
 }
 
-// allocated returns every device held whole by some claim, and every
-// share of a shared device.
-func (ix *claimIndex) allocated() devicefit.State {
+// snapshot records the devices held whole by some claim, and the shares
+// of shared devices, in a snapshot of cl, reading the index's own set
+// under its lock instead of copying it.
+func (ix *claimIndex) snapshot(cl *planner.Cluster, opts ...planner.SnapshotOption) *planner.Snapshot {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	out := devicefit.NewState()
-	for d := range ix.byDevice {
-		out.Devices.Insert(d)
+	return planner.NewSnapshotFromState(cl, ix.stateLocked(), opts...)
+}
+
+// stateLocked is what the claims hold: the index's own set of devices
+// held whole, not a copy, and every share of a shared device.
+func (ix *claimIndex) stateLocked() devicefit.State {
+	st := devicefit.State{Devices: ix.held}
+	if len(ix.sharing) == 0 {
+		return st
 	}
+	shares := devicefit.NewState()
+	st.ShareIDs, st.Consumed = shares.ShareIDs, shares.Consumed
 	for uid := range ix.sharing {
 		for _, sh := range ix.claims[uid].shares {
-			out.AddShare(sh)
+			st.AddShare(sh)
 		}
 	}
-	return out
+	return st
 }
 
 // sharers returns, for each device of the claim, the other claims that

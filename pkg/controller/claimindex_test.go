@@ -41,7 +41,9 @@ func TestClaimIndexCountsShares(t *testing.T) {
 		Milli  int64
 	}
 	look := func() view {
-		st := ix.allocated()
+		ix.mu.Lock()
+		defer ix.mu.Unlock()
+		st := ix.stateLocked()
 		v := view{Shares: st.ShareIDs.Len()}
 		for id := range st.Devices {
 			v.Whole = append(v.Whole, id.Device.String())

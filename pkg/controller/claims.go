@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
@@ -140,11 +141,20 @@ func (c *Controller) releasable(claim *resourceapi.ResourceClaim) bool {
 	}
 	for _, r := range claim.Status.ReservedFor {
 		p, err := c.pods.Pods(claim.Namespace).Get(r.Name)
-		if err != nil || p.UID != r.UID || p.Spec.NodeName != "" || !hasGate(p) {
+		if err != nil || p.UID != r.UID || p.Spec.NodeName != "" || !hasGate(p) || c.gateOpened(p.UID) {
 			return false
 		}
 	}
 	return true
+}
+
+// gateOpened reports whether this process opened the pod's gate (or saw it
+// open), which the informer may not show yet.
+func (c *Controller) gateOpened(uid types.UID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.opened[uid]
+	return ok
 }
 
 // releaseClaim clears an allocation the controller made and no pod uses

@@ -11,9 +11,11 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -21,7 +23,6 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -73,11 +74,15 @@ type Controller struct {
 	podIdx   cache.Indexer
 	nodes    corelisters.NodeLister
 	jobs     batchlisters.JobLister
-	slices   resourcelisters.ResourceSliceLister
+	sliceIdx cache.Indexer
 	claims   resourcelisters.ResourceClaimLister
 	tmpls    resourcelisters.ResourceClaimTemplateLister
 	classes  resourcelisters.DeviceClassLister
 	queue    workqueue.TypedRateLimitingInterface[string]
+	// releases holds placed groups whose gates are due to open; the
+	// worker serves it before each key of queue, so opening gates never
+	// waits behind a backlog of groups still to be planned.
+	releases workqueue.TypedDelayingInterface[string]
 	recorder record.EventRecorder
 	bcast    record.EventBroadcaster
 	planner  *planner.Planner
@@ -88,14 +93,14 @@ type Controller struct {
 	mu sync.Mutex
 	// network is the label mapping in force; it starts as Config.Network.
 	network topology.LabelMapping
-	// cluster is the static tree, rebuilt when nodes, slices or the label
-	// mapping change.
-	cluster      *planner.Cluster
-	clusterDirty bool
-	pending      map[string]bool         // groups that did not fit
-	settle       map[string]time.Time    // groups whose gates stay closed until then
-	opened       map[types.UID]time.Time // when this process opened a pod's gate
-	usage        planner.NodeUsage       // what the pods on each node request
+	// cluster is the static tree, patched or rebuilt from topo when
+	// nodes, slices or the label mapping change.
+	cluster *planner.Cluster
+	topo    topoState
+	pending map[string]time.Time    // groups that did not fit: when each was created
+	settle  map[string]time.Time    // groups whose gates stay closed until then
+	opened  map[types.UID]time.Time // when this process opened a pod's gate
+	usage   planner.NodeUsage       // what the pods on each node request
 }
 
 // New wires the informers. Call Run to start.
@@ -117,32 +122,37 @@ func New(cfg Config) (*Controller, error) {
 	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode}); err != nil {
 		return nil, fmt.Errorf("add pod group index: %w", err)
 	}
+	sliceInf := f.Resource().V1().ResourceSlices().Informer()
+	if err := sliceInf.AddIndexers(cache.Indexers{sliceNodeIndex: indexSliceByNode}); err != nil {
+		return nil, fmt.Errorf("add slice node index: %w", err)
+	}
 	bcast := record.NewBroadcaster()
 	c := &Controller{
-		cfg:     cfg,
-		factory: f,
-		pods:    f.Core().V1().Pods().Lister(),
-		podIdx:  podInf.GetIndexer(),
-		nodes:   f.Core().V1().Nodes().Lister(),
-		jobs:    f.Batch().V1().Jobs().Lister(),
-		slices:  f.Resource().V1().ResourceSlices().Lister(),
-		claims:  f.Resource().V1().ResourceClaims().Lister(),
-		tmpls:   f.Resource().V1().ResourceClaimTemplates().Lister(),
-		classes: f.Resource().V1().DeviceClasses().Lister(),
+		cfg:      cfg,
+		factory:  f,
+		pods:     f.Core().V1().Pods().Lister(),
+		podIdx:   podInf.GetIndexer(),
+		nodes:    f.Core().V1().Nodes().Lister(),
+		jobs:     f.Batch().V1().Jobs().Lister(),
+		sliceIdx: sliceInf.GetIndexer(),
+		claims:   f.Resource().V1().ResourceClaims().Lister(),
+		tmpls:    f.Resource().V1().ResourceClaimTemplates().Lister(),
+		classes:  f.Resource().V1().DeviceClasses().Lister(),
 		// Each group backs off on its own; there is no shared bucket that
 		// many waiting groups could drain for each other.
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, cfg.RetryInterval),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gputopo-groups"}),
-		index:        newClaimIndex(),
-		bcast:        bcast,
-		recorder:     bcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "gputopo-controller"}),
-		network:      cfg.Network,
-		clusterDirty: true,
-		pending:      map[string]bool{},
-		settle:       map[string]time.Time{},
-		opened:       map[types.UID]time.Time{},
-		usage:        planner.NodeUsage{},
+		releases: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Name: "gputopo-releases"}),
+		index:    newClaimIndex(),
+		bcast:    bcast,
+		recorder: bcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "gputopo-controller"}),
+		network:  cfg.Network,
+		topo:     newTopoState(),
+		pending:  map[string]time.Time{},
+		settle:   map[string]time.Time{},
+		opened:   map[types.UID]time.Time{},
+		usage:    planner.NodeUsage{},
 	}
 	c.planner = planner.New(devicefit.NewEvaluator(classLister{c.classes}))
 
@@ -151,16 +161,8 @@ func New(cfg Config) (*Controller, error) {
 		h   cache.ResourceEventHandler
 	}{
 		{podInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onPodAdd, UpdateFunc: c.onPodUpdate, DeleteFunc: c.onPodDelete}},
-		{f.Core().V1().Nodes().Informer(), c.topologyChanged(nodeMoved)},
-		{f.Core().V1().Nodes().Informer(), cache.ResourceEventHandlerFuncs{
-			UpdateFunc: func(old, cur any) {
-				if nodeMoved(old, cur) {
-					c.syncGroupsOn(cur)
-				}
-			},
-			DeleteFunc: c.syncGroupsOn,
-		}},
-		{f.Resource().V1().ResourceSlices().Informer(), c.topologyChanged(sliceChanged)},
+		{f.Core().V1().Nodes().Informer(), c.nodeHandler()},
+		{sliceInf, c.sliceHandler()},
 		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaim, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
 		{f.Batch().V1().Jobs().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onJob, UpdateFunc: func(_, o any) { c.onJob(o) }, DeleteFunc: c.onJob}},
 		{f.Resource().V1().ResourceClaimTemplates().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.requeuePending() }}},
@@ -334,6 +336,12 @@ func (c *Controller) syncClaimGroups(key string) {
 	}
 	if g, ok := claim.Annotations[placement.AnnotationAllocatedBy]; ok {
 		c.queue.Add(g)
+		c.mu.Lock()
+		_, placed := c.settle[g]
+		c.mu.Unlock()
+		if placed {
+			c.releases.Add(g) // its gates may open now
+		}
 	}
 	for _, ref := range claim.OwnerReferences {
 		if ref.Kind == "Pod" {
@@ -358,67 +366,17 @@ func (c *Controller) onJob(obj any) {
 	}
 }
 
-// topologyChanged marks the static tree stale. relevant, when set, skips
-// updates that cannot change the tree, such as node status heartbeats, so
-// a large cluster is not rebuilt for every plan.
-func (c *Controller) topologyChanged(relevant func(old, cur any) bool) cache.ResourceEventHandler {
-	mark := func(any) {
-		c.mu.Lock()
-		c.clusterDirty = true
-		c.mu.Unlock()
-		c.requeuePending()
-	}
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc: mark,
-		UpdateFunc: func(old, cur any) {
-			if relevant == nil || relevant(old, cur) {
-				mark(cur)
-			}
-		},
-		DeleteFunc: mark,
-	}
-}
-
-// nodeMoved reports node updates the planner sees: labels (the network
-// tree), whether the node takes new pods, readiness and taints.
-func nodeMoved(old, cur any) bool {
-	o, ok1 := old.(*v1.Node)
-	n, ok2 := cur.(*v1.Node)
-	if !ok1 || !ok2 {
-		return true
-	}
-	return o.Spec.Unschedulable != n.Spec.Unschedulable || !maps.Equal(o.Labels, n.Labels) ||
-		nodeReady(o) != nodeReady(n) || !equality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints)
-}
-
-// SetLabelMapping rebuilds the tree with a new label mapping, which can
-// move any node, and retries the groups that wait.
-func (c *Controller) SetLabelMapping(m topology.LabelMapping) {
-	c.mu.Lock()
-	c.network, c.clusterDirty = m, true
-	c.mu.Unlock()
-	c.requeuePending()
-}
-
-// sliceChanged skips resyncs of unchanged slices.
-func sliceChanged(old, cur any) bool {
-	o, ok1 := old.(*resourceapi.ResourceSlice)
-	n, ok2 := cur.(*resourceapi.ResourceSlice)
-	return !ok1 || !ok2 || o.ResourceVersion != n.ResourceVersion
-}
-
+// requeuePending retries every group still waiting for room, oldest
+// first: the queue hands keys out in the order they were added, so room
+// that frees up goes to the group created first, and later groups
+// backfill what it leaves. The queue holds a key once, so a burst of
+// events costs one plan per group.
 // syncGroupsOn re-syncs the groups with pods bound or steered to a node
-// that was deleted or changed (readiness, taints, cordon, labels), so their
-// pods are recovered at once rather than at the bind timeout.
-func (c *Controller) syncGroupsOn(obj any) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	node, ok := obj.(*v1.Node)
-	if !ok {
-		return
-	}
-	pods, err := c.podIdx.ByIndex(nodeIndex, node.Name)
+// that was deleted or changed as the planner sees it (readiness, taints,
+// cordon, labels, devices), so their pods are recovered at once rather than
+// at the bind timeout.
+func (c *Controller) syncGroupsOn(node string) {
+	pods, err := c.podIdx.ByIndex(nodeIndex, node)
 	if err != nil {
 		return
 	}
@@ -429,12 +387,14 @@ func (c *Controller) syncGroupsOn(obj any) {
 	}
 }
 
-// requeuePending retries every group still waiting for room. The queue
-// holds a key once, so a burst of events costs one plan per group.
 func (c *Controller) requeuePending() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	for key := range c.pending {
+	keys := slices.Collect(maps.Keys(c.pending))
+	slices.SortFunc(keys, func(a, b string) int {
+		return cmp.Or(c.pending[a].Compare(c.pending[b]), strings.Compare(a, b))
+	})
+	c.mu.Unlock()
+	for _, key := range keys {
 		c.queue.Add(key)
 	}
 }
@@ -444,6 +404,7 @@ func (c *Controller) requeuePending() {
 func (c *Controller) Run(ctx context.Context) error {
 	defer utilruntime.HandleCrashWithContext(ctx)
 	defer c.queue.ShutDown()
+	defer c.releases.ShutDown()
 	c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.cfg.Client.CoreV1().Events("")})
 	defer c.bcast.Shutdown()
 	c.factory.Start(ctx.Done())
@@ -471,6 +432,27 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer c.queue.Done(key)
+	for c.releases.Len() > 0 {
+		r, quit := c.releases.Get()
+		if quit {
+			return false
+		}
+		c.syncKey(ctx, r)
+		c.releases.Done(r)
+	}
+	c.syncKey(ctx, key)
+	return true
+}
+
+// releaseAfter syncs a placed group after d, ahead of the groups queued
+// by then; queue gets it too, in case the worker waits there.
+func (c *Controller) releaseAfter(key string, d time.Duration) {
+	c.releases.AddAfter(key, d)
+	c.queue.AddAfter(key, d)
+}
+
+// syncKey syncs one group; a failed or refused group backs off in queue.
+func (c *Controller) syncKey(ctx context.Context, key string) {
 	res, err := c.sync(klog.NewContext(ctx, klog.FromContext(ctx).WithValues("group", key)), key)
 	switch {
 	case err != nil:
@@ -481,41 +463,6 @@ func (c *Controller) processNext(ctx context.Context) bool {
 	default:
 		c.queue.Forget(key)
 	}
-	return true
-}
-
-// snapshotCluster returns the static tree, rebuilding it when nodes or
-// slices changed since the last plan.
-func (c *Controller) snapshotCluster() (*planner.Cluster, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.clusterDirty && c.cluster != nil {
-		return c.cluster, nil
-	}
-	nodes, err := c.nodes.List(everything)
-	if err != nil {
-		return nil, err
-	}
-	all, err := c.slices.List(everything)
-	if err != nil {
-		return nil, err
-	}
-	byNode := map[string][]*resourceapi.ResourceSlice{}
-	for _, s := range all {
-		if s.Spec.NodeName != nil {
-			byNode[*s.Spec.NodeName] = append(byNode[*s.Spec.NodeName], s)
-		}
-	}
-	infos := make([]planner.NodeInfo, 0, len(nodes))
-	for _, n := range nodes {
-		infos = append(infos, planner.NodeInfoFor(n, byNode[n.Name], c.network))
-	}
-	cl, err := planner.NewCluster(infos, c.cfg.LeafOrder)
-	if err != nil {
-		return nil, fmt.Errorf("build topology tree: %w", err)
-	}
-	c.cluster, c.clusterDirty = cl, false
-	return cl, nil
 }
 
 // updateUsage refreshes the utilization and fragmentation gauges.
@@ -524,7 +471,7 @@ func (c *Controller) updateUsage(context.Context) {
 	if err != nil {
 		return
 	}
-	u := planner.Measure(planner.NewSnapshotFromState(cl, c.index.allocated()), nil)
+	u := planner.Measure(c.index.snapshot(cl), nil)
 	c.cfg.Metrics.LeafUtilization.Reset()
 	for _, l := range u.Leaves {
 		c.cfg.Metrics.LeafUtilization.WithLabelValues(l.Spine, l.Leaf).Set(l.Utilization)

@@ -87,6 +87,13 @@ func newHarness(t *testing.T, extra ...any) *harness {
 	for _, o := range append(testObjects(t), extra...) {
 		h.create(o)
 	}
+	h.start()
+	return h
+}
+
+// start runs the controller's informers on the harness's client.
+func (h *harness) start() {
+	t, ctx, client := h.t, h.ctx, h.client
 	c, err := New(Config{Client: client, Network: topology.DefaultLabelMapping()})
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +103,6 @@ func newHarness(t *testing.T, extra ...any) *harness {
 		t.Fatal("caches did not sync")
 	}
 	h.c = c
-	return h
 }
 
 func (h *harness) create(o any) {

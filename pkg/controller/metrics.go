@@ -33,7 +33,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"outcome"}),
 		PlanDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "gputopo", Subsystem: "controller", Name: "plan_duration_seconds",
-			Help: "Time to plan one pod group with the structured allocator.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+			Help: "Time to plan one pod group, from the start of its sync: reading the group and its claims, the tree and the snapshot, and the plan with the structured allocator; the plan's claim writes are not included.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		PendingGroups: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gputopo", Subsystem: "controller", Name: "pending_groups",

@@ -134,17 +134,24 @@ func TestForeignAllocationsAreNeverOverbooked(t *testing.T) {
 	}
 }
 
+// placeOnePodJob places a one-pod Job with one sync: its claim is
+// allocated and, for the settle time, its gate still closed.
+func placeOnePodJob(t *testing.T, name, template string) *harness {
+	h := newHarness(t, job(name, 1))
+	h.addPod(jobPod(name, 0, template, nil))
+	h.settle()
+	if _, err := h.c.sync(h.ctx, "default/job/"+name); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	return h
+}
+
 // A device the scheduler allocated in memory while the controller wrote
 // the same device: the group's own claims are taken back and planned again
 // before any gate opens.
 func TestClashBeforeGatesOpenIsReplanned(t *testing.T) {
-	h := newHarness(t, job("pair", 1))
-	h.addPod(jobPod("pair", 0, "gpu-4-nvlink", nil))
-	h.settle()
-	if _, err := h.c.sync(h.ctx, "default/job/pair"); err != nil {
-		t.Fatal(err)
-	}
-	h.settle()
+	h := placeOnePodJob(t, "pair", "gpu-4-nvlink")
 	node, devs := h.allocatedNode("pair-0"), h.devicesOf("pair-0")
 	var names []string
 	for _, d := range devs {
@@ -359,7 +366,7 @@ func TestJobThatCannotFitStaysGatedWithReason(t *testing.T) {
 func TestPendingGroupsDoNotShareABackoffBucket(t *testing.T) {
 	h := newHarness(t)
 	for i := range 1000 {
-		h.c.setPending(fmt.Sprintf("default/job/j%d", i), true)
+		h.c.setPending(fmt.Sprintf("default/job/j%d", i), true, time.Time{})
 	}
 	for range 3 {
 		h.c.requeuePending()
@@ -369,6 +376,35 @@ func TestPendingGroupsDoNotShareABackoffBucket(t *testing.T) {
 	}
 	if r := h.c.queue.NumRequeues("default/job/j0"); r != 0 {
 		t.Errorf("requeue of a pending group counted %d rate-limited retries", r)
+	}
+}
+
+// Room that frees up goes to the group created first: pending groups are
+// retried in order of creation, whatever order they failed in.
+func TestPendingGroupsAreRetriedOldestFirst(t *testing.T) {
+	h := newHarness(t)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, p := range []struct {
+		key     string
+		created time.Time
+	}{
+		{"default/job/small-late", t0.Add(2 * time.Second)},
+		{"default/job/big-first", t0},
+		{"default/job/b-same-second", t0.Add(time.Second)},
+		{"default/job/a-same-second", t0.Add(time.Second)},
+	} {
+		h.c.setPending(p.key, true, p.created)
+	}
+	h.c.requeuePending()
+	var got []string
+	for h.c.queue.Len() > 0 {
+		key, _ := h.c.queue.Get()
+		got = append(got, key)
+		h.c.queue.Done(key)
+	}
+	want := []string{"default/job/big-first", "default/job/a-same-second", "default/job/b-same-second", "default/job/small-late"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("retry order (-want +got):\n%s", diff)
 	}
 }
 
@@ -488,5 +524,60 @@ func TestLostNodeResyncsTheGroupsOnIt(t *testing.T) {
 		}
 		h.c.queue.Forget(k)
 		h.c.queue.Done(k)
+	}
+}
+
+// Opening the gates of a placed group does not wait until every group
+// queued ahead of it has been synced.
+func TestPlacedGroupOpensGatesAheadOfTheBacklog(t *testing.T) {
+	h := placeOnePodJob(t, "j", "gpu-8-node")
+	if !hasGate(h.pod("j-0")) || h.allocatedNode("j-0") == "" {
+		t.Fatal("the group was not placed with its gate still closed")
+	}
+	for h.c.queue.Len() > 0 { // the claim events queued the group: forget that
+		key, _ := h.c.queue.Get()
+		h.c.queue.Done(key)
+	}
+	const backlog = 50
+	for i := range backlog {
+		h.c.queue.Add(fmt.Sprintf("default/job/backlog-%d", i))
+	}
+	h.eventually("the settle time to pass", func() bool {
+		h.c.mu.Lock()
+		defer h.c.mu.Unlock()
+		return time.Now().After(h.c.settle["default/job/j"])
+	})
+	h.eventually("the release to be due", func() bool { return h.c.releases.Len() > 0 })
+	if !h.c.processNext(h.ctx) {
+		t.Fatal("the queue shut down")
+	}
+	h.settle()
+	if hasGate(h.pod("j-0")) {
+		t.Error("the placed group's gate stayed closed behind the backlog")
+	}
+	if n := h.c.queue.Len(); n < backlog-1 {
+		t.Errorf("%d groups left in the queue, want the %d of the backlog not synced yet", n, backlog-1)
+	}
+}
+
+// Right after the controller opened a gate its informer may still show the
+// pod gated; the pod's claims must count as the scheduler's already.
+func TestClaimOfAPodWhoseGateWasJustOpenedIsNotReleasable(t *testing.T) {
+	h := newHarness(t, job("one", 1))
+	h.addPod(jobPod("one", 0, "gpu-8-node", nil))
+	h.settle()
+	h.sync("default/job/one")
+	claim, err := h.c.claims.ResourceClaims("default").Get("one-0-gpus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasGate(h.pod("one-0")) || !h.c.releasable(claim) {
+		t.Fatal("a held pod's claim should be releasable")
+	}
+	h.c.mu.Lock()
+	h.c.opened[h.pod("one-0").UID] = time.Now()
+	h.c.mu.Unlock()
+	if h.c.releasable(claim) {
+		t.Error("the claim of a pod whose gate was just opened is releasable")
 	}
 }

@@ -250,10 +250,13 @@ func (c *Controller) noteRelease(ctx context.Context, m *member, reason, detail 
 	klog.FromContext(ctx).Info("Released the claims of a pod to plan it again", "pod", klog.KObj(m.pod), "reason", reason, "detail", detail)
 	c.cfg.Metrics.Released.WithLabelValues(reason).Inc()
 	c.recorder.Eventf(m.pod, v1.EventTypeWarning, ReasonReleased, "%s: %s; planning the pod again", reason, truncate(detail))
-	// The pod gets a whole timeout again from now.
-	c.mu.Lock()
-	c.opened[m.pod.UID] = time.Now()
-	c.mu.Unlock()
+	// A pod whose gate is open gets a whole bind timeout again from now; a
+	// gated one starts its timeout when its gate opens.
+	if !hasGate(m.pod) {
+		c.mu.Lock()
+		c.opened[m.pod.UID] = time.Now()
+		c.mu.Unlock()
+	}
 	ann := map[string]any{
 		placement.AnnotationReleased: prev.Next(reason).Format(),
 		placement.AnnotationStatus:   placement.Status{Reason: reason, Message: detail}.Format(),
@@ -351,11 +354,11 @@ func (c *Controller) ungate(ctx context.Context, m *member, req *v1.NodeSelector
 	return nil
 }
 
-func (c *Controller) setPending(key string, pending bool) {
+func (c *Controller) setPending(key string, pending bool, created time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if pending {
-		c.pending[key] = true
+		c.pending[key] = created
 	} else {
 		delete(c.pending, key)
 	}

@@ -10,6 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
@@ -178,6 +179,7 @@ const (
 )
 
 func (c *Controller) sync(ctx context.Context, key string) (result, error) {
+	start := time.Now() // a plan's duration includes reading the group
 	g, err := c.loadGroup(key)
 	if err != nil {
 		return done, err
@@ -266,9 +268,8 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 			delete(job.Pinned, pod) // its node is gone; recover() deals with the pod
 		}
 	}
-	start := time.Now()
 	c.mu.Lock()
-	snap := planner.NewSnapshotFromState(cl, c.index.allocated(), planner.WithUsed(c.usage))
+	snap := c.index.snapshot(cl, planner.WithUsed(c.usage))
 	c.mu.Unlock()
 	plan, err := c.planner.Plan(ctx, snap, nil, job)
 	c.cfg.Metrics.PlanDuration.Observe(time.Since(start).Seconds())
@@ -277,7 +278,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	var invalid *planner.InvalidJobError
 	switch {
 	case errors.As(err, &unsched):
-		c.setPending(key, true)
+		c.setPending(key, true, g.created())
 		c.refuse(ctx, g, OutcomeUnschedulable, ReasonUnschedulable, unsched.Error())
 		return backoff, nil
 	case errors.As(err, &broken), errors.As(err, &invalid):
@@ -297,7 +298,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		}
 	}
 	klog.FromContext(ctx).Info("Allocated the claims of the pod group", "domain", plan.Domain.String(), "pods", len(plan.Assignments), "fallback", plan.Fallback)
-	c.setPending(key, false)
+	c.setPending(key, false, time.Time{})
 	c.cfg.Metrics.Decisions.WithLabelValues(OutcomePlaced).Inc()
 	msg := fmt.Sprintf("placed %d pods in %s", len(plan.Assignments), plan.Domain)
 	if len(plan.Reasons) > 0 {
@@ -309,7 +310,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	c.mu.Lock()
 	c.settle[key] = time.Now().Add(c.cfg.SettleDelay)
 	c.mu.Unlock()
-	c.queue.AddAfter(key, c.cfg.SettleDelay)
+	c.releaseAfter(key, c.cfg.SettleDelay)
 	return done, nil
 }
 
@@ -346,14 +347,14 @@ func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan)
 // settled: the informer shows them and no other claim holds their devices.
 func (c *Controller) release(ctx context.Context, g *group) error {
 	if len(g.held) == 0 {
-		c.setPending(g.key, false)
+		c.setPending(g.key, false, time.Time{})
 		return nil
 	}
 	c.mu.Lock()
 	wait := time.Until(c.settle[g.key])
 	c.mu.Unlock()
 	if wait > 0 {
-		c.queue.AddAfter(g.key, wait)
+		c.releaseAfter(g.key, wait)
 		return nil
 	}
 	for _, m := range g.held {
@@ -371,6 +372,9 @@ func (c *Controller) release(ctx context.Context, g *group) error {
 			return err
 		}
 	}
+	c.mu.Lock()
+	delete(c.settle, g.key)
+	c.mu.Unlock()
 	c.queue.AddAfter(g.key, c.cfg.BindTimeout+time.Second)
 	return nil
 }
@@ -383,6 +387,14 @@ func (c *Controller) refuse(ctx context.Context, g *group, outcome, reason, msg 
 	if err := c.setStatus(ctx, append(g.pods(g.toPlace), g.gatedWaiting()...), reason, msg); err != nil {
 		klog.FromContext(ctx).Error(err, "Recording why the group waits failed")
 	}
+}
+
+// created is when the group's Job (or first pod) was created.
+func (g *group) created() time.Time {
+	if m, err := meta.Accessor(g.subject); err == nil {
+		return m.GetCreationTimestamp().Time
+	}
+	return time.Time{}
 }
 
 func (g *group) anyPod() *v1.Pod {

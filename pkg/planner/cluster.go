@@ -223,8 +223,26 @@ func NewCluster(infos []NodeInfo, leafOrder map[string][]string) (*Cluster, erro
 }
 
 func (c *Cluster) addNode(in *NodeInfo, l *leaf, s *spine) (int, error) {
+	n, err := c.newNode(in, l, s, len(c.nodes))
+	if err != nil {
+		return 0, err
+	}
+	for pos, id := range n.devs {
+		if prev, dup := c.devIndex[id]; dup {
+			return 0, fmt.Errorf("device %s is published by node %s and node %s", id, c.nodes[prev.node].name, in.Name)
+		}
+		c.devIndex[id] = devRef{node: int32(n.idx), pos: int32(pos)}
+	}
+	c.sigs.add(n)
+	c.byName[in.Name] = n.idx
+	c.nodes = append(c.nodes, n)
+	return n.idx, nil
+}
+
+// newNode reads one node's devices; it touches nothing shared.
+func (c *Cluster) newNode(in *NodeInfo, l *leaf, s *spine, idx int) (*node, error) {
 	n := &node{
-		idx: len(c.nodes), name: in.Name, leaf: l, spine: s, schedulable: !in.Unschedulable,
+		idx: idx, name: in.Name, leaf: l, spine: s, schedulable: !in.Unschedulable,
 		obj:      &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: in.Name, Labels: in.Labels}},
 		notReady: in.NotReady, taints: in.Taints,
 	}
@@ -240,7 +258,7 @@ func (c *Cluster) addNode(in *NodeInfo, l *leaf, s *spine) (int, error) {
 	}
 	for _, sl := range in.Slices {
 		if sl.Spec.NodeName == nil || *sl.Spec.NodeName != in.Name || (sl.Spec.PerDeviceNodeSelection != nil && *sl.Spec.PerDeviceNodeSelection) {
-			return 0, fmt.Errorf("ResourceSlice %s listed for node %s is not local to it; the planner handles node-local slices only", sl.Name, in.Name)
+			return nil, fmt.Errorf("ResourceSlice %s listed for node %s is not local to it; the planner handles node-local slices only", sl.Name, in.Name)
 		}
 		if sl.Spec.Pool.Generation < maxGen[sl.Spec.Driver+"/"+sl.Spec.Pool.Name] {
 			continue
@@ -255,12 +273,7 @@ func (c *Cluster) addNode(in *NodeInfo, l *leaf, s *spine) (int, error) {
 	for _, sl := range n.slices {
 		for _, d := range sl.Spec.Devices {
 			pos := len(n.devs)
-			id := structured.MakeDeviceID(sl.Spec.Driver, sl.Spec.Pool.Name, d.Name)
-			if prev, dup := c.devIndex[id]; dup {
-				return 0, fmt.Errorf("device %s is published by node %s and node %s", id, c.nodes[prev.node].name, in.Name)
-			}
-			c.devIndex[id] = devRef{node: int32(n.idx), pos: int32(pos)}
-			n.devs = append(n.devs, id)
+			n.devs = append(n.devs, structured.MakeDeviceID(sl.Spec.Driver, sl.Spec.Pool.Name, d.Name))
 			n.all.set(pos)
 			if d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations {
 				n.noPrefilter = true
@@ -273,10 +286,55 @@ func (c *Cluster) addNode(in *NodeInfo, l *leaf, s *spine) (int, error) {
 			}
 		}
 	}
-	c.sigs.add(n)
-	c.byName[in.Name] = n.idx
-	c.nodes = append(c.nodes, n)
-	return n.idx, nil
+	return n, nil
+}
+
+// WithNode returns a copy of the tree in which one node's readiness,
+// taints, labels, allocatable or slices are replaced, sharing everything
+// else with c, which stays unchanged. It reports false, returning nil,
+// when the change needs NewCluster: the node is new, it moved to another
+// leaf or spine, its devices are not the same devices in the same order,
+// or its allocatable names a resource no other node had. A node whose
+// slices changed loses its signature, so the allocator is asked about it
+// on its own until the next full build.
+func (c *Cluster) WithNode(in NodeInfo) (*Cluster, bool) {
+	i, ok := c.byName[in.Name]
+	if !ok {
+		return nil, false
+	}
+	old := c.nodes[i]
+	var leafName, spineName string
+	if old.leaf != nil {
+		leafName = old.leaf.name
+	}
+	if old.spine != nil {
+		spineName = old.spine.name
+	}
+	if in.Leaf != leafName || in.Spine != spineName {
+		return nil, false
+	}
+	for name := range in.Allocatable {
+		if _, ok := c.res.idx[name]; !ok {
+			return nil, false
+		}
+	}
+	if in.Allocatable != nil {
+		if _, ok := c.res.idx[v1.ResourcePods]; !ok {
+			return nil, false
+		}
+	}
+	n, err := c.newNode(&in, old.leaf, old.spine, i)
+	if err != nil || !slices.Equal(n.devs, old.devs) {
+		return nil, false
+	}
+	n.sig = old.sig
+	if !slices.Equal(n.slices, old.slices) {
+		n.sig = nodeSig{core: -1}
+	}
+	out := *c
+	out.nodes = slices.Clone(c.nodes)
+	out.nodes[i] = n
+	return &out, true
 }
 
 func blockingTaint(taints []resourceapi.DeviceTaint) bool {

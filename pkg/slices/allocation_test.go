@@ -147,23 +147,39 @@ func TestBrokenSelectorIsAnError(t *testing.T) {
 }
 
 // BenchmarkAllocate measures the scheduler's allocator on one node per
-// claim shape, satisfiable and not.
+// claim shape, satisfiable and not. "gpu-1xN" is the count-only claim
+// (gpu-1 asking for N devices), the baseline of the topology claims with
+// the same count.
 func BenchmarkAllocate(b *testing.B) {
-	for _, tc := range []struct{ profile, template string }{
-		{"dgx-h100", "gpu-1"},
-		{"dgx-h100", "gpu-4-nvlink"},
-		{"dgx-h100", "gpu-8-node"},
-		{"dgx1-v100", "gpu-4-nvlink"},
-		{"hgx-pcie-pairs", "gpu-2-nvlink-pair"},
-		{"hgx-pcie-pairs", "gpu-4-nvlink"}, // unsatisfiable
-		{"pcie-only", "gpu-2-nvlink-pair"}, // unsatisfiable
-		{"dgx-h100", "gpu-2-pcie-root"},
-		{"dgx-h100", "gpu-4-ladder"},       // first rung
-		{"hgx-pcie-pairs", "gpu-4-ladder"}, // third rung, after two that fail
+	for _, tc := range []struct {
+		profile, template string
+		count             int64
+	}{
+		{"dgx-h100", "gpu-1", 0},
+		{"dgx-h100", "gpu-1", 2},
+		{"dgx-h100", "gpu-1", 4},
+		{"dgx-h100", "gpu-1", 8},
+		{"dgx-h100", "gpu-2-nvlink-pair", 0},
+		{"dgx-h100", "gpu-4-nvlink", 0},
+		{"dgx-h100", "gpu-4-leaf", 0}, // the node has no leaf: unsatisfiable
+		{"dgx-h100", "gpu-8-node", 0},
+		{"dgx1-v100", "gpu-4-nvlink", 0},
+		{"hgx-pcie-pairs", "gpu-2-nvlink-pair", 0},
+		{"hgx-pcie-pairs", "gpu-4-nvlink", 0}, // unsatisfiable
+		{"pcie-only", "gpu-2-nvlink-pair", 0}, // unsatisfiable
+		{"dgx-h100", "gpu-2-pcie-root", 0},
+		{"dgx-h100", "gpu-4-ladder", 0},       // first rung
+		{"hgx-pcie-pairs", "gpu-4-ladder", 0}, // third rung, after two that fail
 	} {
-		b.Run(tc.profile+"/"+tc.template, func(b *testing.B) {
+		name := tc.profile + "/" + tc.template
+		tmpl := loadSpec[resourceapi.ResourceClaimTemplate](b, "claims/"+tc.template+".yaml")
+		if tc.count > 0 {
+			name += fmt.Sprintf("x%d", tc.count)
+			tmpl.Spec.Spec.Devices.Requests[0].Exactly.Count = tc.count
+		}
+		b.Run(name, func(b *testing.B) {
 			f := newFixture(b, tc.profile, nil)
-			claim := devicefit.ClaimFromTemplate(loadSpec[resourceapi.ResourceClaimTemplate](b, "claims/"+tc.template+".yaml"), "c")
+			claim := devicefit.ClaimFromTemplate(tmpl, "c")
 			ctx := context.Background()
 			for b.Loop() {
 				if _, err := f.eval.Allocate(ctx, f.node, f.slices, devicefit.Allocated{}, []*resourceapi.ResourceClaim{claim}); err != nil {

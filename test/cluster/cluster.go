@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -42,6 +43,10 @@ type Config struct {
 	Manifests []string
 	// FeatureGates are added to DefaultFeatureGates.
 	FeatureGates map[string]bool
+	// ExtraArgs are appended to the command line of the process they are
+	// keyed by: "etcd", "kube-apiserver", "kube-controller-manager" or
+	// "kube-scheduler" (e.g. higher API rate limits for a scale benchmark).
+	ExtraArgs map[string][]string
 	// Progress receives progress lines; os.Stderr if nil.
 	Progress io.Writer
 	// Timeout bounds the whole start; 5 minutes if zero.
@@ -67,6 +72,9 @@ type Cluster struct {
 	nodes map[string]*nodeState
 	order []string // node names in topology order
 }
+
+// controlPlaneProcs are the processes Config.ExtraArgs can extend.
+var controlPlaneProcs = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
 
 // DefaultBinDir is $GPUTOPO_K8S_BIN, or ~/.cache/gputopo/k8s-v1.37.1/bin.
 func DefaultBinDir() string {
@@ -149,6 +157,11 @@ func newCluster(cfg Config) (*Cluster, error) {
 	}
 	if err := validateNodes(cfg.Nodes); err != nil {
 		return nil, fmt.Errorf("cluster config: %w", err)
+	}
+	for name := range cfg.ExtraArgs {
+		if !slices.Contains(controlPlaneProcs, name) {
+			return nil, fmt.Errorf("cluster config: ExtraArgs for %q: only %s take extra arguments", name, strings.Join(controlPlaneProcs, ", "))
+		}
 	}
 	for _, n := range cfg.Nodes {
 		if l := len(dir) + len(n.Name) + longestSocketSuffix; l > 107 {
@@ -251,6 +264,7 @@ func (c *Cluster) connect() error {
 }
 
 func (c *Cluster) launch(name string, argv ...string) error {
+	argv = append(argv, c.cfg.ExtraArgs[name]...)
 	return c.launchOpts(name, procOpts{workDir: c.dir}, argv...)
 }
 

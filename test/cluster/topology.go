@@ -53,6 +53,19 @@ func LabelString(labels map[string]string) string {
 	return strings.Join(kv, ",")
 }
 
+// Topology is the topology file format (pkg/clustertopo), for callers
+// that describe a cluster in code.
+type Topology clustertopo.Topology
+
+// Expand returns the nodes the topology describes, validated.
+func (t Topology) Expand() ([]NodeSpec, error) {
+	nodes, err := clustertopo.Topology(t).Expand()
+	if err != nil {
+		return nil, err
+	}
+	return checked(nodes)
+}
+
 // LoadTopology reads and expands a topology file.
 func LoadTopology(path string) ([]NodeSpec, error) {
 	nodes, err := clustertopo.Load(path)

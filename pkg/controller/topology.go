@@ -1,0 +1,222 @@
+package controller
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/gputopo/gputopo/pkg/planner"
+	"github.com/gputopo/gputopo/pkg/topology"
+)
+
+// sliceNodeIndex indexes ResourceSlices by the node they are local to.
+const sliceNodeIndex = "gputopo-slice-node"
+
+func indexSliceByNode(obj any) ([]string, error) {
+	if s, ok := obj.(*resourceapi.ResourceSlice); ok && s.Spec.NodeName != nil {
+		return []string{*s.Spec.NodeName}, nil
+	}
+	return nil, nil
+}
+
+// topoState is what the planner knows of each node, kept from node and
+// slice events one node at a time: an event reads that node and its
+// slices, never the whole cluster, and the tree is patched, or built
+// again, only at the next plan and only when what the planner sees of
+// some node changed. Guarded by Controller.mu.
+type topoState struct {
+	infos   map[string]planner.NodeInfo
+	changed map[string]bool // patched into the tree at the next plan
+	rebuild bool            // the next plan builds the tree from every node
+	work    TopologyWork
+}
+
+// TopologyWork counts the work the topology path has done.
+type TopologyWork struct {
+	// NodesRead counts NodeInfos computed from a Node and its slices.
+	NodesRead int
+	// NodesBuilt counts nodes put into a tree: every node by a build,
+	// one by a patch.
+	NodesBuilt int
+}
+
+func newTopoState() topoState {
+	return topoState{infos: map[string]planner.NodeInfo{}, changed: map[string]bool{}, rebuild: true}
+}
+
+// topologyWork returns the counts so far.
+func (c *Controller) topologyWork() TopologyWork {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.topo.work
+}
+
+func (c *Controller) nodeHandler() cache.ResourceEventHandler {
+	name := func(obj any) string {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if n, ok := obj.(*v1.Node); ok {
+			return n.Name
+		}
+		return ""
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.refreshNode(name(obj)) },
+		UpdateFunc: func(_, cur any) { c.refreshNode(name(cur)) },
+		DeleteFunc: func(obj any) { c.refreshNode(name(obj)) },
+	}
+}
+
+func (c *Controller) sliceHandler() cache.ResourceEventHandler {
+	refresh := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if s, ok := obj.(*resourceapi.ResourceSlice); ok && s.Spec.NodeName != nil {
+			c.refreshNode(*s.Spec.NodeName)
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: refresh,
+		UpdateFunc: func(old, cur any) {
+			// A resync delivers the same object again: nothing to read.
+			if o, ok := old.(*resourceapi.ResourceSlice); !ok || o.ResourceVersion != cur.(*resourceapi.ResourceSlice).ResourceVersion {
+				refresh(cur)
+			}
+		},
+		DeleteFunc: refresh,
+	}
+}
+
+// refreshNode reads one node and its slices from the informers' caches.
+// When what the planner sees of it changed, the tree is marked for a
+// patch (or, for a node that came or went, a new build) and the groups
+// that wait for room try again. Node status heartbeats and slice
+// resyncs change nothing and cost one NodeInfo.
+func (c *Controller) refreshNode(name string) {
+	if name == "" {
+		return
+	}
+	c.mu.Lock()
+	// The caches are read under the lock, so of two events for one node
+	// the later one always records the newer state.
+	info, exists, err := c.readNode(name)
+	if err != nil {
+		c.mu.Unlock()
+		return
+	}
+	old, had := c.topo.infos[name]
+	switch {
+	case !exists && !had:
+		c.mu.Unlock()
+		return
+	case !exists:
+		delete(c.topo.infos, name)
+		c.topo.rebuild = true
+	case had && sameNodeInfo(old, info):
+		c.mu.Unlock()
+		return
+	case had:
+		c.topo.infos[name] = info
+		c.topo.changed[name] = true
+	default:
+		c.topo.infos[name] = info
+		c.topo.rebuild = true
+	}
+	c.mu.Unlock()
+	c.syncGroupsOn(name)
+	c.requeuePending()
+}
+
+// readNode computes a node's NodeInfo from the caches. Called with c.mu
+// held.
+func (c *Controller) readNode(name string) (planner.NodeInfo, bool, error) {
+	node, err := c.nodes.Get(name)
+	if apierrors.IsNotFound(err) {
+		return planner.NodeInfo{}, false, nil
+	}
+	if err != nil {
+		return planner.NodeInfo{}, false, err
+	}
+	objs, err := c.sliceIdx.ByIndex(sliceNodeIndex, name)
+	if err != nil {
+		return planner.NodeInfo{}, false, err
+	}
+	own := make([]*resourceapi.ResourceSlice, 0, len(objs))
+	for _, o := range objs {
+		own = append(own, o.(*resourceapi.ResourceSlice))
+	}
+	// The index returns a set: a fixed order keeps the node's devices in
+	// the same positions from one read to the next.
+	slices.SortFunc(own, func(a, b *resourceapi.ResourceSlice) int { return cmp.Compare(a.Name, b.Name) })
+	c.topo.work.NodesRead++
+	return planner.NodeInfoFor(node, own, c.network), true, nil
+}
+
+// sameNodeInfo reports whether the planner would see no difference. The
+// caches hand out the same object until it changes, so slices compare by
+// identity.
+func sameNodeInfo(a, b planner.NodeInfo) bool {
+	return a.Name == b.Name && a.Leaf == b.Leaf && a.Spine == b.Spine && maps.Equal(a.Labels, b.Labels) &&
+		slices.Equal(a.Slices, b.Slices) && a.Unschedulable == b.Unschedulable && a.NotReady == b.NotReady &&
+		equality.Semantic.DeepEqual(a.Taints, b.Taints) && equality.Semantic.DeepEqual(a.Allocatable, b.Allocatable)
+}
+
+// SetLabelMapping reads every node again with a new label mapping, which
+// can move any node, and retries the groups that wait.
+func (c *Controller) SetLabelMapping(m topology.LabelMapping) {
+	c.mu.Lock()
+	c.network = m
+	for name := range c.topo.infos {
+		if info, exists, err := c.readNode(name); err == nil && exists {
+			c.topo.infos[name] = info
+		}
+	}
+	c.topo.rebuild = true
+	c.mu.Unlock()
+	c.requeuePending()
+}
+
+// snapshotCluster returns the static tree with every node change since
+// the last plan applied: patched in place where WithNode can, built from
+// the recorded NodeInfos where it cannot.
+func (c *Controller) snapshotCluster() (*planner.Cluster, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &c.topo
+	if c.cluster != nil && !t.rebuild {
+		for name := range t.changed {
+			cl, ok := c.cluster.WithNode(t.infos[name])
+			if !ok {
+				t.rebuild = true
+				break
+			}
+			c.cluster = cl
+			t.work.NodesBuilt++
+			delete(t.changed, name)
+		}
+	}
+	if c.cluster != nil && !t.rebuild {
+		return c.cluster, nil
+	}
+	infos := make([]planner.NodeInfo, 0, len(t.infos))
+	for _, in := range t.infos {
+		infos = append(infos, in)
+	}
+	cl, err := planner.NewCluster(infos, c.cfg.LeafOrder)
+	if err != nil {
+		return nil, fmt.Errorf("build topology tree: %w", err)
+	}
+	t.work.NodesBuilt += len(infos)
+	c.cluster, t.rebuild = cl, false
+	clear(t.changed)
+	return cl, nil
+}

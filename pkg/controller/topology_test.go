@@ -1,0 +1,153 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/gputopo/gputopo/pkg/topology"
+)
+
+// The work one node or slice event, and one plan, costs the topology path
+// is counted, not timed: it must be the same on 100 nodes as on 2,000.
+// Only a node that comes or goes costs the whole tree: it changes every
+// position in it.
+func TestTopologyWorkPerEventDoesNotGrowWithNodes(t *testing.T) {
+	for _, extra := range []int{100, 2000} {
+		nodes := extra + 4 // and the test cluster's
+		want := map[string]TopologyWork{
+			"node status heartbeat":  {NodesRead: 1},
+			"node tainted":           {NodesRead: 1, NodesBuilt: 1},
+			"GPU tainted in a slice": {NodesRead: 1, NodesBuilt: 1},
+			"plan of a 2-pod Job":    {},
+			"node added":             {NodesRead: 1, NodesBuilt: nodes + 1},
+		}
+		if diff := cmp.Diff(want, topologyWorkPerEvent(t, extra)); diff != "" {
+			t.Errorf("work per event on %d nodes (-want +got):\n%s", nodes, diff)
+		}
+	}
+}
+
+// topologyWorkPerEvent starts the controller on a cluster of the test
+// nodes plus extra fake nodes (10 per leaf, 10 leaves per spine), builds
+// the tree once, then records what each event costs, tree included.
+func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
+	base := testObjects(t)
+	var objs []any
+	var proto []*resourceapi.ResourceSlice
+	for _, o := range base {
+		if s, ok := o.(*resourceapi.ResourceSlice); ok && *s.Spec.NodeName == "n0" {
+			proto = append(proto, s)
+		}
+	}
+	for i := range extra {
+		name := fmt.Sprintf("x%d", i)
+		objs = append(objs, fakeNode(name, fmt.Sprintf("xleaf-%d", i/10), fmt.Sprintf("xspine-%d", i/100)))
+		for _, p := range proto {
+			s := p.DeepCopy()
+			s.Name = name + "-" + p.Name
+			s.Spec.NodeName, s.Spec.Pool.Name = &name, name
+			objs = append(objs, s)
+		}
+	}
+	h := bulkHarness(t, append(base, objs...))
+	if _, err := h.c.snapshotCluster(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := h.c.topologyWork().NodesBuilt, extra+4; got != want {
+		t.Fatalf("%d nodes in the first tree; want %d", got, want)
+	}
+	out := map[string]TopologyWork{}
+	// measure runs one event and waits for its handler (every handler
+	// reads one node), then takes the tree a plan would take.
+	measure := func(name string, event func()) {
+		t.Helper()
+		before := h.c.topologyWork()
+		event()
+		h.eventually(name, func() bool { return h.c.topologyWork().NodesRead > before.NodesRead })
+		if _, err := h.c.snapshotCluster(); err != nil {
+			t.Fatal(err)
+		}
+		after := h.c.topologyWork()
+		out[name] = after.minus(before)
+	}
+	updateNode := func(edit func(*v1.Node)) func() {
+		return func() {
+			n, err := h.client.CoreV1().Nodes().Get(h.ctx, "x0", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			edit(n)
+			if _, err := h.client.CoreV1().Nodes().Update(h.ctx, n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	measure("node status heartbeat", updateNode(func(n *v1.Node) {
+		n.Status.Conditions[0].LastHeartbeatTime = metav1.Now()
+	}))
+	measure("node tainted", updateNode(func(n *v1.Node) {
+		n.Spec.Taints = append(n.Spec.Taints, v1.Taint{Key: "maintenance", Effect: v1.TaintEffectNoSchedule})
+	}))
+	measure("GPU tainted in a slice", func() {
+		s, err := h.client.ResourceV1().ResourceSlices().Get(h.ctx, "x0-"+proto[0].Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Spec.Devices[0].Taints = []resourceapi.DeviceTaint{{Key: "gpu.gputopo.dev/xid", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		s.ResourceVersion = "2" // the fake client keeps what it is given; an apiserver would bump it
+		if _, err := h.client.ResourceV1().ResourceSlices().Update(h.ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	before := h.c.topologyWork()
+	h.create(job("j", 2))
+	for i := range 2 {
+		h.addPod(jobPod("j", i, "gpu-8-node", nil))
+	}
+	h.settle()
+	h.sync("default/job/j")
+	if h.allocatedNode("j-0") == "" || h.allocatedNode("j-1") == "" {
+		t.Fatal("the Job was not planned")
+	}
+	after := h.c.topologyWork()
+	out["plan of a 2-pod Job"] = after.minus(before)
+
+	measure("node added", func() { h.create(fakeNode("new", "xleaf-0", "xspine-0")) })
+	return out
+}
+
+func fakeNode(name, leaf, spine string) *v1.Node {
+	return &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{topology.LabelTopographLeaf: leaf, topology.LabelTopographSpine: spine}},
+		Status:     v1.NodeStatus{Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}},
+	}
+}
+
+// bulkHarness is newHarness for thousands of objects: the fake client
+// takes them at construction, which is much faster than one create each.
+func bulkHarness(t *testing.T, objs []any) *harness {
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	rt := make([]runtime.Object, 0, len(objs))
+	for _, o := range objs {
+		rt = append(rt, o.(runtime.Object))
+	}
+	h := &harness{t: t, ctx: ctx, client: fake.NewClientset(rt...)}
+	h.start()
+	return h
+}
+
+func (w TopologyWork) minus(o TopologyWork) TopologyWork {
+	return TopologyWork{NodesRead: w.NodesRead - o.NodesRead, NodesBuilt: w.NodesBuilt - o.NodesBuilt}
+}

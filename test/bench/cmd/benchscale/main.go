@@ -1,0 +1,120 @@
+// Command benchscale measures gputopo at scale on the local cluster with
+// kubelet-less fake nodes (see test/bench/scale and docs/benchmarks.md):
+//
+//	benchscale --mode=throughput [--spines=5 --leaves-per-spine=10 --nodes-per-leaf=10]
+//	benchscale --mode=controller --spines=10 --leaves-per-spine=50 --jobs=1000
+//	benchscale --mode=plugin
+//
+// It prints a Markdown report (also appended to --report) and writes every
+// figure as JSON to --json. Run it through `make bench-scale`, which holds
+// the local-cluster lock so no other cluster shares the machine.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gputopo/gputopo/test/bench/scale"
+)
+
+func main() {
+	if err := run(); err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(os.Stderr, "benchscale: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	cfg := scale.RunConfig{Limits: scale.DefaultLimits(), Command: strings.Join(os.Args, " ")}
+	var profiles, controllerArgs, reportFile, jsonFile string
+	var keep bool
+	fs := flag.NewFlagSet("benchscale", flag.ContinueOnError)
+	fs.StringVar(&cfg.Mode, "mode", scale.ModeThroughput, "throughput (scheduler: topology vs count-only claims), controller (Jobs through gputopo-controller) or plugin (kubelet plugin memory on one real node)")
+	fs.StringVar(&cfg.Dir, "dir", filepath.Join(os.TempDir(), "gputopo-bench"), "cluster directory; removed after a run without errors unless --keep")
+	fs.StringVar(&cfg.BinDir, "bin-dir", "bin", "directory holding gputopo-controller and gputopo-kubelet-plugin (`make build`)")
+	fs.StringVar(&cfg.Manifests, "manifests", filepath.Join("deployments", "admission"), "controller: admission manifests applied before the controller starts (the scheduling gate)")
+	fs.StringVar(&reportFile, "report", "", "append the Markdown report to this file")
+	fs.StringVar(&jsonFile, "json", "", "write every figure as JSON to this file")
+	fs.IntVar(&cfg.Topology.Spines, "spines", 5, "spines of the fake cluster")
+	fs.IntVar(&cfg.Topology.LeavesPerSpine, "leaves-per-spine", 10, "leaves under each spine")
+	fs.IntVar(&cfg.Topology.NodesPerLeaf, "nodes-per-leaf", 10, "fake nodes under each leaf")
+	fs.StringVar(&profiles, "profiles", "dgx-h100", "simulated GPU profiles, comma-separated, cycled over the nodes (pkg/gpu/sim/profiles)")
+	fs.IntVar(&cfg.Throughput.Pods, "pods", 0, "throughput: pods per workload; 0 is one per node")
+	fs.StringVar(&cfg.Mix, "mix", "gpu-4-nvlink,gpu-2-nvlink-pair,gpu-8-node,gpu-4-leaf", "throughput: the topology workload's demo claim templates as name=weight; gpu-4-leaf is spread over the leaves")
+	fs.IntVar(&cfg.Throughput.Rounds, "rounds", 2, "throughput: rounds of both workloads; odd rounds run the count-only workload first")
+	fs.DurationVar(&cfg.Throughput.Stall, "stall", time.Minute, "throughput: end a workload when no pod was bound for this long")
+	fs.IntVar(&cfg.Controller.Jobs, "jobs", 1000, "controller: Jobs created at once")
+	fs.StringVar(&cfg.JobMix, "job-mix", "2x8=3,4x8=2,8x8=1,16x8=1,1x1=2,1x2=2,1x4=2", "controller: Job shapes PODSxGPUS with weights")
+	fs.DurationVar(&cfg.Controller.Settle, "settle", 3*time.Minute, "controller: end the run when no Job was bound for this long")
+	fs.StringVar(&controllerArgs, "controller-args", "", "controller: extra flags for gputopo-controller, space-separated")
+	fs.StringVar(&cfg.PluginTemplate, "plugin-template", "gpu-2-nvlink-pair", "plugin: the claim template of the pods run on the real node")
+	fs.IntVar(&cfg.PluginPods, "plugin-pods", 4, "plugin: pods run on the real node")
+	fs.IntVar(&cfg.Limits.MaxRequestsInflight, "apiserver-max-requests-inflight", cfg.Limits.MaxRequestsInflight, "kube-apiserver --max-requests-inflight (mutating: half)")
+	fs.IntVar(&cfg.Limits.ComponentQPS, "component-qps", cfg.Limits.ComponentQPS, "client QPS and burst of kube-scheduler and kube-controller-manager")
+	fs.IntVar(&cfg.Limits.ClientQPS, "client-qps", cfg.Limits.ClientQPS, "QPS and burst of the benchmark's own client")
+	fs.BoolVar(&keep, "keep", false, "keep the cluster directory (logs, audit log) after the run")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q: every setting is a flag (see -h)", fs.Args())
+	}
+	cfg.Topology.Profiles = strings.Split(profiles, ",")
+	cfg.ControllerArgs = strings.Fields(controllerArgs)
+	cfg.Throughput.Creators, cfg.Controller.Creators = 32, 32
+	var err error
+	if cfg.BinDir, err = filepath.Abs(cfg.BinDir); err != nil {
+		return err
+	}
+	if cfg.Manifests, err = filepath.Abs(cfg.Manifests); err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	report, result, err := scale.Run(ctx, cfg)
+	os.Stdout.Write(report)
+	if werr := writeOutputs(reportFile, jsonFile, report, result); err == nil {
+		err = werr
+	}
+	if err != nil || keep {
+		fmt.Fprintf(os.Stderr, "benchscale: cluster directory kept: %s\n", cfg.Dir)
+		return err
+	}
+	return os.RemoveAll(cfg.Dir)
+}
+
+func writeOutputs(reportFile, jsonFile string, report []byte, result any) error {
+	if reportFile != "" && len(report) > 0 {
+		f, err := os.OpenFile(reportFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return fmt.Errorf("open report: %w", err)
+		}
+		_, err = f.Write(report)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+	}
+	if jsonFile != "" && result != nil {
+		data, err := json.MarshalIndent(result, "", "  ")
+		if err != nil {
+			return fmt.Errorf("encode JSON: %w", err)
+		}
+		if err := os.WriteFile(jsonFile, append(data, '\n'), 0o644); err != nil {
+			return fmt.Errorf("write JSON: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,357 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	"github.com/gputopo/gputopo/demo/specs"
+)
+
+// ShapeTemplates is the demo template a Job's pods use, by GPUs per pod.
+var ShapeTemplates = map[int]string{1: "gpu-1", 2: "gpu-2-nvlink-pair", 4: "gpu-4-nvlink", 8: "gpu-8-node"}
+
+// Shape is a Job's size: Pods pods of GPUs GPUs each.
+type Shape struct{ Pods, GPUs int }
+
+func (s Shape) String() string { return fmt.Sprintf("%dx%d", s.Pods, s.GPUs) }
+
+// ParseShape parses "PODSxGPUS", e.g. "16x8".
+func ParseShape(s string) (Shape, error) {
+	p, g, ok := strings.Cut(s, "x")
+	pods, err1 := strconv.Atoi(p)
+	gpus, err2 := strconv.Atoi(g)
+	if !ok || err1 != nil || err2 != nil || pods < 1 {
+		return Shape{}, fmt.Errorf("job shape %q: want PODSxGPUS, e.g. 16x8", s)
+	}
+	if _, known := ShapeTemplates[gpus]; !known {
+		return Shape{}, fmt.Errorf("job shape %q: %d GPUs per pod has no claim template; use 1, 2, 4 or 8", s, gpus)
+	}
+	return Shape{Pods: pods, GPUs: gpus}, nil
+}
+
+// ControllerOptions configure the controller benchmark.
+type ControllerOptions struct {
+	Jobs int
+	// Mix is Job shapes with weights.
+	Mix []Weighted
+	// Settle ends the run when no Job was bound for this long.
+	Settle   time.Duration
+	Creators int
+}
+
+// ControllerResult is one controller run.
+type ControllerResult struct {
+	Jobs, Pods, GPUs int
+	JobsBound        int
+	PodsBound        int
+	// CreateSeconds: first Job create request to the last one's reply.
+	CreateSeconds float64
+	// AllBoundSeconds: first Job create request to the last Job bound.
+	AllBoundSeconds float64
+	// Wait of a Job from its create request to its last pod bound.
+	WaitP50, WaitP99, WaitMax float64
+	WaitMaxJob                string
+	// MaxOvertaken is the most Jobs created after one Job that were bound
+	// before it, and that Job.
+	MaxOvertaken    int
+	MaxOvertakenJob string
+	// Unbound lists the Jobs not bound by the end, by shape.
+	Unbound map[string]int
+	// Histograms are the controller's own, per series, over the run.
+	Histograms []HistSummary
+	Decisions  map[string]float64
+	// Writes are the apiserver's mutating requests during the run by
+	// "VERB resource[/subresource]", from apiserver_request_total.
+	Writes map[string]float64
+	// WritesByClient are the same from the audit log, by client.
+	WritesByClient map[string]map[string]int
+	// ControllerCPU is the controller's CPU seconds during the run.
+	ControllerCPU float64
+	Memory        []ProcStat
+}
+
+// HistSummary is one histogram series over a run.
+type HistSummary struct {
+	Name, Labels        string
+	Count               float64
+	Mean, P50, P90, P99 float64
+}
+
+// jobInfo is what the benchmark tracks of one Job.
+type jobInfo struct {
+	name    string
+	shape   Shape
+	created time.Time
+	bound   map[string]bool
+	done    time.Time
+}
+
+// Controller creates the Jobs at once and follows them until every Job is
+// bound or none was bound for Settle.
+func Controller(ctx context.Context, env *Env, opts ControllerOptions) (ControllerResult, error) {
+	var res ControllerResult
+	shapes := map[string]Shape{}
+	for _, m := range opts.Mix {
+		s, err := ParseShape(m.Name)
+		if err != nil {
+			return res, err
+		}
+		shapes[m.Name] = s
+	}
+	var tmpls []string
+	for _, name := range ShapeTemplates {
+		tmpls = append(tmpls, name)
+	}
+	sort.Strings(tmpls)
+	for _, name := range tmpls {
+		t, err := specs.ClaimTemplate(name)
+		if err != nil {
+			return res, err
+		}
+		if err := env.CreateTemplates(ctx, []*resourcev1.ResourceClaimTemplate{t}); err != nil {
+			return res, err
+		}
+	}
+	jobs := make([]*jobInfo, opts.Jobs)
+	byName := map[string]*jobInfo{}
+	for i, name := range Sequence(opts.Mix, opts.Jobs) {
+		s := shapes[name]
+		jobs[i] = &jobInfo{name: fmt.Sprintf("job-%04d-%s", i, s), shape: s, bound: map[string]bool{}}
+		byName[jobs[i].name] = jobs[i]
+		res.Pods += s.Pods
+		res.GPUs += s.Pods * s.GPUs
+	}
+	res.Jobs = len(jobs)
+	env.Progressf("%d Jobs, %d pods, %d of %d GPUs", res.Jobs, res.Pods, res.GPUs, env.GPUs)
+
+	scr, err := NewScraper(env)
+	if err != nil {
+		return res, err
+	}
+	apiBefore, err := scr.APIServer(ctx)
+	if err != nil {
+		return res, err
+	}
+	ctlBefore, err := scr.Controller(ctx)
+	if err != nil {
+		return res, err
+	}
+	cpuBefore, err := ClusterProc(env.Cluster.Dir(), "controller")
+	if err != nil {
+		return res, err
+	}
+
+	var mu sync.Mutex
+	lastDone := time.Now()
+	watchCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	f := informers.NewSharedInformerFactoryWithOptions(env.Client, 0, informers.WithNamespace(Namespace))
+	see := func(obj any) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok || p.Spec.NodeName == "" {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		j := byName[p.Labels[batchv1.JobNameLabel]]
+		if j == nil || !j.done.IsZero() {
+			return
+		}
+		j.bound[p.Name] = true
+		if len(j.bound) == j.shape.Pods {
+			j.done = time.Now()
+			lastDone = j.done
+		}
+	}
+	_, _ = f.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: see, UpdateFunc: func(_, o any) { see(o) }})
+	f.Start(watchCtx.Done())
+	f.WaitForCacheSync(watchCtx.Done())
+
+	start := time.Now()
+	err = parallel(ctx, len(jobs), opts.Creators, func(ctx context.Context, i int) error {
+		j := jobs[i]
+		mu.Lock()
+		j.created = time.Now()
+		mu.Unlock()
+		if _, err := env.Client.BatchV1().Jobs(Namespace).Create(ctx, newJob(j.name, j.shape), metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create Job %s: %w", j.name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return res, err
+	}
+	res.CreateSeconds = time.Since(start).Seconds()
+	env.Progressf("created %d Jobs in %.1fs", len(jobs), res.CreateSeconds)
+	mu.Lock()
+	if lastDone.Before(start) {
+		lastDone = time.Now() // Settle counts from the last create, not from before the first
+	}
+	mu.Unlock()
+	lastReport := time.Now()
+	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		done := 0
+		for _, j := range jobs {
+			if !j.done.IsZero() {
+				done++
+			}
+		}
+		if time.Since(lastReport) > 30*time.Second {
+			env.Progressf("%d/%d Jobs bound", done, len(jobs))
+			lastReport = time.Now()
+		}
+		return done == len(jobs) || time.Since(lastDone) > opts.Settle, nil
+	})
+	end := time.Now()
+
+	mu.Lock()
+	summarizeJobs(&res, jobs, start)
+	mu.Unlock()
+	if res.Memory = Memory(env.Cluster.Dir(), append(ControlPlane, "controller")...); len(res.Memory) == 0 {
+		return res, fmt.Errorf("read the memory of the cluster's processes: none found in %s/run", env.Cluster.Dir())
+	}
+	if cpuAfter, err := ClusterProc(env.Cluster.Dir(), "controller"); err != nil {
+		return res, err
+	} else if cpuAfter.PID == cpuBefore.PID {
+		res.ControllerCPU = cpuAfter.CPUSeconds - cpuBefore.CPUSeconds
+	} else {
+		return res, fmt.Errorf("the controller restarted during the run (pid %d, then %d): see %s", cpuBefore.PID, cpuAfter.PID, env.Cluster.LogPath("controller"))
+	}
+	apiAfter, err := scr.APIServer(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.Writes = writeDelta(apiBefore, apiAfter)
+	ctlAfter, err := scr.Controller(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.Histograms = histDelta(ctlBefore, ctlAfter, "gputopo_controller_")
+	res.Decisions = map[string]float64{}
+	b := ctlBefore.SumBy("gputopo_controller_decisions_total", nil, "outcome")
+	for k, v := range ctlAfter.SumBy("gputopo_controller_decisions_total", nil, "outcome") {
+		res.Decisions[k] = v - b[k]
+	}
+	if env.auditLog != "" {
+		if res.WritesByClient, err = CountAuditWrites(env.auditLog, start, end); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+func summarizeJobs(res *ControllerResult, jobs []*jobInfo, start time.Time) {
+	res.Unbound = map[string]int{}
+	var waits []float64
+	var last time.Time
+	for i, j := range jobs {
+		res.PodsBound += len(j.bound)
+		if j.done.IsZero() {
+			res.Unbound[j.shape.String()]++
+			continue
+		}
+		res.JobsBound++
+		w := j.done.Sub(j.created).Seconds()
+		waits = append(waits, w)
+		if w > res.WaitMax {
+			res.WaitMax, res.WaitMaxJob = w, j.name
+		}
+		if j.done.After(last) {
+			last = j.done
+		}
+		overtaken := 0
+		for _, later := range jobs[i+1:] {
+			if !later.done.IsZero() && later.done.Before(j.done) && later.created.After(j.created) {
+				overtaken++
+			}
+		}
+		if overtaken > res.MaxOvertaken {
+			res.MaxOvertaken, res.MaxOvertakenJob = overtaken, j.name
+		}
+	}
+	if len(waits) > 0 {
+		res.AllBoundSeconds = last.Sub(start).Seconds()
+		res.WaitP50, res.WaitP99 = percentile(waits, 0.5), percentile(waits, 0.99)
+	}
+}
+
+// newJob is an Indexed Job of the shape's pods, each with one claim from
+// the shape's template, handed to the gputopo controller.
+func newJob(name string, s Shape) *batchv1.Job {
+	pods := int32(s.Pods)
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace},
+		Spec: batchv1.JobSpec{
+			Parallelism:    ptr.To(pods),
+			Completions:    ptr.To(pods),
+			CompletionMode: ptr.To(batchv1.IndexedCompletion),
+			BackoffLimit:   ptr.To[int32](0),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{
+					Labels:      map[string]string{LabelWorkload: "jobs"},
+					Annotations: map[string]string{placement.AnnotationPlacement: string(placement.PlacementAuto)},
+				},
+				Spec: podSpec(ShapeTemplates[s.GPUs]),
+			},
+		},
+	}
+}
+
+// mutatingVerbs are the apiserver_request_total verbs that write.
+var mutatingVerbs = map[string]bool{"POST": true, "PUT": true, "PATCH": true, "DELETE": true, "DELETECOLLECTION": true, "APPLY": true}
+
+func writeDelta(before, after Metrics) map[string]float64 {
+	const name = "apiserver_request_total"
+	out := map[string]float64{}
+	b := before.SumBy(name, nil, "verb", "resource", "subresource")
+	for k, v := range after.SumBy(name, nil, "verb", "resource", "subresource") {
+		verb, rest, _ := strings.Cut(k, "/")
+		if !mutatingVerbs[verb] {
+			continue
+		}
+		if d := v - b[k]; d > 0 {
+			out[verb+" "+strings.TrimSuffix(rest, "/")] = d
+		}
+	}
+	return out
+}
+
+// histDelta summarizes every histogram series with the prefix observed
+// between two scrapes.
+func histDelta(before, after Metrics, prefix string) []HistSummary {
+	var out []HistSummary
+	for _, name := range after.HistogramNames(prefix) {
+		b, a := before.Series(name), after.Series(name)
+		keys := make([]string, 0, len(a))
+		for k := range a {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			d := a[k].Sub(b[k])
+			if d.Count == 0 {
+				continue
+			}
+			out = append(out, HistSummary{Name: name, Labels: k, Count: d.Count, Mean: d.Mean(),
+				P50: d.Quantile(0.5), P90: d.Quantile(0.9), P99: d.Quantile(0.99)})
+		}
+	}
+	return out
+}

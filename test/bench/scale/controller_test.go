@@ -1,0 +1,111 @@
+package scale
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseShape(t *testing.T) {
+	if s, err := ParseShape("16x8"); err != nil || s != (Shape{Pods: 16, GPUs: 8}) {
+		t.Errorf("ParseShape(16x8) = %v, %v", s, err)
+	}
+	for in, wantErr := range map[string]string{"16": "PODSxGPUS", "0x8": "PODSxGPUS", "2x3": "1, 2, 4 or 8", "x8": "PODSxGPUS"} {
+		if _, err := ParseShape(in); err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("ParseShape(%q) = %v, want an error saying %q", in, err, wantErr)
+		}
+	}
+}
+
+func TestSummarizeJobs(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	job := func(name string, pods, bound int, created, done float64) *jobInfo {
+		j := &jobInfo{name: name, shape: Shape{Pods: pods, GPUs: 8}, created: at(created), bound: map[string]bool{}}
+		for i := range bound {
+			j.bound[name+"-"+string(rune('a'+i))] = true
+		}
+		if done > 0 {
+			j.done = at(done)
+		}
+		return j
+	}
+	jobs := []*jobInfo{
+		job("big", 16, 16, 0.1, 30), // overtaken by the two small ones
+		job("small-1", 2, 2, 0.2, 5),
+		job("small-2", 2, 2, 0.3, 6),
+		job("stuck", 4, 1, 0.4, 0),
+	}
+	var res ControllerResult
+	summarizeJobs(&res, jobs, t0)
+	got := res
+	want := ControllerResult{
+		JobsBound: 3, PodsBound: 21, AllBoundSeconds: 30,
+		WaitP50: 5.7, WaitP99: 29.9, WaitMax: 29.9, WaitMaxJob: "big",
+		MaxOvertaken: 2, MaxOvertakenJob: "big",
+		Unbound: map[string]int{"4x8": 1},
+	}
+	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })); diff != "" {
+		t.Errorf("summarizeJobs (-want +got):\n%s", diff)
+	}
+}
+
+func TestCountAuditWrites(t *testing.T) {
+	log := `{"kind":"Event","stage":"ResponseComplete","verb":"create","userAgent":"kube-controller-manager/v1.37.1 (linux/amd64) kubernetes/abc/system:serviceaccount:kube-system:job-controller","user":{"username":"system:serviceaccount:kube-system:job-controller"},"objectRef":{"resource":"pods","namespace":"b"},"requestReceivedTimestamp":"2026-01-01T00:00:01.000000Z"}
+{"kind":"Event","stage":"ResponseComplete","verb":"patch","userAgent":"gputopo-controller/v0.0.0 (linux/amd64) kubernetes/$Format","user":{"username":"kubernetes-admin"},"objectRef":{"resource":"pods","subresource":"status","namespace":"b"},"requestReceivedTimestamp":"2026-01-01T00:00:02.000000Z"}
+{"kind":"Event","stage":"ResponseComplete","verb":"patch","userAgent":"gputopo-controller/v0.0.0 (linux/amd64) kubernetes/$Format","user":{"username":"kubernetes-admin"},"objectRef":{"resource":"pods","subresource":"status","namespace":"b"},"requestReceivedTimestamp":"2026-01-01T00:00:03.000000Z"}
+{"kind":"Event","stage":"ResponseComplete","verb":"create","userAgent":"kube-scheduler/v1.37.1","user":{"username":"system:kube-scheduler"},"objectRef":{"resource":"pods","subresource":"binding"},"requestReceivedTimestamp":"2026-01-01T00:00:09.000000Z"}
+{"kind":"Event","stage":"ResponseComplete","verb":"create","userAgent":"benchscale/v0.0.0","user":{"username":"kubernetes-admin"},"objectRef":{"resource":"jobs"},"requestReceivedTimestamp":"2025-12-31T23:59:59.000000Z"}
+`
+	path := filepath.Join(t.TempDir(), "audit.log")
+	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	got, err := CountAuditWrites(path, t0, t0.Add(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]map[string]int{
+		"kube-controller-manager job-controller": {"create pods": 1},
+		"gputopo-controller":                     {"patch pods/status": 2},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("CountAuditWrites (-want +got):\n%s", diff)
+	}
+	if err := os.WriteFile(path, []byte("not json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CountAuditWrites(path, t0, t0); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Errorf("CountAuditWrites(garbage) = %v, want an error naming line 1", err)
+	}
+}
+
+func TestReadProcOfThisProcess(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pidFile := filepath.Join(dir, "run", "self.pid")
+	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+" 12345\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := ClusterProc(dir, "self")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.PID != os.Getpid() || s.RSS == 0 || s.PeakRSS < s.RSS {
+		t.Errorf("ClusterProc(self) = %+v, want this pid with RSS > 0 and peak >= RSS", s)
+	}
+	if _, err := ClusterProc(dir, "absent"); err == nil {
+		t.Error("ClusterProc of a process without a pid file succeeded")
+	}
+	if got := Memory(dir, "self", "absent"); len(got) != 1 || got[0].Name != "self" {
+		t.Errorf("Memory(self, absent) = %+v, want only self", got)
+	}
+}
