@@ -98,7 +98,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Address serving Prometheus metrics on /metrics; empty disables it.")
 	o.LabelMapping.AddFlags(fs)
 	fs.BoolVar(&o.NUMAList, "numa-node-list", o.NUMAList, "Publish resource.kubernetes.io/numaNode as a list (needs the DRAListTypeAttributes feature gate in the cluster).")
-	fs.StringVar(&o.SharedGPUs, "shared-gpus", o.SharedGPUs, "GPUs published for sharing, with memory and milliGPU as DRA consumable capacity: all, none, or indexes like 0,1. A node's "+topology.LabelSharedGPUs+" label overrides it.")
+	fs.StringVar(&o.SharedGPUs, "shared-gpus", o.SharedGPUs, "GPUs published for sharing, with memory and milliGPU as DRA consumable capacity: all, none, or indexes like 0,1 (or 0_1). A node's "+topology.LabelSharedGPUs+" label overrides it.")
 	fs.BoolVar(&o.PrintSlices, "print-resource-slices", o.PrintSlices, "Print the ResourceSlices this node would publish as YAML and exit; needs no cluster.")
 	fs.StringVar(&o.PrintCDISpec, "print-cdi-spec", o.PrintCDISpec, "Print the CDI spec a claim for this one device (e.g. gpu-0) would get, and exit; needs no cluster and changes nothing.")
 }

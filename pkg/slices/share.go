@@ -21,7 +21,9 @@ type Sharing struct {
 	Indexes []int // sorted, without duplicates; unused when All
 }
 
-// ParseSharing reads "none" (or ""), "all" or comma-separated GPU indexes.
+// ParseSharing reads "none" (or ""), "all" or GPU indexes separated by
+// commas or underscores ("0,1,4" or "0_1_4"; a label value cannot hold a
+// comma, so the node label takes the second form).
 func ParseSharing(v string) (Sharing, error) {
 	switch v = strings.TrimSpace(v); v {
 	case "", "none":
@@ -30,10 +32,10 @@ func ParseSharing(v string) (Sharing, error) {
 		return Sharing{All: true}, nil
 	}
 	var s Sharing
-	for _, f := range strings.Split(v, ",") {
+	for _, f := range strings.Split(strings.ReplaceAll(v, "_", ","), ",") {
 		i, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || i < 0 {
-			return Sharing{}, fmt.Errorf("shared GPUs %q: %q is not a GPU index; use all, none or indexes like 0,1,4", v, f)
+			return Sharing{}, fmt.Errorf("shared GPUs %q: %q is not a GPU index; use all, none or indexes like 0,1,4 (0_1_4 in a node label)", v, f)
 		}
 		if !slices.Contains(s.Indexes, i) {
 			s.Indexes = append(s.Indexes, i)

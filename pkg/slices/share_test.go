@@ -121,13 +121,15 @@ func TestParseSharing(t *testing.T) {
 		want    slices.Sharing
 		wantErr bool
 	}{
-		"empty":      {in: "", want: slices.Sharing{}},
-		"none":       {in: "none", want: slices.Sharing{}},
-		"all":        {in: "all", want: slices.Sharing{All: true}},
-		"indexes":    {in: "4, 1,4,0", want: slices.Sharing{Indexes: []int{0, 1, 4}}},
-		"word":       {in: "some", wantErr: true},
-		"negative":   {in: "-1", wantErr: true},
-		"empty item": {in: "1,,2", wantErr: true},
+		"empty":       {in: "", want: slices.Sharing{}},
+		"none":        {in: "none", want: slices.Sharing{}},
+		"all":         {in: "all", want: slices.Sharing{All: true}},
+		"indexes":     {in: "4, 1,4,0", want: slices.Sharing{Indexes: []int{0, 1, 4}}},
+		"label form":  {in: "4_1_0", want: slices.Sharing{Indexes: []int{0, 1, 4}}},
+		"word":        {in: "some", wantErr: true},
+		"negative":    {in: "-1", wantErr: true},
+		"empty item":  {in: "1,,2", wantErr: true},
+		"mixed empty": {in: "1_,2", wantErr: true},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	placementapi "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	gputopology "github.com/gputopo/gputopo/pkg/topology"
 	"github.com/gputopo/gputopo/test/e2e/framework"
 )
 
@@ -227,4 +229,81 @@ func impersonate(t *testing.T, user string, controllerPermission bool) kubernete
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestConfigRefused: the gputopo-config admission policy refuses a node
+// label gputopo.dev/shared-gpus that is not all, none or GPU indexes, and a
+// gputopo-label-mapping ConfigMap with an unknown key or a value that is
+// not label keys, each time saying what is wrong; well-formed values pass.
+func TestConfigRefused(t *testing.T) {
+	refused := func(t *testing.T, what string, err error, want string) {
+		t.Helper()
+		if err == nil {
+			t.Errorf("%s was admitted", what)
+			return
+		}
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "gputopo-config") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s failed with %v (reason %s); want the gputopo-config policy's %q", what, err, apierrors.ReasonForError(err), want)
+		}
+		t.Logf("refused: %v", err)
+	}
+
+	t.Run("node label", func(t *testing.T) {
+		ctx := framework.Ctx(t)
+		var node string
+		for _, n := range topo.leafNodes[topo.leaves[len(topo.leaves)-1]] {
+			if !topo.real[n] {
+				node = n
+			}
+		}
+		if node == "" {
+			t.Fatal("no node without a kubelet in the last leaf")
+		}
+		label := func(v *string) error {
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]*string{gputopology.LabelSharedGPUs: v}}})
+			_, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
+			return err
+		}
+		t.Cleanup(func() { _ = label(nil) })
+		refused(t, "shared-gpus=half", label(ptr.To("half")),
+			gputopology.LabelSharedGPUs+`: "half" is not all, none or GPU indexes joined by underscores like 0_1_4`)
+		refused(t, "shared-gpus=1__2", label(ptr.To("1__2")), `"1__2" is not all, none`)
+		for _, ok := range []string{"0_1", "all", "none", "7"} {
+			if err := label(ptr.To(ok)); err != nil {
+				t.Errorf("shared-gpus=%s: %v", ok, err)
+			}
+		}
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := n.Labels[gputopology.LabelSharedGPUs]; got != "7" {
+			t.Errorf("node %s has shared-gpus %q after the refused and the accepted patches, want 7", node, got)
+		}
+	})
+
+	t.Run("label mapping", func(t *testing.T) {
+		ctx := framework.Ctx(t)
+		create := func(data map[string]string) error {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: gputopology.LabelMappingConfigMap}, Data: data}
+			_, err := client.CoreV1().ConfigMaps(namespace).Create(ctx, cm, metav1.CreateOptions{})
+			return err
+		}
+		refused(t, "a mapping with key rack", create(map[string]string{"leaf": "example.com/leaf", "rack": "example.com/rack"}),
+			`gputopo-label-mapping: unknown key "rack": want leaf, spine, core, clique or tierPrefix`)
+		refused(t, "a mapping whose spine is not a label key", create(map[string]string{"spine": "example.com/row, not a label"}),
+			`gputopo-label-mapping: spine: "example.com/row, not a label" must be node label keys separated by commas`)
+		refused(t, "a mapping with a bad tier prefix", create(map[string]string{"tierPrefix": "bad prefix/"}),
+			`gputopo-label-mapping: tierPrefix "bad prefix/" must make label keys`)
+		good := map[string]string{"leaf": "example.com/rack, fabric.topograph.run/tier-0", "clique": "", "tierPrefix": "example.com/tier-"}
+		if err := create(good); err != nil {
+			t.Fatalf("a well-formed mapping %v: %v", good, err)
+		}
+		t.Cleanup(func() {
+			_ = client.CoreV1().ConfigMaps(namespace).Delete(context.Background(), gputopology.LabelMappingConfigMap, metav1.DeleteOptions{})
+		})
+		patch := []byte(`{"data":{"core":"Not_A/Key/At-All"}}`)
+		_, err := client.CoreV1().ConfigMaps(namespace).Patch(ctx, gputopology.LabelMappingConfigMap, types.MergePatchType, patch, metav1.PatchOptions{})
+		refused(t, "an edit that breaks the mapping", err, `core: "Not_A/Key/At-All" must be node label keys separated by commas, like fabric.topograph.run/tier-0`)
+	})
 }
