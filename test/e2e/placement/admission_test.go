@@ -34,13 +34,7 @@ const waitRBAC = 30 * time.Second
 func TestControllerAnnotationsRefused(t *testing.T) {
 	refused := func(t *testing.T, what string, err error, want string) {
 		t.Helper()
-		if err == nil {
-			t.Errorf("%s was admitted", what)
-			return
-		}
-		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "gputopo-placement") || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s failed with %v (reason %s); want the gputopo-placement policy's %q", what, err, apierrors.ReasonForError(err), want)
-		}
+		refusedBy(t, "gputopo-placement", apierrors.IsForbidden, what, err, want)
 	}
 
 	t.Run("create", func(t *testing.T) {
@@ -238,13 +232,7 @@ func impersonate(t *testing.T, user string, controllerPermission bool) kubernete
 func TestConfigRefused(t *testing.T) {
 	refused := func(t *testing.T, what string, err error, want string) {
 		t.Helper()
-		if err == nil {
-			t.Errorf("%s was admitted", what)
-			return
-		}
-		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "gputopo-config") || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s failed with %v (reason %s); want the gputopo-config policy's %q", what, err, apierrors.ReasonForError(err), want)
-		}
+		refusedBy(t, "gputopo-config", apierrors.IsInvalid, what, err, want)
 		t.Logf("refused: %v", err)
 	}
 
@@ -306,4 +294,17 @@ func TestConfigRefused(t *testing.T) {
 		_, err := client.CoreV1().ConfigMaps(namespace).Patch(ctx, gputopology.LabelMappingConfigMap, types.MergePatchType, patch, metav1.PatchOptions{})
 		refused(t, "an edit that breaks the mapping", err, `core: "Not_A/Key/At-All" must be node label keys separated by commas, like fabric.topograph.run/tier-0`)
 	})
+}
+
+// refusedBy fails t unless err is policy's refusal of what: the reason
+// isReason tests, the policy's name and the message want.
+func refusedBy(t *testing.T, policy string, isReason func(error) bool, what string, err error, want string) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s was admitted", what)
+		return
+	}
+	if !isReason(err) || !strings.Contains(err.Error(), policy) || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s failed with %v (reason %s); want the %s policy's %q", what, err, apierrors.ReasonForError(err), policy, want)
+	}
 }
