@@ -7,6 +7,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
+// TestParseTopology: the harness reads the shared schema
+// (pkg/clustertopo, which tests its own rules) into NodeSpecs and refuses
+// labels no node could carry.
 func TestParseTopology(t *testing.T) {
 	tests := map[string]struct {
 		doc     string
@@ -44,15 +47,6 @@ nodes:
 				{Name: "b", Leaf: "leaf-9", Spine: "spine-3", Profile: "dgx1-v100", Labels: map[string]string{"zone": "z1"}},
 			},
 		},
-		"both forms":        {doc: "{spines: 1, leavesPerSpine: 1, nodesPerLeaf: 1, profiles: [p], nodes: [{name: a, profile: p}]}", wantErr: "not both"},
-		"no profiles":       {doc: "{spines: 1, leavesPerSpine: 1, nodesPerLeaf: 1}", wantErr: "profiles"},
-		"too many real":     {doc: "{spines: 1, leavesPerSpine: 1, nodesPerLeaf: 1, profiles: [p], realNodes: 2}", wantErr: "realNodes"},
-		"zero leaves":       {doc: "{spines: 1, nodesPerLeaf: 1, profiles: [p]}", wantErr: "at least 1"},
-		"empty":             {doc: "{}", wantErr: "no nodes"},
-		"unknown field":     {doc: "{spine: 1}", wantErr: "unknown field"},
-		"duplicate name":    {doc: "{nodes: [{name: a, profile: p}, {name: a, profile: p}]}", wantErr: "duplicate"},
-		"invalid name":      {doc: "{nodes: [{name: A_1, profile: p}]}", wantErr: "invalid name"},
-		"missing profile":   {doc: "{nodes: [{name: a}]}", wantErr: "profile is required"},
 		"invalid label":     {doc: "{nodes: [{name: a, profile: p, leaf: 'bad leaf'}]}", wantErr: "fabric.topograph.run/tier-0"},
 		"invalid extra key": {doc: "{nodes: [{name: a, profile: p, labels: {'a b': x}}]}", wantErr: "label key"},
 	}
