@@ -9,7 +9,8 @@ CLUSTER_DIR ?= /tmp/gputopo-demo
 TOPOLOGY    ?= $(CURDIR)/test/cluster/topologies/demo-topology.yaml
 LOCALCLUSTER := $(BIN)/localcluster
 E2E_TIMEOUT ?= 60m
-# Build flags of the project's binaries (the container image uses the same).
+# Build flags of the project's binaries (the container image, hack/gpu-check.sh
+# and hack/verify-chart-cluster.sh use the same).
 # grpcnotrace leaves out gRPC's golang.org/x/net/trace, whose html/template
 # calls methods by name through reflection: with it linked, the linker keeps
 # every exported method of every type it keeps (the whole clientset,
