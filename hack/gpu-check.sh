@@ -34,7 +34,7 @@ if ! command -v nvidia-smi >/dev/null; then
 fi
 
 step "build"
-go build -o "$OUT/gputopo-kubelet-plugin" ./cmd/gputopo-kubelet-plugin
+go build -tags=grpcnotrace -ldflags="-s -w" -o "$OUT/gputopo-kubelet-plugin" ./cmd/gputopo-kubelet-plugin
 go build -o "$OUT/gpucheck" ./hack/gpucheck
 echo "built into $OUT"
 
