@@ -259,7 +259,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	for _, m := range g.toPlace {
 		job.Pods = append(job.Pods, planner.PodFor(m.pod, m.claims))
 	}
-	cl, err := c.snapshotCluster()
+	cl, treeTime, err := c.updateTree()
 	if err != nil {
 		return done, err
 	}
@@ -272,7 +272,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	snap := c.index.snapshot(cl, planner.WithUsed(c.usage))
 	c.mu.Unlock()
 	plan, err := c.planner.Plan(ctx, snap, nil, job)
-	c.cfg.Metrics.PlanDuration.Observe(time.Since(start).Seconds())
+	c.cfg.Metrics.PlanDuration.WithLabelValues(PodsBucket(max(g.size, g.members()))).Observe((time.Since(start) - treeTime).Seconds())
 	var unsched *planner.Unschedulable
 	var broken *planner.BrokenClaimError
 	var invalid *planner.InvalidJobError

@@ -18,17 +18,19 @@ import (
 
 // The work one node or slice event, and one plan, costs the topology path
 // is counted, not timed: it must be the same on 100 nodes as on 2,000.
-// Only a node that comes or goes costs the whole tree: it changes every
-// position in it.
+// A node that comes, goes or moves is patched in or out like any other
+// change: only the first tree is built from every node.
 func TestTopologyWorkPerEventDoesNotGrowWithNodes(t *testing.T) {
 	for _, extra := range []int{100, 2000} {
 		nodes := extra + 4 // and the test cluster's
 		want := map[string]TopologyWork{
-			"node status heartbeat":  {NodesRead: 1},
-			"node tainted":           {NodesRead: 1, NodesBuilt: 1},
-			"GPU tainted in a slice": {NodesRead: 1, NodesBuilt: 1},
-			"plan of a 2-pod Job":    {},
-			"node added":             {NodesRead: 1, NodesBuilt: nodes + 1},
+			"node status heartbeat":      {NodesRead: 1},
+			"node tainted":               {NodesRead: 1, NodesBuilt: 1},
+			"GPU tainted in a slice":     {NodesRead: 1, NodesBuilt: 1},
+			"plan of a 2-pod Job":        {},
+			"node added":                 {NodesRead: 1, NodesBuilt: 1},
+			"node moved to another leaf": {NodesRead: 1, NodesBuilt: 1},
+			"node removed":               {NodesRemoved: 1},
 		}
 		if diff := cmp.Diff(want, topologyWorkPerEvent(t, extra)); diff != "" {
 			t.Errorf("work per event on %d nodes (-want +got):\n%s", nodes, diff)
@@ -66,13 +68,17 @@ func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 		t.Fatalf("%d nodes in the first tree; want %d", got, want)
 	}
 	out := map[string]TopologyWork{}
+	var updateNamed func(string, func(*v1.Node)) func()
 	// measure runs one event and waits for its handler (every handler
 	// reads one node), then takes the tree a plan would take.
 	measure := func(name string, event func()) {
 		t.Helper()
 		before := h.c.topologyWork()
 		event()
-		h.eventually(name, func() bool { return h.c.topologyWork().NodesRead > before.NodesRead })
+		h.eventually(name, func() bool {
+			w := h.c.topologyWork()
+			return w.NodesRead > before.NodesRead || w.NodesRemoved > before.NodesRemoved
+		})
 		if _, err := h.c.snapshotCluster(); err != nil {
 			t.Fatal(err)
 		}
@@ -80,8 +86,11 @@ func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 		out[name] = after.minus(before)
 	}
 	updateNode := func(edit func(*v1.Node)) func() {
+		return updateNamed("x0", edit)
+	}
+	updateNamed = func(name string, edit func(*v1.Node)) func() {
 		return func() {
-			n, err := h.client.CoreV1().Nodes().Get(h.ctx, "x0", metav1.GetOptions{})
+			n, err := h.client.CoreV1().Nodes().Get(h.ctx, name, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -123,6 +132,21 @@ func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 	out["plan of a 2-pod Job"] = after.minus(before)
 
 	measure("node added", func() { h.create(fakeNode("new", "xleaf-0", "xspine-0")) })
+	measure("node moved to another leaf", updateNamed("x1", func(n *v1.Node) {
+		n.Labels[topology.LabelTopographLeaf] = "xleaf-1"
+	}))
+	measure("node removed", func() {
+		if err := h.client.CoreV1().Nodes().Delete(h.ctx, "x2", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	cl, err := h.c.snapshotCluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leaf, _ := cl.LeafOf("x1"); leaf != "xleaf-1" || cl.Has("x2") || !cl.Has("new") || cl.Len() != extra+4 {
+		t.Errorf("patched tree: x1 in %q, has x2 %v, has new %v, %d nodes; want xleaf-1, false, true, %d", leaf, cl.Has("x2"), cl.Has("new"), cl.Len(), extra+4)
+	}
 	return out
 }
 
@@ -149,5 +173,5 @@ func bulkHarness(t *testing.T, objs []any) *harness {
 }
 
 func (w TopologyWork) minus(o TopologyWork) TopologyWork {
-	return TopologyWork{NodesRead: w.NodesRead - o.NodesRead, NodesBuilt: w.NodesBuilt - o.NodesBuilt}
+	return TopologyWork{NodesRead: w.NodesRead - o.NodesRead, NodesBuilt: w.NodesBuilt - o.NodesBuilt, NodesRemoved: w.NodesRemoved - o.NodesRemoved}
 }

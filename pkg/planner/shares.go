@@ -39,12 +39,12 @@ func (ns *nodeShares) add(sh devicefit.Share) {
 func NewSnapshotFromState(c *Cluster, st devicefit.State, opts ...SnapshotOption) *Snapshot {
 	s := NewSnapshot(c, st.Devices, opts...)
 	for id := range st.ShareIDs {
-		if ref, ok := c.devIndex[id.GetDeviceID()]; ok {
+		if ref, ok := c.dev(id.GetDeviceID()); ok {
 			s.sharesOf(s.shares, ref.node).ids.Insert(id)
 		}
 	}
 	for id, capacity := range st.Consumed {
-		if ref, ok := c.devIndex[id]; ok {
+		if ref, ok := c.dev(id); ok {
 			s.sharesOf(s.shares, ref.node).consumed[id] = capacity.Clone()
 		}
 	}
@@ -67,7 +67,7 @@ func (s *Snapshot) sharesWithReservations(res *Reservations, except string) []*n
 	res.eachJob(except, func(r Reservation) {
 		for _, held := range r.Shares {
 			for _, sh := range held {
-				ref, ok := s.cluster.devIndex[sh.Device]
+				ref, ok := s.cluster.dev(sh.Device)
 				if !ok {
 					continue
 				}
@@ -126,7 +126,8 @@ func (s *Snapshot) usedOrShared(res *Reservations) []bitset {
 		}
 		used[n] = used[n].clone(len(s.cluster.nodes[n].devs))
 		for id := range ns.consumed {
-			used[n].set(int(s.cluster.devIndex[id].pos))
+			ref, _ := s.cluster.dev(id)
+			used[n].set(int(ref.pos))
 		}
 	}
 	return used
