@@ -101,6 +101,10 @@ type Controller struct {
 	settle  map[string]time.Time    // groups whose gates stay closed until then
 	opened  map[types.UID]time.Time // when this process opened a pod's gate
 	usage   planner.NodeUsage       // what the pods on each node request
+	// tracker keeps the plans' snapshot up to date from the claim index
+	// and usage; usageDirty names the nodes whose usage changed since.
+	tracker    *planner.Tracker
+	usageDirty map[string]bool
 }
 
 // New wires the informers. Call Run to start.
@@ -153,6 +157,8 @@ func New(cfg Config) (*Controller, error) {
 		settle:   map[string]time.Time{},
 		opened:   map[types.UID]time.Time{},
 		usage:    planner.NodeUsage{},
+
+		usageDirty: map[string]bool{},
 	}
 	c.planner = planner.New(devicefit.NewEvaluator(classLister{c.classes}))
 
@@ -208,10 +214,14 @@ func (c *Controller) countPod(old, cur *v1.Pod) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old != nil {
-		c.usage.Remove(usageNode(old), old)
+		n := usageNode(old)
+		c.usage.Remove(n, old)
+		c.usageDirty[n] = true
 	}
 	if cur != nil {
-		c.usage.Add(usageNode(cur), cur)
+		n := usageNode(cur)
+		c.usage.Add(n, cur)
+		c.usageDirty[n] = true
 	}
 }
 

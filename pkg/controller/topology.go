@@ -36,6 +36,10 @@ type topoState struct {
 	infos   map[string]planner.NodeInfo
 	changed map[string]bool // patched into the tree at the next plan
 	rebuild bool            // the next plan builds the tree from every node
+	// patched lists the nodes patched into the tree since the snapshot
+	// tracker last followed it; built is set when the tree was built.
+	patched []string
+	built   bool
 	work    TopologyWork
 }
 
@@ -48,6 +52,8 @@ type TopologyWork struct {
 	NodesBuilt int
 	// NodesRemoved counts nodes that went away.
 	NodesRemoved int
+	// Snapshot is what keeping the plans' snapshot up to date cost.
+	Snapshot planner.TrackerWork
 }
 
 func newTopoState() topoState {
@@ -58,7 +64,11 @@ func newTopoState() topoState {
 func (c *Controller) topologyWork() TopologyWork {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.topo.work
+	w := c.topo.work
+	if c.tracker != nil {
+		w.Snapshot = c.tracker.Work()
+	}
+	return w
 }
 
 func (c *Controller) nodeHandler() cache.ResourceEventHandler {
@@ -216,6 +226,7 @@ func (c *Controller) updateTree() (*planner.Cluster, time.Duration, error) {
 				t.work.NodesBuilt++
 			}
 			delete(t.changed, name)
+			t.patched = append(t.patched, name)
 		}
 		if !t.rebuild {
 			d := time.Since(start)
@@ -232,7 +243,7 @@ func (c *Controller) updateTree() (*planner.Cluster, time.Duration, error) {
 		return nil, 0, fmt.Errorf("build topology tree: %w", err)
 	}
 	t.work.NodesBuilt += len(infos)
-	c.cluster, t.rebuild = cl, false
+	c.cluster, t.rebuild, t.built, t.patched = cl, false, true, nil
 	clear(t.changed)
 	d := time.Since(start)
 	c.cfg.Metrics.TreeDuration.WithLabelValues(TreeBuild).Observe(d.Seconds())
@@ -256,4 +267,30 @@ func (c *Controller) patchNode(name string) (*planner.Cluster, bool) {
 		}
 	}
 	return base.WithNewNode(info)
+}
+
+// planSnapshot is the snapshot of cl a plan works on: the tracker,
+// brought up to date with the claims and pods that changed since the last
+// plan, follows cl, patched node by node or, after a build, built again.
+// Called with c.mu held.
+func (c *Controller) planSnapshot(cl *planner.Cluster) *planner.Snapshot {
+	t := &c.topo
+	switch {
+	case c.tracker == nil || t.built:
+		c.tracker = nil // built again by track, with every device and node
+	case c.tracker.Cluster() != cl:
+		c.index.mu.Lock()
+		c.tracker.Rebase(cl, t.patched, c.index.held, c.usage)
+		c.index.mu.Unlock()
+	}
+	if c.tracker != nil {
+		for node := range c.usageDirty {
+			c.tracker.SetUsage(node, c.usage[node])
+		}
+	}
+	t.built, t.patched = false, nil
+	clear(c.usageDirty)
+	tr, snap := c.index.track(c.tracker, cl, c.usage)
+	c.tracker = tr
+	return snap
 }

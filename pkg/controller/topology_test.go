@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/gputopo/gputopo/pkg/planner"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
@@ -24,10 +25,13 @@ func TestTopologyWorkPerEventDoesNotGrowWithNodes(t *testing.T) {
 	for _, extra := range []int{100, 2000} {
 		nodes := extra + 4 // and the test cluster's
 		want := map[string]TopologyWork{
-			"node status heartbeat":      {NodesRead: 1},
-			"node tainted":               {NodesRead: 1, NodesBuilt: 1},
-			"GPU tainted in a slice":     {NodesRead: 1, NodesBuilt: 1},
-			"plan of a 2-pod Job":        {},
+			"node status heartbeat":  {NodesRead: 1},
+			"node tainted":           {NodesRead: 1, NodesBuilt: 1},
+			"GPU tainted in a slice": {NodesRead: 1, NodesBuilt: 1},
+			// The first plan takes the snapshot from every claim and pod.
+			"plan of a 2-pod Job": {Snapshot: planner.TrackerWork{Builds: 1}},
+			// The next one applies what changed: the 16 GPUs of the first.
+			"plan of a second 2-pod Job": {Snapshot: planner.TrackerWork{Devices: 16}},
 			"node added":                 {NodesRead: 1, NodesBuilt: 1},
 			"node moved to another leaf": {NodesRead: 1, NodesBuilt: 1},
 			"node removed":               {NodesRemoved: 1},
@@ -131,6 +135,18 @@ func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 	after := h.c.topologyWork()
 	out["plan of a 2-pod Job"] = after.minus(before)
 
+	before = after
+	h.create(job("k", 2))
+	for i := range 2 {
+		h.addPod(jobPod("k", i, "gpu-8-node", nil))
+	}
+	h.settle()
+	h.sync("default/job/k")
+	if h.allocatedNode("k-0") == "" {
+		t.Fatal("the second Job was not planned")
+	}
+	out["plan of a second 2-pod Job"] = h.c.topologyWork().minus(before)
+
 	measure("node added", func() { h.create(fakeNode("new", "xleaf-0", "xspine-0")) })
 	measure("node moved to another leaf", updateNamed("x1", func(n *v1.Node) {
 		n.Labels[topology.LabelTopographLeaf] = "xleaf-1"
@@ -159,7 +175,7 @@ func fakeNode(name, leaf, spine string) *v1.Node {
 
 // bulkHarness is newHarness for thousands of objects: the fake client
 // takes them at construction, which is much faster than one create each.
-func bulkHarness(t *testing.T, objs []any) *harness {
+func bulkHarness(t testing.TB, objs []any) *harness {
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
@@ -173,5 +189,6 @@ func bulkHarness(t *testing.T, objs []any) *harness {
 }
 
 func (w TopologyWork) minus(o TopologyWork) TopologyWork {
-	return TopologyWork{NodesRead: w.NodesRead - o.NodesRead, NodesBuilt: w.NodesBuilt - o.NodesBuilt, NodesRemoved: w.NodesRemoved - o.NodesRemoved}
+	return TopologyWork{NodesRead: w.NodesRead - o.NodesRead, NodesBuilt: w.NodesBuilt - o.NodesBuilt, NodesRemoved: w.NodesRemoved - o.NodesRemoved,
+		Snapshot: planner.TrackerWork{Devices: w.Snapshot.Devices - o.Snapshot.Devices, Nodes: w.Snapshot.Nodes - o.Snapshot.Nodes, Builds: w.Snapshot.Builds - o.Snapshot.Builds}}
 }

@@ -1,7 +1,6 @@
 package planner_test
 
 import (
-	"context"
 	"slices"
 	"testing"
 
@@ -145,9 +144,5 @@ func ops(fs ...func(*testing.T, *planner.Cluster) *planner.Cluster) []func(*test
 
 func planWith(t *testing.T, c *planner.Cluster, used devicefit.Allocated, job planner.Job) outcome {
 	t.Helper()
-	plan, err := newPlanner(t).Plan(context.Background(), planner.NewSnapshot(c, used), nil, job)
-	if err != nil {
-		return outcome{Err: err.Error()}
-	}
-	return outcome{Placed: project(plan)}
+	return snapPlan(t, planner.NewSnapshot(c, used), job)
 }

@@ -38,17 +38,22 @@ func (ns *nodeShares) add(sh devicefit.Share) {
 // devices to other shares.
 func NewSnapshotFromState(c *Cluster, st devicefit.State, opts ...SnapshotOption) *Snapshot {
 	s := NewSnapshot(c, st.Devices, opts...)
+	s.addShares(st)
+	return s
+}
+
+// addShares records the shares held in st.
+func (s *Snapshot) addShares(st devicefit.State) {
 	for id := range st.ShareIDs {
-		if ref, ok := c.dev(id.GetDeviceID()); ok {
+		if ref, ok := s.cluster.dev(id.GetDeviceID()); ok {
 			s.sharesOf(s.shares, ref.node).ids.Insert(id)
 		}
 	}
 	for id, capacity := range st.Consumed {
-		if ref, ok := c.dev(id); ok {
+		if ref, ok := s.cluster.dev(id); ok {
 			s.sharesOf(s.shares, ref.node).consumed[id] = capacity.Clone()
 		}
 	}
-	return s
 }
 
 // sharesOf returns node n's entry of shares, creating it.
