@@ -64,6 +64,11 @@ type Config struct {
 	// written, so that an allocation the scheduler had in flight arrives
 	// and a clash is seen before any pod is admitted.
 	SettleDelay time.Duration
+	// ReserveAfter is how long the oldest group that does not fit waits
+	// before it reserves the domain closest to fitting it, which groups
+	// created after it may then not use (reserve.go). Default:
+	// RetryInterval.
+	ReserveAfter time.Duration
 }
 
 // Controller is the placement loop.
@@ -105,6 +110,10 @@ type Controller struct {
 	// and usage; usageDirty names the nodes whose usage changed since.
 	tracker    *planner.Tracker
 	usageDirty map[string]bool
+	// reserved is the domain the oldest waiting group holds; unreservable
+	// lists the groups that no domain could ever hold.
+	reserved     *reservation
+	unreservable map[string]bool
 }
 
 // New wires the informers. Call Run to start.
@@ -120,6 +129,9 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.SettleDelay == 0 {
 		cfg.SettleDelay = 250 * time.Millisecond
+	}
+	if cfg.ReserveAfter == 0 {
+		cfg.ReserveAfter = cfg.RetryInterval
 	}
 	f := informers.NewSharedInformerFactory(cfg.Client, 10*time.Minute)
 	podInf := f.Core().V1().Pods().Informer()
@@ -158,7 +170,8 @@ func New(cfg Config) (*Controller, error) {
 		opened:   map[types.UID]time.Time{},
 		usage:    planner.NodeUsage{},
 
-		usageDirty: map[string]bool{},
+		usageDirty:   map[string]bool{},
+		unreservable: map[string]bool{},
 	}
 	c.planner = planner.New(devicefit.NewEvaluator(classLister{c.classes}))
 

@@ -314,14 +314,27 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 	// The newest tree: one patched since updateTree returned is as good,
 	// and the snapshot tracker follows the newest.
 	snap := c.planSnapshot(c.cluster)
+	reserved := c.reserved
 	c.mu.Unlock()
 	for pod, node := range job.Pinned {
 		if !snap.Cluster().Has(node) {
 			delete(job.Pinned, pod) // its node is gone; recover() deals with the pod
 		}
 	}
-	plan, err := c.planner.Plan(ctx, snap, nil, job)
+	fresh := len(g.bound) == 0 && len(g.steered) == 0
+	view := snap
+	if reserved != nil && reserved.key != g.key && fresh {
+		// The domain waits for the group that reserved it.
+		if view, err = snap.Holding(reserved.domain); err != nil {
+			c.dropReservation(reserved.key)
+			view = snap
+		}
+	}
+	plan, err := c.planner.Plan(ctx, view, nil, job)
 	var unsched *planner.Unschedulable
+	if errors.As(err, &unsched) && fresh {
+		c.maybeReserve(ctx, g, snap, job)
+	}
 	var broken *planner.BrokenClaimError
 	var invalid *planner.InvalidJobError
 	if err != nil && !errors.As(err, &unsched) && !errors.As(err, &broken) && !errors.As(err, &invalid) {

@@ -142,6 +142,7 @@ func (c *Controller) refreshNode(name string) {
 		c.topo.infos[name] = info
 		c.topo.changed[name] = true
 	}
+	clear(c.unreservable) // the node may make room for them
 	c.mu.Unlock()
 	c.syncGroupsOn(name)
 	c.requeuePending()

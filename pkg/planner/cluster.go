@@ -398,13 +398,26 @@ func sortedNat(set map[string]bool) []string {
 // DomainNodes lists the nodes of a domain in topology order; nil for the
 // whole cluster, which needs no list. A name the cluster lacks is an error.
 func (c *Cluster) DomainNodes(d Domain) ([]string, error) {
-	var idx []int
+	idx, whole, err := c.domainIdx(d)
+	if err != nil || whole {
+		return nil, err
+	}
+	out := make([]string, len(idx))
+	for i, n := range idx {
+		out[i] = c.nodes[n].name
+	}
+	return out, nil
+}
+
+// domainIdx is DomainNodes as node indexes, or whole for the whole
+// cluster.
+func (c *Cluster) domainIdx(d Domain) (idx []int, whole bool, err error) {
 	switch d.Level {
 	case LevelNode:
 		for _, name := range d.Names {
 			i, ok := c.byName[name]
 			if !ok {
-				return nil, fmt.Errorf("node %s is not in the cluster", name)
+				return nil, false, fmt.Errorf("node %s is not in the cluster", name)
 			}
 			idx = append(idx, i)
 		}
@@ -412,29 +425,25 @@ func (c *Cluster) DomainNodes(d Domain) ([]string, error) {
 		for _, name := range d.Names {
 			l := c.leafByN[name]
 			if l == nil {
-				return nil, fmt.Errorf("leaf %s is not in the cluster", name)
+				return nil, false, fmt.Errorf("leaf %s is not in the cluster", name)
 			}
 			idx = append(idx, l.nodes...)
 		}
 	case LevelSpine, LevelCluster:
 		if len(d.Names) == 0 {
-			return nil, nil
+			return nil, true, nil
 		}
 		for _, name := range d.Names {
 			s := c.spineByN[name]
 			if s == nil {
-				return nil, fmt.Errorf("spine %s is not in the cluster", name)
+				return nil, false, fmt.Errorf("spine %s is not in the cluster", name)
 			}
 			idx = append(idx, s.nodes...)
 		}
 	default:
-		return nil, fmt.Errorf("unknown domain level %q", d.Level)
+		return nil, false, fmt.Errorf("unknown domain level %q", d.Level)
 	}
-	out := make([]string, len(idx))
-	for i, n := range idx {
-		out[i] = c.nodes[n].name
-	}
-	return out, nil
+	return idx, false, nil
 }
 
 // LeafOf is the node's leaf, empty when it has none.
