@@ -74,8 +74,8 @@ type Cluster struct {
 	// ranks gives each node its place in topology order, which breaks
 	// ties between nodes; nil while node indexes are that order.
 	ranks func() []int32
-	sigs    signatures
-	res     resources
+	sigs  signatures
+	res   resources
 }
 
 type node struct {
