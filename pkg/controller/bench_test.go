@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -55,32 +54,13 @@ func BenchmarkPlan16PodJob5000Nodes(b *testing.B) {
 // pod events of a busy cluster would have recorded them.
 func busyHarness(tb testing.TB, spines, leaves, nodes int) *harness {
 	base := testObjects(tb)
-	var objs []any
-	var proto []*resourceapi.ResourceSlice
-	for _, o := range base {
-		if s, ok := o.(*resourceapi.ResourceSlice); ok && *s.Spec.NodeName == "n0" {
-			proto = append(proto, s)
-		}
-	}
 	alloc := v1.ResourceList{v1.ResourcePods: resource.MustParse("110"), v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi")}
-	var names []string
-	for i := range spines * leaves * nodes {
-		name := fmt.Sprintf("x%d", i)
-		names = append(names, name)
-		n := fakeNode(name, fmt.Sprintf("xleaf-%d", i/nodes), fmt.Sprintf("xspine-%d", i/(nodes*leaves)))
-		n.Status.Allocatable = alloc
-		objs = append(objs, n)
-		for _, p := range proto {
-			s := p.DeepCopy()
-			s.Name = name + "-" + p.Name
-			s.Spec.NodeName, s.Spec.Pool.Name = &name, name
-			objs = append(objs, s)
-		}
-	}
+	objs := extraNodes(base, spines*leaves*nodes, nodes, leaves, alloc)
 	h := bulkHarness(tb, append(base, objs...))
 	h.c.mu.Lock()
 	defer h.c.mu.Unlock()
-	for i, name := range names {
+	for i := range spines * leaves * nodes {
+		name := fmt.Sprintf("x%d", i)
 		var held int
 		switch i % 10 {
 		case 0, 1, 2, 3, 4:

@@ -47,23 +47,7 @@ func TestTopologyWorkPerEventDoesNotGrowWithNodes(t *testing.T) {
 // the tree once, then records what each event costs, tree included.
 func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 	base := testObjects(t)
-	var objs []any
-	var proto []*resourceapi.ResourceSlice
-	for _, o := range base {
-		if s, ok := o.(*resourceapi.ResourceSlice); ok && *s.Spec.NodeName == "n0" {
-			proto = append(proto, s)
-		}
-	}
-	for i := range extra {
-		name := fmt.Sprintf("x%d", i)
-		objs = append(objs, fakeNode(name, fmt.Sprintf("xleaf-%d", i/10), fmt.Sprintf("xspine-%d", i/100)))
-		for _, p := range proto {
-			s := p.DeepCopy()
-			s.Name = name + "-" + p.Name
-			s.Spec.NodeName, s.Spec.Pool.Name = &name, name
-			objs = append(objs, s)
-		}
-	}
+	objs := extraNodes(base, extra, 10, 10, nil)
 	h := bulkHarness(t, append(base, objs...))
 	if _, err := h.c.snapshotCluster(); err != nil {
 		t.Fatal(err)
@@ -111,7 +95,7 @@ func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 		n.Spec.Taints = append(n.Spec.Taints, v1.Taint{Key: "maintenance", Effect: v1.TaintEffectNoSchedule})
 	}))
 	measure("GPU tainted in a slice", func() {
-		s, err := h.client.ResourceV1().ResourceSlices().Get(h.ctx, "x0-"+proto[0].Name, metav1.GetOptions{})
+		s, err := h.client.ResourceV1().ResourceSlices().Get(h.ctx, objs[1].(*resourceapi.ResourceSlice).Name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,6 +148,32 @@ func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 		t.Errorf("patched tree: x1 in %q, has x2 %v, has new %v, %d nodes; want xleaf-1, false, true, %d", leaf, cl.Has("x2"), cl.Has("new"), cl.Len(), extra+4)
 	}
 	return out
+}
+
+// extraNodes are count fake nodes x0, x1, ... with copies of the slices
+// of base's n0, perLeaf to a leaf and leavesPerSpine leaves to a spine,
+// offering alloc (nil: nothing).
+func extraNodes(base []any, count, perLeaf, leavesPerSpine int, alloc v1.ResourceList) []any {
+	var objs []any
+	var proto []*resourceapi.ResourceSlice
+	for _, o := range base {
+		if s, ok := o.(*resourceapi.ResourceSlice); ok && *s.Spec.NodeName == "n0" {
+			proto = append(proto, s)
+		}
+	}
+	for i := range count {
+		name := fmt.Sprintf("x%d", i)
+		n := fakeNode(name, fmt.Sprintf("xleaf-%d", i/perLeaf), fmt.Sprintf("xspine-%d", i/(perLeaf*leavesPerSpine)))
+		n.Status.Allocatable = alloc
+		objs = append(objs, n)
+		for _, p := range proto {
+			s := p.DeepCopy()
+			s.Name = name + "-" + p.Name
+			s.Spec.NodeName, s.Spec.Pool.Name = &name, name
+			objs = append(objs, s)
+		}
+	}
+	return objs
 }
 
 func fakeNode(name, leaf, spine string) *v1.Node {
