@@ -52,6 +52,9 @@ type ControllerOptions struct {
 	// Settle ends the run when no Job was bound for this long.
 	Settle   time.Duration
 	Creators int
+	// Spread, when set, creates the Jobs one after the other over this
+	// long, evenly, instead of at once: a stream of arrivals.
+	Spread time.Duration
 	// Hold, when set, lets every Job run this long once all its pods are
 	// bound; then the benchmark deletes it and its pods, as if it had
 	// completed, and its GPUs free up for the Jobs still waiting.
@@ -217,6 +220,13 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 	start := time.Now()
 	err = parallel(ctx, len(jobs), opts.Creators, func(ctx context.Context, i int) error {
 		j := jobs[i]
+		if opts.Spread > 0 {
+			select {
+			case <-time.After(time.Until(start.Add(opts.Spread * time.Duration(i) / time.Duration(len(jobs))))):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		mu.Lock()
 		j.created = time.Now()
 		mu.Unlock()
