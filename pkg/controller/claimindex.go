@@ -28,6 +28,23 @@ type claimIndex struct {
 	held devicefit.Allocated
 	// sharing lists the claims that hold shares.
 	sharing map[types.UID]bool
+	// changed lists the devices that entered or left held since the
+	// last drain; overflow is set when there were too many to keep.
+	changed  []structured.DeviceID
+	overflow bool
+}
+
+// maxChanged bounds the change list; past it the next plan's snapshot
+// is taken from the whole index again.
+const maxChanged = 1 << 16
+
+func (ix *claimIndex) noteLocked(d structured.DeviceID) {
+	if len(ix.changed) >= maxChanged {
+		ix.changed, ix.overflow = ix.changed[:0], true
+	}
+	if !ix.overflow {
+		ix.changed = append(ix.changed, d)
+	}
 }
 
 type indexedClaim struct {
@@ -68,8 +85,8 @@ func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	v := parseVersion(claim.ResourceVersion)
-	if old, ok := ix.claims[claim.UID]; ok && v != 0 && old.version > v {
-		return nil
+	if old, ok := ix.claims[claim.UID]; ok && v != 0 && old.version >= v {
+		return nil // older, or the same version: the controller's own write
 	}
 	ix.removeLocked(claim.UID)
 	devs := exclusiveDevices(claim.Status.Allocation)
@@ -89,7 +106,10 @@ func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 			}
 		}
 		ix.byDevice[d] = append(ix.byDevice[d], claim.UID)
-		ix.held.Insert(d)
+		if !ix.held.Has(d) {
+			ix.held.Insert(d)
+			ix.noteLocked(d)
+		}
 	}
 	return clash
 }
@@ -111,6 +131,7 @@ func (ix *claimIndex) removeLocked(uid types.UID) {
 		if len(holders) == 0 {
 			delete(ix.byDevice, d)
 			ix.held.Delete(d)
+			ix.noteLocked(d)
 		} else {
 			ix.byDevice[d] = holders
 		}
@@ -128,10 +149,38 @@ func (ix *claimIndex) snapshot(cl *planner.Cluster, opts ...planner.SnapshotOpti
 	return planner.NewSnapshotFromState(cl, ix.stateLocked(), opts...)
 }
 
+// track brings tr up to date with the devices held, building a new
+// tracker on cl when tr is nil or the change list overflowed, and
+// returns the snapshot for a plan.
+func (ix *claimIndex) track(tr *planner.Tracker, cl *planner.Cluster, usage planner.NodeUsage) (*planner.Tracker, *planner.Snapshot) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if tr == nil || ix.overflow {
+		tr = planner.NewTracker(cl, ix.held, usage)
+	} else {
+		seen := make(map[structured.DeviceID]bool, len(ix.changed))
+		for _, d := range ix.changed {
+			if !seen[d] { // a claim updated twice lists its devices twice
+				seen[d] = true
+				tr.SetDevice(d, ix.held.Has(d))
+			}
+		}
+	}
+	ix.changed, ix.overflow = ix.changed[:0], false
+	return tr, tr.Snapshot(ix.sharesLocked())
+}
+
 // stateLocked is what the claims hold: the index's own set of devices
 // held whole, not a copy, and every share of a shared device.
 func (ix *claimIndex) stateLocked() devicefit.State {
-	st := devicefit.State{Devices: ix.held}
+	st := ix.sharesLocked()
+	st.Devices = ix.held
+	return st
+}
+
+// sharesLocked is every share of a shared device the claims hold.
+func (ix *claimIndex) sharesLocked() devicefit.State {
+	var st devicefit.State
 	if len(ix.sharing) == 0 {
 		return st
 	}

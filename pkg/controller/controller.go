@@ -23,6 +23,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -64,6 +65,11 @@ type Config struct {
 	// written, so that an allocation the scheduler had in flight arrives
 	// and a clash is seen before any pod is admitted.
 	SettleDelay time.Duration
+	// ReserveAfter is how long the oldest group that does not fit waits
+	// before it reserves the domain closest to fitting it, which groups
+	// created after it may then not use (reserve.go). Default:
+	// RetryInterval.
+	ReserveAfter time.Duration
 }
 
 // Controller is the placement loop.
@@ -101,6 +107,14 @@ type Controller struct {
 	settle  map[string]time.Time    // groups whose gates stay closed until then
 	opened  map[types.UID]time.Time // when this process opened a pod's gate
 	usage   planner.NodeUsage       // what the pods on each node request
+	// tracker keeps the plans' snapshot up to date from the claim index
+	// and usage; usageDirty names the nodes whose usage changed since.
+	tracker    *planner.Tracker
+	usageDirty map[string]bool
+	// reserved is the domain the oldest waiting group holds; unreservable
+	// lists the groups that no domain could ever hold.
+	reserved     *reservation
+	unreservable map[string]bool
 }
 
 // New wires the informers. Call Run to start.
@@ -117,7 +131,10 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.SettleDelay == 0 {
 		cfg.SettleDelay = 250 * time.Millisecond
 	}
-	f := informers.NewSharedInformerFactory(cfg.Client, 10*time.Minute)
+	if cfg.ReserveAfter == 0 {
+		cfg.ReserveAfter = cfg.RetryInterval
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 10*time.Minute, informers.WithTransform(dropManagedFields))
 	podInf := f.Core().V1().Pods().Informer()
 	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode}); err != nil {
 		return nil, fmt.Errorf("add pod group index: %w", err)
@@ -153,6 +170,9 @@ func New(cfg Config) (*Controller, error) {
 		settle:   map[string]time.Time{},
 		opened:   map[types.UID]time.Time{},
 		usage:    planner.NodeUsage{},
+
+		usageDirty:   map[string]bool{},
+		unreservable: map[string]bool{},
 	}
 	c.planner = planner.New(devicefit.NewEvaluator(classLister{c.classes}))
 
@@ -176,6 +196,18 @@ func New(cfg Config) (*Controller, error) {
 		c.synced = append(c.synced, reg.HasSynced)
 	}
 	return c, nil
+}
+
+// dropManagedFields keeps the field managers' records out of the caches:
+// the controller never reads them, and on a large cluster they are a good
+// part of every cached pod, claim and slice, which the garbage collector
+// scans on every cycle while plans run. Updates built from a cached
+// object leave them as they are (nil keeps them).
+func dropManagedFields(obj any) (any, error) {
+	if a, err := meta.Accessor(obj); err == nil {
+		a.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 type classLister struct {
@@ -208,10 +240,14 @@ func (c *Controller) countPod(old, cur *v1.Pod) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old != nil {
-		c.usage.Remove(usageNode(old), old)
+		n := usageNode(old)
+		c.usage.Remove(n, old)
+		c.usageDirty[n] = true
 	}
 	if cur != nil {
-		c.usage.Add(usageNode(cur), cur)
+		n := usageNode(cur)
+		c.usage.Add(n, cur)
+		c.usageDirty[n] = true
 	}
 }
 

@@ -32,7 +32,7 @@ import (
 //	spine-0
 //	├── leaf-0: n0 n1
 //	└── leaf-1: n2 n3
-func testObjects(t *testing.T) []any {
+func testObjects(t testing.TB) []any {
 	t.Helper()
 	var objs []any
 	p, err := sim.LoadBuiltin("dgx-h100")
@@ -72,7 +72,7 @@ func testObjects(t *testing.T) []any {
 }
 
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	client *fake.Clientset
 	c      *Controller

@@ -6,7 +6,8 @@ import "github.com/prometheus/client_golang/prometheus"
 // registry.
 type Metrics struct {
 	Decisions       *prometheus.CounterVec
-	PlanDuration    prometheus.Histogram
+	PlanDuration    *prometheus.HistogramVec
+	TreeDuration    *prometheus.HistogramVec
 	PendingGroups   prometheus.Gauge
 	LeafUtilization *prometheus.GaugeVec
 	Fragmentation   prometheus.Gauge
@@ -23,6 +24,41 @@ const (
 	OutcomeWaiting       = "waiting"
 )
 
+// Label values of plan_duration_seconds{pods}: the group's size, in
+// buckets, so the plans of big gangs are seen apart from one-pod plans.
+const (
+	PodsOne     = "1"
+	PodsTwoFour = "2-4"
+	PodsToEight = "5-8"
+	PodsTo16    = "9-16"
+	PodsMore    = "17+"
+)
+
+// PodsBucket is the plan_duration_seconds label value for a group of n pods.
+func PodsBucket(n int) string {
+	switch {
+	case n <= 1:
+		return PodsOne
+	case n <= 4:
+		return PodsTwoFour
+	case n <= 8:
+		return PodsToEight
+	case n <= 16:
+		return PodsTo16
+	}
+	return PodsMore
+}
+
+// Label values of tree_update_duration_seconds{kind}.
+const (
+	// TreeBuild: the tree built from every node (the first plan, a new
+	// label mapping, a change a patch cannot make).
+	TreeBuild = "build"
+	// TreePatch: the nodes that changed since the last plan patched in,
+	// added or removed.
+	TreePatch = "patch"
+)
+
 // NewMetrics creates the collectors and registers them on reg (nil skips
 // registration).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -31,10 +67,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "gputopo", Subsystem: "controller", Name: "decisions_total",
 			Help: "Placement decisions for pod groups, by outcome (placed, unschedulable, invalid, waiting).",
 		}, []string{"outcome"}),
-		PlanDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		PlanDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "gputopo", Subsystem: "controller", Name: "plan_duration_seconds",
-			Help: "Time to plan one pod group, from the start of its sync: reading the group and its claims, the tree and the snapshot, and the plan with the structured allocator; the plan's claim writes are not included.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}),
+			Help: "Time to plan one pod group, by the group's size (pods: " + PodsOne + ", " + PodsTwoFour + ", " + PodsToEight + ", " + PodsTo16 + ", " + PodsMore + "), from the start of its sync: reading the group and its claims, the snapshot, and the plan with the structured allocator. Updating the tree (tree_update_duration_seconds) and the plan's claim writes are not included.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"pods"}),
+		TreeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "gputopo", Subsystem: "controller", Name: "tree_update_duration_seconds",
+			Help: "Time to bring the topology tree up to date before a plan, by kind: " + TreeBuild + " (from every node) or " + TreePatch + " (the nodes that changed).", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
+		}, []string{"kind"}),
 		PendingGroups: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gputopo", Subsystem: "controller", Name: "pending_groups",
 			Help: "Pod groups with gated pods that are not placed yet.",
@@ -61,7 +101,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Decisions, m.PlanDuration, m.PendingGroups, m.LeafUtilization, m.Fragmentation, m.LeafFragment, m.Released, m.Conflicts)
+		reg.MustRegister(m.Decisions, m.PlanDuration, m.TreeDuration, m.PendingGroups, m.LeafUtilization, m.Fragmentation, m.LeafFragment, m.Released, m.Conflicts)
 	}
 	return m
 }

@@ -22,6 +22,7 @@ type Options struct {
 	RetryInterval           time.Duration
 	BindTimeout             time.Duration
 	SettleDelay             time.Duration
+	ReserveAfter            time.Duration
 	KubeAPIQPS              float32
 	KubeAPIBurst            int
 	LabelMapping            labelmapping.Options
@@ -42,6 +43,7 @@ func NewOptions() *Options {
 		RetryInterval:           30 * time.Second,
 		BindTimeout:             60 * time.Second,
 		SettleDelay:             250 * time.Millisecond,
+		ReserveAfter:            30 * time.Second,
 		KubeAPIQPS:              50,
 		KubeAPIBurst:            100,
 		LabelMapping:            labelmapping.NewOptions(),
@@ -58,6 +60,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.RetryInterval, "retry-interval", o.RetryInterval, "How often groups that did not fit are planned again; a group's retries back off up to this.")
 	fs.DurationVar(&o.BindTimeout, "bind-timeout", o.BindTimeout, "How long a pod whose gate opened may take to bind before a NotBound Warning event reports it (the scheduler takes back the claims of a pod it cannot place, and the controller plans it again).")
 	fs.DurationVar(&o.SettleDelay, "settle-delay", o.SettleDelay, "How long gates stay closed after a group's claims are written, so allocations the scheduler had in flight are seen first.")
+	fs.DurationVar(&o.ReserveAfter, "reserve-after", o.ReserveAfter, "How long the oldest group that does not fit waits before it reserves the domain closest to fitting it, which groups created after it may not use until it is placed.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server; placing a pod costs about two.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the API server, so a large group is pinned and released at once.")
 	o.LabelMapping.AddFlags(fs)
@@ -66,7 +69,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 // Config is the controller's configuration from the options; the caller
 // adds the client, the label mapping in force and the metrics.
 func (o *Options) Config() Config {
-	return Config{RetryInterval: o.RetryInterval, BindTimeout: o.BindTimeout, SettleDelay: o.SettleDelay}
+	return Config{RetryInterval: o.RetryInterval, BindTimeout: o.BindTimeout, SettleDelay: o.SettleDelay, ReserveAfter: o.ReserveAfter}
 }
 
 // Validate reports every bad flag at once.
@@ -80,6 +83,9 @@ func (o *Options) Validate() error {
 	}
 	if o.SettleDelay <= 0 {
 		errs = append(errs, fmt.Errorf("--settle-delay must be positive, got %s", o.SettleDelay))
+	}
+	if o.ReserveAfter <= 0 {
+		errs = append(errs, fmt.Errorf("--reserve-after must be positive, got %s", o.ReserveAfter))
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		errs = append(errs, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %g and %d", o.KubeAPIQPS, o.KubeAPIBurst))

@@ -15,10 +15,11 @@ func TestOptionsValidate(t *testing.T) {
 		"everything wrong at once": {
 			change: func(o *Options) {
 				o.RetryInterval, o.KubeAPIQPS, o.LeaderElectionIdentity = -time.Second, 0, ""
-				o.BindTimeout, o.SettleDelay = 0, -time.Millisecond
+				o.BindTimeout, o.SettleDelay, o.ReserveAfter = 0, -time.Millisecond, 0
 				o.LabelMapping.ConfigMap = "no-namespace"
 			},
 			want: []string{"--retry-interval must be positive", "--bind-timeout must be positive", "--settle-delay must be positive",
+				"--reserve-after must be positive",
 				"--kube-api-qps and --kube-api-burst must be positive",
 				"--leader-elect needs", "--label-mapping=\"no-namespace\": want NAMESPACE/NAME"},
 		},

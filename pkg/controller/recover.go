@@ -361,6 +361,7 @@ func (c *Controller) setPending(key string, pending bool, created time.Time) {
 		c.pending[key] = created
 	} else {
 		delete(c.pending, key)
+		c.unreserveLocked(key)
 	}
 }
 
@@ -370,4 +371,5 @@ func (c *Controller) forgetGroup(key string) {
 	defer c.mu.Unlock()
 	delete(c.pending, key)
 	delete(c.settle, key)
+	c.unreserveLocked(key)
 }

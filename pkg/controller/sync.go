@@ -240,39 +240,8 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		rankMembers(g.toPlace)
 	}
 
-	job := planner.Job{
-		Key:               key,
-		Placement:         planner.Placement(req.Placement),
-		Strategy:          planner.Strategy(req.Strategy),
-		PreferredDomain:   req.PreferredDomain,
-		PreferredRequired: req.PreferredRequired,
-		Pinned:            map[string]string{},
-	}
-	for _, m := range append(append(g.bound, g.steered...), g.held...) {
-		if d, err := placement.ParseDomain(m.pod.Annotations[placement.AnnotationDomain]); err == nil {
-			job.Domain = &d
-		}
-		if m.node != "" {
-			job.Pinned[m.pod.Name] = m.node
-		}
-	}
-	for _, m := range g.toPlace {
-		job.Pods = append(job.Pods, planner.PodFor(m.pod, m.claims))
-	}
-	cl, err := c.snapshotCluster()
-	if err != nil {
-		return done, err
-	}
-	for pod, node := range job.Pinned {
-		if !cl.Has(node) {
-			delete(job.Pinned, pod) // its node is gone; recover() deals with the pod
-		}
-	}
-	c.mu.Lock()
-	snap := c.index.snapshot(cl, planner.WithUsed(c.usage))
-	c.mu.Unlock()
-	plan, err := c.planner.Plan(ctx, snap, nil, job)
-	c.cfg.Metrics.PlanDuration.Observe(time.Since(start).Seconds())
+	plan, treeTime, err := c.planGroup(ctx, g, req)
+	c.cfg.Metrics.PlanDuration.WithLabelValues(PodsBucket(max(g.size, g.members()))).Observe((time.Since(start) - treeTime).Seconds())
 	var unsched *planner.Unschedulable
 	var broken *planner.BrokenClaimError
 	var invalid *planner.InvalidJobError
@@ -285,7 +254,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		c.refuse(ctx, g, OutcomeInvalid, ReasonInvalidClaim, err.Error())
 		return backoff, nil
 	case err != nil:
-		return done, fmt.Errorf("plan group %s: %w", key, err)
+		return done, err
 	}
 	if err := c.allocate(ctx, g, plan); err != nil {
 		return done, err
@@ -312,6 +281,66 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	c.mu.Unlock()
 	c.releaseAfter(key, c.cfg.SettleDelay)
 	return done, nil
+}
+
+// planGroup plans the group's pods that need a place on the tree and
+// snapshot as they are now. It also returns how long bringing the tree up
+// to date took, which is not the plan's time.
+func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Request) (*planner.Plan, time.Duration, error) {
+	job := planner.Job{
+		Key:               g.key,
+		Placement:         planner.Placement(req.Placement),
+		Strategy:          planner.Strategy(req.Strategy),
+		PreferredDomain:   req.PreferredDomain,
+		PreferredRequired: req.PreferredRequired,
+		Pinned:            map[string]string{},
+	}
+	for _, m := range append(append(g.bound, g.steered...), g.held...) {
+		if d, err := placement.ParseDomain(m.pod.Annotations[placement.AnnotationDomain]); err == nil {
+			job.Domain = &d
+		}
+		if m.node != "" {
+			job.Pinned[m.pod.Name] = m.node
+		}
+	}
+	for _, m := range g.toPlace {
+		job.Pods = append(job.Pods, planner.PodFor(m.pod, m.claims))
+	}
+	_, treeTime, err := c.updateTree()
+	if err != nil {
+		return nil, 0, err
+	}
+	c.mu.Lock()
+	// The newest tree: one patched since updateTree returned is as good,
+	// and the snapshot tracker follows the newest.
+	snap := c.planSnapshot(c.cluster)
+	reserved := c.reserved
+	c.mu.Unlock()
+	for pod, node := range job.Pinned {
+		if !snap.Cluster().Has(node) {
+			delete(job.Pinned, pod) // its node is gone; recover() deals with the pod
+		}
+	}
+	fresh := len(g.bound) == 0 && len(g.steered) == 0
+	view := snap
+	if reserved != nil && reserved.key != g.key && fresh {
+		// The domain waits for the group that reserved it.
+		if view, err = snap.Holding(reserved.domain); err != nil {
+			c.dropReservation(reserved.key)
+			view = snap
+		}
+	}
+	plan, err := c.planner.Plan(ctx, view, nil, job)
+	var unsched *planner.Unschedulable
+	if errors.As(err, &unsched) && fresh {
+		c.maybeReserve(ctx, g, snap, job)
+	}
+	var broken *planner.BrokenClaimError
+	var invalid *planner.InvalidJobError
+	if err != nil && !errors.As(err, &unsched) && !errors.As(err, &broken) && !errors.As(err, &invalid) {
+		err = fmt.Errorf("plan group %s: %w", g.key, err)
+	}
+	return plan, treeTime, err
 }
 
 // allocate writes the plan into the claims, all or nothing: when one

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -35,6 +36,10 @@ type topoState struct {
 	infos   map[string]planner.NodeInfo
 	changed map[string]bool // patched into the tree at the next plan
 	rebuild bool            // the next plan builds the tree from every node
+	// patched lists the nodes patched into the tree since the snapshot
+	// tracker last followed it; built is set when the tree was built.
+	patched []string
+	built   bool
 	work    TopologyWork
 }
 
@@ -45,6 +50,10 @@ type TopologyWork struct {
 	// NodesBuilt counts nodes put into a tree: every node by a build,
 	// one by a patch.
 	NodesBuilt int
+	// NodesRemoved counts nodes that went away.
+	NodesRemoved int
+	// Snapshot is what keeping the plans' snapshot up to date cost.
+	Snapshot planner.TrackerWork
 }
 
 func newTopoState() topoState {
@@ -55,7 +64,11 @@ func newTopoState() topoState {
 func (c *Controller) topologyWork() TopologyWork {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.topo.work
+	w := c.topo.work
+	if c.tracker != nil {
+		w.Snapshot = c.tracker.Work()
+	}
+	return w
 }
 
 func (c *Controller) nodeHandler() cache.ResourceEventHandler {
@@ -97,9 +110,9 @@ func (c *Controller) sliceHandler() cache.ResourceEventHandler {
 }
 
 // refreshNode reads one node and its slices from the informers' caches.
-// When what the planner sees of it changed, the tree is marked for a
-// patch (or, for a node that came or went, a new build) and the groups
-// that wait for room try again. Node status heartbeats and slice
+// When what the planner sees of it changed, the node (new, changed,
+// moved or gone) is marked to be patched into the tree at the next plan,
+// and the groups that wait for room try again. Node status heartbeats and slice
 // resyncs change nothing and cost one NodeInfo.
 func (c *Controller) refreshNode(name string) {
 	if name == "" {
@@ -120,17 +133,16 @@ func (c *Controller) refreshNode(name string) {
 		return
 	case !exists:
 		delete(c.topo.infos, name)
-		c.topo.rebuild = true
+		c.topo.changed[name] = true
+		c.topo.work.NodesRemoved++
 	case had && sameNodeInfo(old, info):
 		c.mu.Unlock()
 		return
-	case had:
-		c.topo.infos[name] = info
-		c.topo.changed[name] = true
 	default:
 		c.topo.infos[name] = info
-		c.topo.rebuild = true
+		c.topo.changed[name] = true
 	}
+	clear(c.unreservable) // the node may make room for them
 	c.mu.Unlock()
 	c.syncGroupsOn(name)
 	c.requeuePending()
@@ -186,26 +198,42 @@ func (c *Controller) SetLabelMapping(m topology.LabelMapping) {
 }
 
 // snapshotCluster returns the static tree with every node change since
-// the last plan applied: patched in place where WithNode can, built from
-// the recorded NodeInfos where it cannot.
+// the last plan applied: patched where the planner can (a node changed,
+// came, went or moved), built from the recorded NodeInfos where it cannot.
 func (c *Controller) snapshotCluster() (*planner.Cluster, error) {
+	cl, _, err := c.updateTree()
+	return cl, err
+}
+
+// updateTree is snapshotCluster that also says how long bringing the tree
+// up to date took, which tree_update_duration_seconds records by kind.
+func (c *Controller) updateTree() (*planner.Cluster, time.Duration, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &c.topo
+	if c.cluster != nil && !t.rebuild && len(t.changed) == 0 {
+		return c.cluster, 0, nil
+	}
+	start := time.Now()
 	if c.cluster != nil && !t.rebuild {
 		for name := range t.changed {
-			cl, ok := c.cluster.WithNode(t.infos[name])
+			cl, ok := c.patchNode(name)
 			if !ok {
 				t.rebuild = true
 				break
 			}
 			c.cluster = cl
-			t.work.NodesBuilt++
+			if _, ok := t.infos[name]; ok {
+				t.work.NodesBuilt++
+			}
 			delete(t.changed, name)
+			t.patched = append(t.patched, name)
 		}
-	}
-	if c.cluster != nil && !t.rebuild {
-		return c.cluster, nil
+		if !t.rebuild {
+			d := time.Since(start)
+			c.cfg.Metrics.TreeDuration.WithLabelValues(TreePatch).Observe(d.Seconds())
+			return c.cluster, d, nil
+		}
 	}
 	infos := make([]planner.NodeInfo, 0, len(t.infos))
 	for _, in := range t.infos {
@@ -213,10 +241,57 @@ func (c *Controller) snapshotCluster() (*planner.Cluster, error) {
 	}
 	cl, err := planner.NewCluster(infos, c.cfg.LeafOrder)
 	if err != nil {
-		return nil, fmt.Errorf("build topology tree: %w", err)
+		return nil, 0, fmt.Errorf("build topology tree: %w", err)
 	}
 	t.work.NodesBuilt += len(infos)
-	c.cluster, t.rebuild = cl, false
+	c.cluster, t.rebuild, t.built, t.patched = cl, false, true, nil
 	clear(t.changed)
-	return cl, nil
+	d := time.Since(start)
+	c.cfg.Metrics.TreeDuration.WithLabelValues(TreeBuild).Observe(d.Seconds())
+	return cl, d, nil
+}
+
+// patchNode applies one node's recorded change to the tree: the node
+// changed in place, came, went, or moved. Called with c.mu held.
+func (c *Controller) patchNode(name string) (*planner.Cluster, bool) {
+	info, ok := c.topo.infos[name]
+	if !ok {
+		return c.cluster.WithoutNode(name)
+	}
+	if cl, ok := c.cluster.WithNode(info); ok {
+		return cl, true
+	}
+	base := c.cluster
+	if base.Has(name) { // it moved to another leaf or spine, or its devices changed
+		if base, ok = base.WithoutNode(name); !ok {
+			return nil, false
+		}
+	}
+	return base.WithNewNode(info)
+}
+
+// planSnapshot is the snapshot of cl a plan works on: the tracker,
+// brought up to date with the claims and pods that changed since the last
+// plan, follows cl, patched node by node or, after a build, built again.
+// Called with c.mu held.
+func (c *Controller) planSnapshot(cl *planner.Cluster) *planner.Snapshot {
+	t := &c.topo
+	switch {
+	case c.tracker == nil || t.built:
+		c.tracker = nil // built again by track, with every device and node
+	case c.tracker.Cluster() != cl:
+		c.index.mu.Lock()
+		c.tracker.Rebase(cl, t.patched, c.index.held, c.usage)
+		c.index.mu.Unlock()
+	}
+	if c.tracker != nil {
+		for node := range c.usageDirty {
+			c.tracker.SetUsage(node, c.usage[node])
+		}
+	}
+	t.built, t.patched = false, nil
+	clear(c.usageDirty)
+	tr, snap := c.index.track(c.tracker, cl, c.usage)
+	c.tracker = tr
+	return snap
 }

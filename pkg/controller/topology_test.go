@@ -13,13 +13,14 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/gputopo/gputopo/pkg/planner"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 // The work one node or slice event, and one plan, costs the topology path
 // is counted, not timed: it must be the same on 100 nodes as on 2,000.
-// Only a node that comes or goes costs the whole tree: it changes every
-// position in it.
+// A node that comes, goes or moves is patched in or out like any other
+// change: only the first tree is built from every node.
 func TestTopologyWorkPerEventDoesNotGrowWithNodes(t *testing.T) {
 	for _, extra := range []int{100, 2000} {
 		nodes := extra + 4 // and the test cluster's
@@ -27,8 +28,13 @@ func TestTopologyWorkPerEventDoesNotGrowWithNodes(t *testing.T) {
 			"node status heartbeat":  {NodesRead: 1},
 			"node tainted":           {NodesRead: 1, NodesBuilt: 1},
 			"GPU tainted in a slice": {NodesRead: 1, NodesBuilt: 1},
-			"plan of a 2-pod Job":    {},
-			"node added":             {NodesRead: 1, NodesBuilt: nodes + 1},
+			// The first plan takes the snapshot from every claim and pod.
+			"plan of a 2-pod Job": {Snapshot: planner.TrackerWork{Builds: 1}},
+			// The next one applies what changed: the 16 GPUs of the first.
+			"plan of a second 2-pod Job": {Snapshot: planner.TrackerWork{Devices: 16}},
+			"node added":                 {NodesRead: 1, NodesBuilt: 1},
+			"node moved to another leaf": {NodesRead: 1, NodesBuilt: 1},
+			"node removed":               {NodesRemoved: 1},
 		}
 		if diff := cmp.Diff(want, topologyWorkPerEvent(t, extra)); diff != "" {
 			t.Errorf("work per event on %d nodes (-want +got):\n%s", nodes, diff)
@@ -41,23 +47,7 @@ func TestTopologyWorkPerEventDoesNotGrowWithNodes(t *testing.T) {
 // the tree once, then records what each event costs, tree included.
 func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 	base := testObjects(t)
-	var objs []any
-	var proto []*resourceapi.ResourceSlice
-	for _, o := range base {
-		if s, ok := o.(*resourceapi.ResourceSlice); ok && *s.Spec.NodeName == "n0" {
-			proto = append(proto, s)
-		}
-	}
-	for i := range extra {
-		name := fmt.Sprintf("x%d", i)
-		objs = append(objs, fakeNode(name, fmt.Sprintf("xleaf-%d", i/10), fmt.Sprintf("xspine-%d", i/100)))
-		for _, p := range proto {
-			s := p.DeepCopy()
-			s.Name = name + "-" + p.Name
-			s.Spec.NodeName, s.Spec.Pool.Name = &name, name
-			objs = append(objs, s)
-		}
-	}
+	objs := extraNodes(base, extra, 10, 10, nil)
 	h := bulkHarness(t, append(base, objs...))
 	if _, err := h.c.snapshotCluster(); err != nil {
 		t.Fatal(err)
@@ -66,13 +56,17 @@ func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 		t.Fatalf("%d nodes in the first tree; want %d", got, want)
 	}
 	out := map[string]TopologyWork{}
+	var updateNamed func(string, func(*v1.Node)) func()
 	// measure runs one event and waits for its handler (every handler
 	// reads one node), then takes the tree a plan would take.
 	measure := func(name string, event func()) {
 		t.Helper()
 		before := h.c.topologyWork()
 		event()
-		h.eventually(name, func() bool { return h.c.topologyWork().NodesRead > before.NodesRead })
+		h.eventually(name, func() bool {
+			w := h.c.topologyWork()
+			return w.NodesRead > before.NodesRead || w.NodesRemoved > before.NodesRemoved
+		})
 		if _, err := h.c.snapshotCluster(); err != nil {
 			t.Fatal(err)
 		}
@@ -80,8 +74,11 @@ func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 		out[name] = after.minus(before)
 	}
 	updateNode := func(edit func(*v1.Node)) func() {
+		return updateNamed("x0", edit)
+	}
+	updateNamed = func(name string, edit func(*v1.Node)) func() {
 		return func() {
-			n, err := h.client.CoreV1().Nodes().Get(h.ctx, "x0", metav1.GetOptions{})
+			n, err := h.client.CoreV1().Nodes().Get(h.ctx, name, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,7 +95,7 @@ func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 		n.Spec.Taints = append(n.Spec.Taints, v1.Taint{Key: "maintenance", Effect: v1.TaintEffectNoSchedule})
 	}))
 	measure("GPU tainted in a slice", func() {
-		s, err := h.client.ResourceV1().ResourceSlices().Get(h.ctx, "x0-"+proto[0].Name, metav1.GetOptions{})
+		s, err := h.client.ResourceV1().ResourceSlices().Get(h.ctx, objs[1].(*resourceapi.ResourceSlice).Name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -122,8 +119,61 @@ func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 	after := h.c.topologyWork()
 	out["plan of a 2-pod Job"] = after.minus(before)
 
+	before = after
+	h.create(job("k", 2))
+	for i := range 2 {
+		h.addPod(jobPod("k", i, "gpu-8-node", nil))
+	}
+	h.settle()
+	h.sync("default/job/k")
+	if h.allocatedNode("k-0") == "" {
+		t.Fatal("the second Job was not planned")
+	}
+	out["plan of a second 2-pod Job"] = h.c.topologyWork().minus(before)
+
 	measure("node added", func() { h.create(fakeNode("new", "xleaf-0", "xspine-0")) })
+	measure("node moved to another leaf", updateNamed("x1", func(n *v1.Node) {
+		n.Labels[topology.LabelTopographLeaf] = "xleaf-1"
+	}))
+	measure("node removed", func() {
+		if err := h.client.CoreV1().Nodes().Delete(h.ctx, "x2", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	cl, err := h.c.snapshotCluster()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leaf, _ := cl.LeafOf("x1"); leaf != "xleaf-1" || cl.Has("x2") || !cl.Has("new") || cl.Len() != extra+4 {
+		t.Errorf("patched tree: x1 in %q, has x2 %v, has new %v, %d nodes; want xleaf-1, false, true, %d", leaf, cl.Has("x2"), cl.Has("new"), cl.Len(), extra+4)
+	}
 	return out
+}
+
+// extraNodes are count fake nodes x0, x1, ... with copies of the slices
+// of base's n0, perLeaf to a leaf and leavesPerSpine leaves to a spine,
+// offering alloc (nil: nothing).
+func extraNodes(base []any, count, perLeaf, leavesPerSpine int, alloc v1.ResourceList) []any {
+	var objs []any
+	var proto []*resourceapi.ResourceSlice
+	for _, o := range base {
+		if s, ok := o.(*resourceapi.ResourceSlice); ok && *s.Spec.NodeName == "n0" {
+			proto = append(proto, s)
+		}
+	}
+	for i := range count {
+		name := fmt.Sprintf("x%d", i)
+		n := fakeNode(name, fmt.Sprintf("xleaf-%d", i/perLeaf), fmt.Sprintf("xspine-%d", i/(perLeaf*leavesPerSpine)))
+		n.Status.Allocatable = alloc
+		objs = append(objs, n)
+		for _, p := range proto {
+			s := p.DeepCopy()
+			s.Name = name + "-" + p.Name
+			s.Spec.NodeName, s.Spec.Pool.Name = &name, name
+			objs = append(objs, s)
+		}
+	}
+	return objs
 }
 
 func fakeNode(name, leaf, spine string) *v1.Node {
@@ -135,7 +185,7 @@ func fakeNode(name, leaf, spine string) *v1.Node {
 
 // bulkHarness is newHarness for thousands of objects: the fake client
 // takes them at construction, which is much faster than one create each.
-func bulkHarness(t *testing.T, objs []any) *harness {
+func bulkHarness(t testing.TB, objs []any) *harness {
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
@@ -149,5 +199,6 @@ func bulkHarness(t *testing.T, objs []any) *harness {
 }
 
 func (w TopologyWork) minus(o TopologyWork) TopologyWork {
-	return TopologyWork{NodesRead: w.NodesRead - o.NodesRead, NodesBuilt: w.NodesBuilt - o.NodesBuilt}
+	return TopologyWork{NodesRead: w.NodesRead - o.NodesRead, NodesBuilt: w.NodesBuilt - o.NodesBuilt, NodesRemoved: w.NodesRemoved - o.NodesRemoved,
+		Snapshot: planner.TrackerWork{Devices: w.Snapshot.Devices - o.Snapshot.Devices, Nodes: w.Snapshot.Nodes - o.Snapshot.Nodes, Builds: w.Snapshot.Builds - o.Snapshot.Builds}}
 }

@@ -67,8 +67,15 @@ type Cluster struct {
 	leafByN  map[string]*leaf
 	spineByN map[string]*spine
 	devIndex map[structured.DeviceID]devRef
-	sigs     signatures
-	res      resources
+	// devOver holds the device index's changes since devIndex was built:
+	// devices of added nodes, and removed ones with node -1 (membership.go).
+	devOver map[structured.DeviceID]devRef
+	vacant  []int // slots of removed nodes, taken by the next added node
+	// ranks gives each node its place in topology order, which breaks
+	// ties between nodes; nil while node indexes are that order.
+	ranks func() []int32
+	sigs  signatures
+	res   resources
 }
 
 type node struct {
@@ -86,6 +93,7 @@ type node struct {
 	noPrefilter bool                  // shareable devices: counting devices proves nothing
 	sig         nodeSig
 	notReady    bool
+	gone        bool // the empty slot of a removed node
 	taints      []v1.Taint
 	alloc       []int64 // by resource index; nil: resources are not checked
 }
@@ -313,15 +321,8 @@ func (c *Cluster) WithNode(in NodeInfo) (*Cluster, bool) {
 	if in.Leaf != leafName || in.Spine != spineName {
 		return nil, false
 	}
-	for name := range in.Allocatable {
-		if _, ok := c.res.idx[name]; !ok {
-			return nil, false
-		}
-	}
-	if in.Allocatable != nil {
-		if _, ok := c.res.idx[v1.ResourcePods]; !ok {
-			return nil, false
-		}
+	if !c.res.covers(in.Allocatable) {
+		return nil, false
 	}
 	n, err := c.newNode(&in, old.leaf, old.spine, i)
 	if err != nil || !slices.Equal(n.devs, old.devs) {
@@ -347,7 +348,7 @@ func blockingTaint(taints []resourceapi.DeviceTaint) bool {
 }
 
 // Len is the number of nodes.
-func (c *Cluster) Len() int { return len(c.nodes) }
+func (c *Cluster) Len() int { return len(c.nodes) - len(c.vacant) }
 
 // Has says whether the cluster has the node.
 func (c *Cluster) Has(node string) bool {
@@ -397,13 +398,26 @@ func sortedNat(set map[string]bool) []string {
 // DomainNodes lists the nodes of a domain in topology order; nil for the
 // whole cluster, which needs no list. A name the cluster lacks is an error.
 func (c *Cluster) DomainNodes(d Domain) ([]string, error) {
-	var idx []int
+	idx, whole, err := c.domainIdx(d)
+	if err != nil || whole {
+		return nil, err
+	}
+	out := make([]string, len(idx))
+	for i, n := range idx {
+		out[i] = c.nodes[n].name
+	}
+	return out, nil
+}
+
+// domainIdx is DomainNodes as node indexes, or whole for the whole
+// cluster.
+func (c *Cluster) domainIdx(d Domain) (idx []int, whole bool, err error) {
 	switch d.Level {
 	case LevelNode:
 		for _, name := range d.Names {
 			i, ok := c.byName[name]
 			if !ok {
-				return nil, fmt.Errorf("node %s is not in the cluster", name)
+				return nil, false, fmt.Errorf("node %s is not in the cluster", name)
 			}
 			idx = append(idx, i)
 		}
@@ -411,29 +425,25 @@ func (c *Cluster) DomainNodes(d Domain) ([]string, error) {
 		for _, name := range d.Names {
 			l := c.leafByN[name]
 			if l == nil {
-				return nil, fmt.Errorf("leaf %s is not in the cluster", name)
+				return nil, false, fmt.Errorf("leaf %s is not in the cluster", name)
 			}
 			idx = append(idx, l.nodes...)
 		}
 	case LevelSpine, LevelCluster:
 		if len(d.Names) == 0 {
-			return nil, nil
+			return nil, true, nil
 		}
 		for _, name := range d.Names {
 			s := c.spineByN[name]
 			if s == nil {
-				return nil, fmt.Errorf("spine %s is not in the cluster", name)
+				return nil, false, fmt.Errorf("spine %s is not in the cluster", name)
 			}
 			idx = append(idx, s.nodes...)
 		}
 	default:
-		return nil, fmt.Errorf("unknown domain level %q", d.Level)
+		return nil, false, fmt.Errorf("unknown domain level %q", d.Level)
 	}
-	out := make([]string, len(idx))
-	for i, n := range idx {
-		out[i] = c.nodes[n].name
-	}
-	return out, nil
+	return idx, false, nil
 }
 
 // LeafOf is the node's leaf, empty when it has none.

@@ -196,7 +196,7 @@ func (st *state) spineRunCands(k int) []*candidate {
 func (st *state) wholeCand() *candidate {
 	var loose []int
 	for i, nd := range st.c.nodes {
-		if nd.leaf == nil {
+		if nd.leaf == nil && !nd.gone {
 			loose = append(loose, i)
 		}
 	}

@@ -261,7 +261,7 @@ func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
 		r.rank = ladderRank(s.claims, results)
 		for _, res := range results {
 			for _, d := range res.Devices.Results {
-				ref, ok := f.c.devIndex[devicefit.DeviceID(d.Driver, d.Pool, d.Device)]
+				ref, ok := f.c.dev(devicefit.DeviceID(d.Driver, d.Pool, d.Device))
 				if !ok || int(ref.node) != n {
 					return fitResult{}, fmt.Errorf("allocator picked device %s/%s/%s, which is not on node %s", d.Driver, d.Pool, d.Device, nd.name)
 				}

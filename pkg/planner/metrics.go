@@ -90,7 +90,7 @@ func Measure(snap *Snapshot, res *Reservations) Usage {
 		}
 	}
 	for i, nd := range c.nodes {
-		if nd.spine == nil {
+		if nd.spine == nil && !nd.gone {
 			loose = append(loose, i)
 		}
 	}

@@ -154,6 +154,22 @@ func (r *resources) init(infos []NodeInfo) {
 	}
 }
 
+// covers reports whether the tree's resource numbering has every
+// resource alloc names, and the pod count that any allocatable implies.
+func (r *resources) covers(alloc v1.ResourceList) bool {
+	for name := range alloc {
+		if _, ok := r.idx[name]; !ok {
+			return false
+		}
+	}
+	if alloc != nil {
+		if _, ok := r.idx[v1.ResourcePods]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
 // amount is a quantity in the unit kube-scheduler compares: millicores
 // for cpu, whole units (rounded up) for everything else.
 func amount(name v1.ResourceName, q resource.Quantity) int64 {
@@ -396,7 +412,7 @@ func (st *state) filtered(scope []int) []FilteredNodes {
 	first := st.podShape[st.podOrder[0]]
 	counts := map[FilteredNodes]int{}
 	for _, n := range scope {
-		if st.minNeed > 0 && len(st.c.nodes[n].devs) == 0 {
+		if nd := st.c.nodes[n]; nd.gone || (st.minNeed > 0 && len(nd.devs) == 0) {
 			continue
 		}
 		usable := false

@@ -109,23 +109,24 @@ func (a *attempt) take(pod, n int, pos []int) {
 //
 // Topology order breaks ties, so plans are deterministic.
 func (st *state) sortNodes(a *attempt, order []int) {
-	type keyed struct{ k1, k2, k3, n int }
+	type keyed struct{ k1, k2, k3, n, rank int }
 	keys := make([]keyed, len(order))
+	rank := st.c.rank
 	for i, n := range order {
 		nd := st.c.nodes[n]
 		used := st.f.used(n, a.extra[n])
 		free := nd.healthy.free(used)
 		switch st.job.Strategy {
 		case StrategyConsolidated:
-			keys[i] = keyed{free, 0, 0, n}
+			keys[i] = keyed{free, 0, 0, n, rank(n)}
 		case StrategyDistributed:
-			keys[i] = keyed{a.podsOn[n], a.podsLeaf[nd.leaf], free, n}
+			keys[i] = keyed{a.podsOn[n], a.podsLeaf[nd.leaf], free, n, rank(n)}
 		default:
 			empty := 0
 			if used.count() == 0 {
 				empty = 1
 			}
-			keys[i] = keyed{a.podsOn[n], empty, free, n}
+			keys[i] = keyed{a.podsOn[n], empty, free, n, rank(n)}
 		}
 	}
 	sort.Slice(keys, func(i, j int) bool {
@@ -138,7 +139,7 @@ func (st *state) sortNodes(a *attempt, order []int) {
 		case x.k3 != y.k3:
 			return x.k3 < y.k3
 		}
-		return x.n < y.n
+		return x.rank < y.rank
 	})
 	for i, k := range keys {
 		order[i] = k.n

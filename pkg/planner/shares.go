@@ -38,17 +38,22 @@ func (ns *nodeShares) add(sh devicefit.Share) {
 // devices to other shares.
 func NewSnapshotFromState(c *Cluster, st devicefit.State, opts ...SnapshotOption) *Snapshot {
 	s := NewSnapshot(c, st.Devices, opts...)
+	s.addShares(st)
+	return s
+}
+
+// addShares records the shares held in st.
+func (s *Snapshot) addShares(st devicefit.State) {
 	for id := range st.ShareIDs {
-		if ref, ok := c.devIndex[id.GetDeviceID()]; ok {
+		if ref, ok := s.cluster.dev(id.GetDeviceID()); ok {
 			s.sharesOf(s.shares, ref.node).ids.Insert(id)
 		}
 	}
 	for id, capacity := range st.Consumed {
-		if ref, ok := c.devIndex[id]; ok {
+		if ref, ok := s.cluster.dev(id); ok {
 			s.sharesOf(s.shares, ref.node).consumed[id] = capacity.Clone()
 		}
 	}
-	return s
 }
 
 // sharesOf returns node n's entry of shares, creating it.
@@ -67,7 +72,7 @@ func (s *Snapshot) sharesWithReservations(res *Reservations, except string) []*n
 	res.eachJob(except, func(r Reservation) {
 		for _, held := range r.Shares {
 			for _, sh := range held {
-				ref, ok := s.cluster.devIndex[sh.Device]
+				ref, ok := s.cluster.dev(sh.Device)
 				if !ok {
 					continue
 				}
@@ -126,7 +131,8 @@ func (s *Snapshot) usedOrShared(res *Reservations) []bitset {
 		}
 		used[n] = used[n].clone(len(s.cluster.nodes[n].devs))
 		for id := range ns.consumed {
-			used[n].set(int(s.cluster.devIndex[id].pos))
+			ref, _ := s.cluster.dev(id)
+			used[n].set(int(ref.pos))
 		}
 	}
 	return used

@@ -42,7 +42,7 @@ func NewSnapshot(c *Cluster, allocated devicefit.Allocated, opts ...SnapshotOpti
 func (s *Snapshot) Cluster() *Cluster { return s.cluster }
 
 func (s *Snapshot) mark(used []bitset, id structured.DeviceID) {
-	ref, ok := s.cluster.devIndex[id]
+	ref, ok := s.cluster.dev(id)
 	if !ok {
 		return
 	}
@@ -59,7 +59,7 @@ func (s *Snapshot) withReservations(res *Reservations, except string) []bitset {
 	used := slices.Clone(s.used)
 	copied := map[int32]bool{}
 	res.each(except, func(id structured.DeviceID) {
-		ref, ok := s.cluster.devIndex[id]
+		ref, ok := s.cluster.dev(id)
 		if !ok {
 			return
 		}

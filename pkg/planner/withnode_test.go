@@ -1,7 +1,6 @@
 package planner_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -87,11 +86,7 @@ type outcome struct {
 
 func planOn(t *testing.T, c *planner.Cluster, job planner.Job) outcome {
 	t.Helper()
-	plan, err := newPlanner(t).Plan(context.Background(), planner.NewSnapshot(c, nil), nil, job)
-	if err != nil {
-		return outcome{Err: err.Error()}
-	}
-	return outcome{Placed: project(plan)}
+	return planWith(t, c, nil, job)
 }
 
 func mustCluster(t *testing.T, infos []planner.NodeInfo) *planner.Cluster {

@@ -52,6 +52,13 @@ type ControllerOptions struct {
 	// Settle ends the run when no Job was bound for this long.
 	Settle   time.Duration
 	Creators int
+	// Spread, when set, creates the Jobs one after the other over this
+	// long, evenly, instead of at once: a stream of arrivals.
+	Spread time.Duration
+	// Hold, when set, lets every Job run this long once all its pods are
+	// bound; then the benchmark deletes it and its pods, as if it had
+	// completed, and its GPUs free up for the Jobs still waiting.
+	Hold time.Duration
 }
 
 // ControllerResult is one controller run.
@@ -70,6 +77,18 @@ type ControllerResult struct {
 	// before it, and that Job.
 	MaxOvertaken    int
 	MaxOvertakenJob string
+	// Demand is the GPUs asked for over the cluster's GPUs.
+	Demand float64
+	// HoldSeconds is ControllerOptions.Hold; Completed counts the Jobs
+	// deleted after it.
+	HoldSeconds float64
+	Completed   int
+	// WaitMaxByShape is the longest wait of the Jobs of each shape.
+	WaitMaxByShape map[string]float64
+	// MaxBehind is the longest a Job waited after a Job created later
+	// was bound: how long it waited behind later arrivals.
+	MaxBehind    float64
+	MaxBehindJob string
 	// Unbound lists the Jobs not bound by the end, by shape.
 	Unbound map[string]int
 	// Histograms are the controller's own, per series, over the run.
@@ -137,6 +156,8 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 		res.GPUs += s.Pods * s.GPUs
 	}
 	res.Jobs = len(jobs)
+	res.Demand = float64(res.GPUs) / float64(max(env.GPUs, 1))
+	res.HoldSeconds = opts.Hold.Seconds()
 	env.Progressf("%d Jobs, %d pods, %d of %d GPUs", res.Jobs, res.Pods, res.GPUs, env.GPUs)
 
 	scr, err := NewScraper(env)
@@ -160,6 +181,17 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 	lastDone := time.Now()
 	watchCtx, stop := context.WithCancel(ctx)
 	defer stop()
+	var completeErr error
+	complete := func(name string) {
+		err := completeJob(watchCtx, env, name)
+		mu.Lock()
+		defer mu.Unlock()
+		if err == nil {
+			res.Completed++
+		} else if completeErr == nil && watchCtx.Err() == nil {
+			completeErr = err
+		}
+	}
 	f := informers.NewSharedInformerFactoryWithOptions(env.Client, 0, informers.WithNamespace(Namespace))
 	see := func(obj any) {
 		p, ok := obj.(*corev1.Pod)
@@ -176,6 +208,9 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 		if len(j.bound) == j.shape.Pods {
 			j.done = time.Now()
 			lastDone = j.done
+			if opts.Hold > 0 {
+				time.AfterFunc(opts.Hold, func() { complete(j.name) })
+			}
 		}
 	}
 	_, _ = f.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: see, UpdateFunc: func(_, o any) { see(o) }})
@@ -185,6 +220,13 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 	start := time.Now()
 	err = parallel(ctx, len(jobs), opts.Creators, func(ctx context.Context, i int) error {
 		j := jobs[i]
+		if opts.Spread > 0 {
+			select {
+			case <-time.After(time.Until(start.Add(opts.Spread * time.Duration(i) / time.Duration(len(jobs))))):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		mu.Lock()
 		j.created = time.Now()
 		mu.Unlock()
@@ -223,7 +265,11 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 
 	mu.Lock()
 	summarizeJobs(&res, jobs, start)
+	err = completeErr
 	mu.Unlock()
+	if err != nil {
+		return res, err
+	}
 	if res.Memory = Memory(env.Cluster.Dir(), append(ControlPlane, "controller")...); len(res.Memory) == 0 {
 		return res, fmt.Errorf("read the memory of the cluster's processes: none found in %s/run", env.Cluster.Dir())
 	}
@@ -257,8 +303,24 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 	return res, nil
 }
 
+// completeJob deletes a Job and its pods, as if it had run to completion:
+// the pods go at once (no kubelet would confirm a graceful deletion on
+// the fake nodes), and their claims with them.
+func completeJob(ctx context.Context, env *Env, name string) error {
+	if err := env.Client.BatchV1().Jobs(Namespace).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}); err != nil {
+		return fmt.Errorf("delete completed Job %s: %w", name, err)
+	}
+	err := env.Client.CoreV1().Pods(Namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)},
+		metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + name})
+	if err != nil {
+		return fmt.Errorf("delete the pods of completed Job %s: %w", name, err)
+	}
+	return nil
+}
+
 func summarizeJobs(res *ControllerResult, jobs []*jobInfo, start time.Time) {
 	res.Unbound = map[string]int{}
+	res.WaitMaxByShape = map[string]float64{}
 	var waits []float64
 	var last time.Time
 	for i, j := range jobs {
@@ -273,13 +335,23 @@ func summarizeJobs(res *ControllerResult, jobs []*jobInfo, start time.Time) {
 		if w > res.WaitMax {
 			res.WaitMax, res.WaitMaxJob = w, j.name
 		}
+		res.WaitMaxByShape[j.shape.String()] = max(res.WaitMaxByShape[j.shape.String()], w)
 		if j.done.After(last) {
 			last = j.done
 		}
 		overtaken := 0
+		var firstLater time.Time
 		for _, later := range jobs[i+1:] {
 			if !later.done.IsZero() && later.done.Before(j.done) && later.created.After(j.created) {
 				overtaken++
+				if firstLater.IsZero() || later.done.Before(firstLater) {
+					firstLater = later.done
+				}
+			}
+		}
+		if !firstLater.IsZero() {
+			if behind := j.done.Sub(firstLater).Seconds(); behind > res.MaxBehind {
+				res.MaxBehind, res.MaxBehindJob = behind, j.name
 			}
 		}
 		if overtaken > res.MaxOvertaken {

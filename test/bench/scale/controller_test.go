@@ -48,7 +48,10 @@ func TestSummarizeJobs(t *testing.T) {
 		JobsBound: 3, PodsBound: 21, AllBoundSeconds: 30,
 		WaitP50: 5.7, WaitP99: 29.9, WaitMax: 29.9, WaitMaxJob: "big",
 		MaxOvertaken: 2, MaxOvertakenJob: "big",
-		Unbound: map[string]int{"4x8": 1},
+		// big waited from small-1's bind at 5 s to its own at 30 s.
+		MaxBehind: 25, MaxBehindJob: "big",
+		WaitMaxByShape: map[string]float64{"16x8": 29.9, "2x8": 5.7},
+		Unbound:        map[string]int{"4x8": 1},
 	}
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })); diff != "" {
 		t.Errorf("summarizeJobs (-want +got):\n%s", diff)

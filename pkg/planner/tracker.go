@@ -1,0 +1,151 @@
+package planner
+
+import (
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/gputopo/gputopo/pkg/devicefit"
+)
+
+// Tracker keeps what a snapshot records (the devices held whole, what the
+// pods on each node take from its allocatable) up to date one device and
+// one node at a time, so that taking a snapshot for a plan costs what
+// changed since the last one, not every allocated device and every used
+// node of the cluster. Snapshots it hands out stay as they were: a node's
+// entry is copied before the first change after a snapshot shares it.
+// Not safe for concurrent use.
+type Tracker struct {
+	c       *Cluster
+	used    []bitset
+	usedRes [][]int64
+	// mine[n] is set while node n's entries belong to the tracker alone;
+	// Snapshot clears it, since the snapshot shares them.
+	mine []bool
+	work TrackerWork
+}
+
+// TrackerWork counts what a Tracker has done.
+type TrackerWork struct {
+	// Devices counts devices marked or cleared one at a time.
+	Devices int
+	// Nodes counts nodes whose usage was set, or that a new tree made
+	// the tracker read again.
+	Nodes int
+	// Builds counts trackers built from every held device and used node.
+	Builds int
+}
+
+// NewTracker records the devices held and the usage of every node of c.
+func NewTracker(c *Cluster, held devicefit.Allocated, usage NodeUsage) *Tracker {
+	s := NewSnapshot(c, held, WithUsed(usage))
+	t := &Tracker{c: c, used: s.used, usedRes: s.usedRes, mine: make([]bool, len(c.nodes))}
+	for i := range t.mine {
+		t.mine[i] = true
+	}
+	t.work.Builds++
+	return t
+}
+
+// Work returns the counts so far.
+func (t *Tracker) Work() TrackerWork { return t.work }
+
+// Cluster is the tree the tracker follows.
+func (t *Tracker) Cluster() *Cluster { return t.c }
+
+// SetDevice marks the device as held or free. Devices of other nodes
+// are ignored.
+func (t *Tracker) SetDevice(id structured.DeviceID, held bool) {
+	ref, ok := t.c.dev(id)
+	if !ok {
+		return
+	}
+	t.work.Devices++
+	n := int(ref.node)
+	if held == t.used[n].has(int(ref.pos)) {
+		return
+	}
+	t.own(n)
+	if held {
+		if t.used[n] == nil {
+			t.used[n] = newBitset(len(t.c.nodes[n].devs))
+		}
+		t.used[n].set(int(ref.pos))
+		return
+	}
+	t.used[n][ref.pos/64] &^= 1 << (ref.pos % 64)
+	if t.used[n].count() == 0 {
+		t.used[n] = nil
+	}
+}
+
+// SetUsage records what the pods on the node take from its allocatable
+// in all (NodeUsage's entry for it; nil for nothing).
+func (t *Tracker) SetUsage(node string, l v1.ResourceList) {
+	i, ok := t.c.byName[node]
+	if !ok {
+		return
+	}
+	t.work.Nodes++
+	t.own(i)
+	t.usedRes[i] = nil
+	if t.c.nodes[i].alloc != nil && l != nil {
+		t.usedRes[i] = t.c.res.vector(l)
+	}
+}
+
+// Rebase follows a tree that WithNode, WithNewNode or WithoutNode made
+// from the tracker's own: the named nodes are the ones that changed, came
+// or went, and are read again from held and usage. Every other node keeps
+// its place and its entries.
+func (t *Tracker) Rebase(c *Cluster, nodes []string, held devicefit.Allocated, usage NodeUsage) {
+	t.c = c
+	if grow := len(c.nodes) - len(t.used); grow > 0 {
+		t.used = append(t.used, make([]bitset, grow)...)
+		t.usedRes = append(t.usedRes, make([][]int64, grow)...)
+		t.mine = append(t.mine, make([]bool, grow)...)
+	}
+	for _, i := range c.vacant {
+		t.clear(i)
+	}
+	for _, name := range nodes {
+		i, ok := c.byName[name]
+		if !ok {
+			continue // gone: its slot is vacant
+		}
+		t.clear(i)
+		for _, id := range c.nodes[i].devs {
+			if held.Has(id) {
+				t.SetDevice(id, true)
+			}
+		}
+		t.SetUsage(name, usage[name])
+	}
+}
+
+func (t *Tracker) clear(i int) {
+	if t.used[i] != nil || t.usedRes[i] != nil {
+		t.own(i)
+		t.used[i], t.usedRes[i] = nil, nil
+	}
+}
+
+// own makes node n's entries the tracker's own to change.
+func (t *Tracker) own(n int) {
+	if t.mine[n] {
+		return
+	}
+	t.used[n] = slices.Clone(t.used[n])
+	t.usedRes[n] = slices.Clone(t.usedRes[n])
+	t.mine[n] = true
+}
+
+// Snapshot is what the tracker records now, with the shares of shared
+// devices in st (its Devices are ignored: the tracker has them).
+func (t *Tracker) Snapshot(st devicefit.State) *Snapshot {
+	s := &Snapshot{cluster: t.c, used: slices.Clone(t.used), usedRes: slices.Clone(t.usedRes), shares: make([]*nodeShares, len(t.c.nodes))}
+	clear(t.mine)
+	s.addShares(st)
+	return s
+}
