@@ -38,6 +38,9 @@ func registered(t *testing.T) map[string]bool {
 		ch := make(chan *prometheus.Desc, 16)
 		go func() { col.Describe(ch); close(ch) }()
 		_, isHist := col.(prometheus.Histogram)
+		if _, vec := col.(*prometheus.HistogramVec); vec {
+			isHist = true
+		}
 		for d := range ch {
 			m := fqName.FindStringSubmatch(d.String())
 			if m == nil {
