@@ -54,10 +54,12 @@
 // A job of one pod whose claims ask only for GPUs (whole ones, or a share
 // of one shared GPU) with placement auto skips the domain search: it goes
 // to the node and GPU that fragment the cluster's free GPU capacity least
-// for the expected workload (FGD), or to the fullest (consolidated) or
-// emptiest (distributed) place that fits; see fgd.go. Shares held by
-// allocated claims and reservations count (NewSnapshotFromState,
-// Reservation.Shares); several jobs may hold shares of one device.
+// for the expected workload (FGD; places within a tolerance of the least
+// count as equal, and the pod packs among them), or to the fullest
+// (consolidated) or emptiest (distributed) place that fits; see fgd.go.
+// Shares held by allocated claims and reservations count
+// (NewSnapshotFromState, Reservation.Shares); several jobs may hold
+// shares of one device.
 //
 // Pods are placed greedily (largest first). For jobs whose pods all have the
 // same claims, which is the common case, that is exact: the domain fits if

@@ -277,3 +277,42 @@ func TestOnePodRefusalWhenGPUsAreFull(t *testing.T) {
 		t.Errorf("refusal %q, filtered (-want +got):\n%s", refused.Reason, diff)
 	}
 }
+
+// Places whose rise in fragmentation lies within a few milliGPU of the
+// least count as equal, and the planner packs among them. With wholes
+// and a few halves expected, a quarter on l0n1's gpu-0 (750 free) strands
+// 2.5 milliGPU less per expected pod than on l0n0's gpu-0 (500 free); the
+// difference is noise, and l0n0 is the fuller node. A larger difference
+// still decides: with l0n0's gpu-0 whole, a quarter there would strand
+// three quarters of a GPU, so it goes to l0n1 although l0n0 is fuller.
+func TestNearEqualFragmentationPacks(t *testing.T) {
+	mostlyWholes := planner.Workload{{GPUs: 1, MilliGPU: 1000, Weight: 99}, {GPUs: 1, MilliGPU: 500, Weight: 1}}
+	p := planner.New(newEvaluator(t), planner.WithWorkload(mostlyWholes))
+	share := func(state devicefit.State, node string, gpu int, milli string) {
+		state.AddShare(devicefit.Share{Device: gpuID(node, gpu), ShareID: fmt.Sprintf("%s-%d", node, gpu),
+			Consumed: map[resourceapi.QualifiedName]resource.Quantity{topology.CapacityMilliGPU: resource.MustParse(milli)}})
+	}
+	tests := map[string]struct {
+		l0n0, l0n1 string // consumed of gpu-0 (none: whole); l0n0's other GPUs hold 900 each
+		want       string
+	}{
+		"within the tolerance: the fuller node": {"500", "250", "l0n0/gpu-0"},
+		"beyond it: the least rise":             {"", "500", "l0n1/gpu-0"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			state := devicefit.NewState()
+			if tc.l0n0 != "" {
+				share(state, "l0n0", 0, tc.l0n0)
+			}
+			for g := 1; g < 8; g++ {
+				share(state, "l0n0", g, "900")
+			}
+			share(state, "l0n1", 0, tc.l0n1)
+			got := planAll(t, p, planner.NewSnapshotFromState(sharedCluster(t), state), shareJob(t, "q", 250))
+			if diff := cmp.Diff(where{tc.want}, got); diff != "" {
+				t.Errorf("placements (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
