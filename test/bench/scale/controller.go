@@ -89,6 +89,12 @@ type ControllerResult struct {
 	// was bound: how long it waited behind later arrivals.
 	MaxBehind    float64
 	MaxBehindJob string
+	// MaxBehindOnItsNodes is the same counting only later Jobs bound, while
+	// it waited, to a node it was bound to in the end: how long backfill
+	// delayed it by taking room it then had to wait for. Zero when no later
+	// Job ever took such room.
+	MaxBehindOnItsNodes    float64
+	MaxBehindOnItsNodesJob string
 	// Unbound lists the Jobs not bound by the end, by shape.
 	Unbound map[string]int
 	// Histograms are the controller's own, per series, over the run.
@@ -118,6 +124,9 @@ type jobInfo struct {
 	created time.Time
 	bound   map[string]bool
 	done    time.Time
+	// nodes are the nodes its pods were bound to, with the time of the
+	// first bind there.
+	nodes map[string]time.Time
 }
 
 // Controller creates the Jobs at once and follows them until every Job is
@@ -205,6 +214,12 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 			return
 		}
 		j.bound[p.Name] = true
+		if j.nodes == nil {
+			j.nodes = map[string]time.Time{}
+		}
+		if _, seen := j.nodes[p.Spec.NodeName]; !seen {
+			j.nodes[p.Spec.NodeName] = time.Now()
+		}
 		if len(j.bound) == j.shape.Pods {
 			j.done = time.Now()
 			lastDone = j.done
@@ -340,13 +355,27 @@ func summarizeJobs(res *ControllerResult, jobs []*jobInfo, start time.Time) {
 			last = j.done
 		}
 		overtaken := 0
-		var firstLater time.Time
+		var firstLater, firstOnItsNodes time.Time
 		for _, later := range jobs[i+1:] {
 			if !later.done.IsZero() && later.done.Before(j.done) && later.created.After(j.created) {
 				overtaken++
 				if firstLater.IsZero() || later.done.Before(firstLater) {
 					firstLater = later.done
 				}
+			}
+			if !later.created.After(j.created) {
+				continue
+			}
+			for node, at := range later.nodes {
+				if _, mine := j.nodes[node]; mine && at.Before(j.done) && at.After(j.created) &&
+					(firstOnItsNodes.IsZero() || at.Before(firstOnItsNodes)) {
+					firstOnItsNodes = at
+				}
+			}
+		}
+		if !firstOnItsNodes.IsZero() {
+			if behind := j.done.Sub(firstOnItsNodes).Seconds(); behind > res.MaxBehindOnItsNodes {
+				res.MaxBehindOnItsNodes, res.MaxBehindOnItsNodesJob = behind, j.name
 			}
 		}
 		if !firstLater.IsZero() {

@@ -41,6 +41,11 @@ func TestSummarizeJobs(t *testing.T) {
 		job("small-2", 2, 2, 0.3, 6),
 		job("stuck", 4, 1, 0.4, 0),
 	}
+	// small-1 ran elsewhere; small-2 took node n-3 at 6 s, which big got in
+	// the end, so big waited 24 s for room a later Job took.
+	jobs[0].nodes = map[string]time.Time{"n-1": at(29), "n-2": at(29.5), "n-3": at(30)}
+	jobs[1].nodes = map[string]time.Time{"n-9": at(5)}
+	jobs[2].nodes = map[string]time.Time{"n-3": at(6)}
 	var res ControllerResult
 	summarizeJobs(&res, jobs, t0)
 	got := res
@@ -50,6 +55,7 @@ func TestSummarizeJobs(t *testing.T) {
 		MaxOvertaken: 2, MaxOvertakenJob: "big",
 		// big waited from small-1's bind at 5 s to its own at 30 s.
 		MaxBehind: 25, MaxBehindJob: "big",
+		MaxBehindOnItsNodes: 24, MaxBehindOnItsNodesJob: "big",
 		WaitMaxByShape: map[string]float64{"16x8": 29.9, "2x8": 5.7},
 		Unbound:        map[string]int{"4x8": 1},
 	}

@@ -63,8 +63,8 @@ func WriteController(w io.Writer, title string, r ControllerResult) {
 	fmt.Fprintf(w, "| %d / %d | %d / %d | %d | %.1f s | %.1f s | %.1f / %.1f / %.1f s (%s) | %d (%s) | %.1f s |\n\n",
 		r.JobsBound, r.Jobs, r.PodsBound, r.Pods, r.GPUs, r.CreateSeconds, r.AllBoundSeconds,
 		r.WaitP50, r.WaitP99, r.WaitMax, r.WaitMaxJob, r.MaxOvertaken, r.MaxOvertakenJob, r.ControllerCPU)
-	fmt.Fprintf(w, "GPUs asked: %.0f %% of the cluster's. Longest wait by shape (s): %s. Longest wait behind later arrivals (from the first bind of a Job created after it to its own): %.1f s (%s).\n\n",
-		100*r.Demand, joinFloats(r.WaitMaxByShape), r.MaxBehind, r.MaxBehindJob)
+	fmt.Fprintf(w, "GPUs asked: %.0f %% of the cluster's. Longest wait by shape (s): %s. Longest wait behind later arrivals (from the first bind of a Job created after it to its own): %.1f s (%s); counting only later Jobs bound on the nodes it got in the end: %.1f s (%s).\n\n",
+		100*r.Demand, joinFloats(r.WaitMaxByShape), r.MaxBehind, r.MaxBehindJob, r.MaxBehindOnItsNodes, r.MaxBehindOnItsNodesJob)
 	if r.HoldSeconds > 0 {
 		fmt.Fprintf(w, "Each Job ran %.0f s once bound and was then deleted: %d Jobs completed.\n\n", r.HoldSeconds, r.Completed)
 	}
