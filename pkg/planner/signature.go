@@ -304,6 +304,7 @@ type bitset []uint64
 func newBitset(n int) bitset { return make(bitset, (n+63)/64) }
 
 func (b bitset) set(i int)      { b[i/64] |= 1 << (i % 64) }
+func (b bitset) unset(i int)    { b[i/64] &^= 1 << (i % 64) }
 func (b bitset) has(i int) bool { return i/64 < len(b) && b[i/64]&(1<<(i%64)) != 0 }
 
 func (b bitset) clone(size int) bitset {

@@ -74,7 +74,7 @@ func (t *Tracker) SetDevice(id structured.DeviceID, held bool) {
 		t.used[n].set(int(ref.pos))
 		return
 	}
-	t.used[n][ref.pos/64] &^= 1 << (ref.pos % 64)
+	t.used[n].unset(int(ref.pos))
 	if t.used[n].count() == 0 {
 		t.used[n] = nil
 	}
