@@ -48,7 +48,7 @@ func run() error {
 		return err
 	}
 	reg := command.Registry()
-	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg)()
+	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg, opts.Profiling)()
 	cfg := opts.Config()
 	cfg.Client, cfg.Network, cfg.Metrics = client, mapping.Mapping(), controller.NewMetrics(reg)
 	ctrl, err := controller.New(cfg)

@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -121,13 +123,53 @@ func Registry() *prometheus.Registry {
 	return reg
 }
 
-// ServeMetrics serves reg on addr/metrics until the returned function is
+// Profiling says what ServeMetrics serves beside the metrics.
+type Profiling struct {
+	// Enabled serves Go's profiles on /debug/pprof/ (CPU, heap,
+	// goroutines, execution trace).
+	Enabled bool
+	// Contention also samples where goroutines block and which mutexes
+	// they wait for (/debug/pprof/block and /debug/pprof/mutex); it costs
+	// a little on every contended lock.
+	Contention bool
+}
+
+// AddFlags adds --profiling and --contention-profiling, named as the
+// Kubernetes components name them.
+func (p *Profiling) AddFlags(fs *pflag.FlagSet) {
+	fs.BoolVar(&p.Enabled, "profiling", p.Enabled, "Serve Go's pprof profiles on the metrics address under /debug/pprof/. Off by default: whoever reaches the port can read the process's internals and load its CPU.")
+	fs.BoolVar(&p.Contention, "contention-profiling", p.Contention, "With --profiling, also sample blocking and mutex contention (/debug/pprof/block and /debug/pprof/mutex).")
+}
+
+// Validate refuses contention profiling without profiling.
+func (p Profiling) Validate() error {
+	if p.Contention && !p.Enabled {
+		return errors.New("--contention-profiling needs --profiling: the profiles are served with the other pprof endpoints")
+	}
+	return nil
+}
+
+// ServeMetrics serves reg on addr/metrics, and the pprof profiles on
+// addr/debug/pprof/ when prof says so, until the returned function is
 // called; an empty addr serves nothing.
-func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry) (stop func()) {
+func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, prof Profiling) (stop func()) {
 	if addr == "" {
 		return func() {}
 	}
-	srv := &http.Server{Addr: addr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if prof.Enabled {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		if prof.Contention {
+			runtime.SetBlockProfileRate(int(time.Millisecond)) // one sample per blocked millisecond
+			runtime.SetMutexProfileFraction(10)
+		}
+	}
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			klog.FromContext(ctx).Error(err, "Metrics server stopped", "address", addr)

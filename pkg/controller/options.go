@@ -16,6 +16,7 @@ import (
 type Options struct {
 	Kubeconfig              string
 	MetricsAddress          string
+	Profiling               command.Profiling
 	LeaderElect             bool
 	LeaderElectionNamespace string
 	LeaderElectionIdentity  string
@@ -54,6 +55,7 @@ func NewOptions() *Options {
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Kubeconfig file; empty uses the in-cluster configuration.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Address serving Prometheus metrics on /metrics; empty disables it.")
+	o.Profiling.AddFlags(fs)
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Run only while holding the leader Lease, so replicas never plan at the same time.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader Lease (default $POD_NAMESPACE, else kube-system).")
 	fs.StringVar(&o.LeaderElectionIdentity, "leader-election-identity", o.LeaderElectionIdentity, "This replica's name in the Lease (default $POD_NAME, else the host name).")
@@ -75,6 +77,9 @@ func (o *Options) Config() Config {
 // Validate reports every bad flag at once.
 func (o *Options) Validate() error {
 	var errs []error
+	if err := o.Profiling.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if o.RetryInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--retry-interval must be positive, got %s", o.RetryInterval))
 	}

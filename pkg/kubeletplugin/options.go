@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/pkg/cdi"
+	"github.com/gputopo/gputopo/pkg/command"
 	"github.com/gputopo/gputopo/pkg/gpu"
 	"github.com/gputopo/gputopo/pkg/gpu/nvml"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
@@ -35,6 +36,7 @@ type Options struct {
 	RegistrarDir    string
 	PluginsDir      string
 	CDIRoot         string
+	Profiling       command.Profiling
 	MetricsAddress  string
 	LabelMapping    labelmapping.Options
 	NUMAList        bool
@@ -96,6 +98,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PluginsDir, "kubelet-plugins-directory-path", o.PluginsDir, "The kubelet's plugin directory; the plugin keeps its socket and checkpoint in <dir>/"+topology.DriverName+".")
 	fs.StringVar(&o.CDIRoot, "cdi-root", o.CDIRoot, "Directory where CDI specs for prepared claims are written.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Address serving Prometheus metrics on /metrics; empty disables it.")
+	o.Profiling.AddFlags(fs)
 	o.LabelMapping.AddFlags(fs)
 	fs.BoolVar(&o.NUMAList, "numa-node-list", o.NUMAList, "Publish resource.kubernetes.io/numaNode as a list (needs the DRAListTypeAttributes feature gate in the cluster).")
 	fs.StringVar(&o.SharedGPUs, "shared-gpus", o.SharedGPUs, "GPUs published for sharing, with memory and milliGPU as DRA consumable capacity: all, none, or indexes like 0,1 (or 0_1). A node's "+topology.LabelSharedGPUs+" label overrides it.")
@@ -106,6 +109,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 // Validate reports every bad flag at once.
 func (o *Options) Validate() error {
 	var errs []error
+	if err := o.Profiling.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	switch o.Backend {
 	case "sim":
 		if (o.Profile == "") == (o.ProfileFile == "") {

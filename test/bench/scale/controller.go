@@ -59,6 +59,12 @@ type ControllerOptions struct {
 	// bound; then the benchmark deletes it and its pods, as if it had
 	// completed, and its GPUs free up for the Jobs still waiting.
 	Hold time.Duration
+	// ProfileDir, when set, receives the controller's Go profiles: CPU
+	// from the first create for ProfileFor, then its heap, mutex and
+	// block profiles at the end of the run. The controller must run with
+	// --profiling --contention-profiling (RunConfig adds them).
+	ProfileDir string
+	ProfileFor time.Duration
 }
 
 // ControllerResult is one controller run.
@@ -233,6 +239,12 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 	f.WaitForCacheSync(watchCtx.Done())
 
 	start := time.Now()
+	profiled := make(chan error, 1)
+	if opts.ProfileDir != "" {
+		go func() { profiled <- scr.ControllerProfile(ctx, "profile", opts.ProfileFor, opts.ProfileDir) }()
+	} else {
+		profiled <- nil
+	}
 	err = parallel(ctx, len(jobs), opts.Creators, func(ctx context.Context, i int) error {
 		j := jobs[i]
 		if opts.Spread > 0 {
@@ -277,6 +289,17 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 		return done == len(jobs) || time.Since(lastDone) > opts.Settle, nil
 	})
 	end := time.Now()
+	if err := <-profiled; err != nil {
+		return res, err
+	}
+	if opts.ProfileDir != "" {
+		for _, name := range []string{"heap", "mutex", "block"} {
+			if err := scr.ControllerProfile(ctx, name, 0, opts.ProfileDir); err != nil {
+				return res, err
+			}
+		}
+		env.Progressf("controller profiles in %s", opts.ProfileDir)
+	}
 
 	mu.Lock()
 	summarizeJobs(&res, jobs, start)

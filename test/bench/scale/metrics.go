@@ -6,6 +6,8 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -262,6 +264,46 @@ func (s *Scraper) Controller(ctx context.Context) (Metrics, error) {
 		return nil, err
 	}
 	return s.get(ctx, s.client, url)
+}
+
+// ControllerProfile saves one of the controller's pprof profiles as
+// dir/controller-<name>.pprof: "profile" (CPU, over d) or a named one
+// (heap, mutex, block). The controller serves them with --profiling.
+func (s *Scraper) ControllerProfile(ctx context.Context, name string, d time.Duration, dir string) error {
+	metrics, err := s.env.Cluster.ControllerMetricsURL()
+	if err != nil {
+		return err
+	}
+	url := strings.TrimSuffix(metrics, "/metrics") + "/debug/pprof/" + name
+	if d > 0 {
+		url += fmt.Sprintf("?seconds=%d", int(d.Seconds()))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	c := &http.Client{Timeout: d + time.Minute}
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("controller profile %s: %w", name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("controller profile %s: %s: %s (does the controller run with --profiling?)", url, resp.Status, body)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "controller-"+name+".pprof"))
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("controller profile %s: %w", name, err)
+	}
+	return f.Close()
 }
 
 func (s *Scraper) get(ctx context.Context, c *http.Client, url string) (Metrics, error) {

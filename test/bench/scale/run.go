@@ -58,6 +58,9 @@ func Run(ctx context.Context, cfg RunConfig) (report []byte, result any, err err
 	case ModeController:
 		opts.ControllerBin = filepath.Join(cfg.BinDir, "gputopo-controller")
 		opts.ControllerArgs = cfg.ControllerArgs
+		if cfg.Controller.ProfileDir != "" {
+			opts.ControllerArgs = append([]string{"--profiling", "--contention-profiling"}, opts.ControllerArgs...)
+		}
 		opts.Manifests = []string{cfg.Manifests}
 		opts.AuditLog = true
 	case ModePlugin:
