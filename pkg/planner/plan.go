@@ -114,7 +114,7 @@ func (p *Planner) Plan(ctx context.Context, snap *Snapshot, res *Reservations, j
 			if plan, err := st.pick(cands, lv); plan != nil || err != nil {
 				return plan, err
 			}
-			fl, err := st.failLevel(lv, cands)
+			fl, err := st.failLevel(lv, cands, false)
 			if err != nil {
 				return nil, err
 			}
@@ -135,7 +135,7 @@ func (p *Planner) Plan(ctx context.Context, snap *Snapshot, res *Reservations, j
 		if plan, err := st.pick(mine, lv); plan != nil || err != nil {
 			return plan, err
 		}
-		fl, err := st.failLevel(lv, mine)
+		fl, err := st.failLevel(lv, mine, true)
 		if err != nil {
 			return nil, err
 		}
@@ -165,7 +165,7 @@ func (p *Planner) Plan(ctx context.Context, snap *Snapshot, res *Reservations, j
 			plan.Reasons = slices.Insert(plan.Reasons, len(plan.Reasons)-2, miss+"; falling back")
 			return plan, nil
 		}
-		if fl, err = st.failLevel(lv, cands); err != nil {
+		if fl, err = st.failLevel(lv, cands, true); err != nil {
 			return nil, err
 		}
 		failures = append(failures, fl)
