@@ -20,10 +20,21 @@ import (
 // reading the group and its claims, the snapshot of what the claims and
 // pods hold, and the plan.
 func BenchmarkPlan16PodJob5000Nodes(b *testing.B) {
+	benchmarkPlan(b, 16, "gpu-8-node")
+}
+
+// BenchmarkPlan1PodJob5000Nodes is the same for plan_duration_seconds{pods="1"}:
+// a one-pod Job of one GPU, which the planner places on the node that
+// fragments the cluster least.
+func BenchmarkPlan1PodJob5000Nodes(b *testing.B) {
+	benchmarkPlan(b, 1, "gpu-1")
+}
+
+func benchmarkPlan(b *testing.B, pods int, template string) {
 	h := busyHarness(b, 10, 50, 10)
-	h.create(job("j", 16))
-	for i := range 16 {
-		h.addPod(jobPod("j", i, "gpu-8-node", nil))
+	h.create(job("j", int32(pods)))
+	for i := range pods {
+		h.addPod(jobPod("j", i, template, nil))
 	}
 	h.settle()
 	if _, err := h.c.snapshotCluster(); err != nil {
@@ -35,8 +46,8 @@ func BenchmarkPlan16PodJob5000Nodes(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if len(g.toPlace) != 16 {
-			b.Fatalf("%d pods to place; want 16", len(g.toPlace))
+		if len(g.toPlace) != pods {
+			b.Fatalf("%d pods to place; want %d", len(g.toPlace), pods)
 		}
 		req, err := placement.Parse(g.anyPod().Annotations)
 		if err != nil {

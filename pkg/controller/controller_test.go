@@ -60,7 +60,7 @@ func testObjects(t testing.TB) []any {
 		t.Fatal(err)
 	}
 	objs = append(objs, dc)
-	for _, name := range []string{"gpu-8-node", "gpu-4-nvlink"} {
+	for _, name := range []string{"gpu-8-node", "gpu-4-nvlink", "gpu-1"} {
 		tmpl, err := specs.ClaimTemplate(name)
 		if err != nil {
 			t.Fatal(err)
