@@ -52,44 +52,58 @@ func TestClaimsReadingALeafDoNotShare(t *testing.T) {
 		Best: "the whole cluster holds 2 (1 node with room for a pod)", BestDomain: planner.Domain{Level: planner.LevelCluster}, BestPods: 2})
 }
 
-// A size none of whose domains could hold the job even empty is not
-// searched for the domain that comes closest when a larger size places
-// the job: that search costs allocator runs on every domain of the size.
-// A refused job still gets it.
+// A size that failed is not searched for the domain that comes closest
+// when a larger size places the job: that search costs allocator runs on
+// every domain of the size. A refused job still gets it.
 //
 //	            spine-0
 //	  +-------+-------+-------+
 //	leaf-0  leaf-1  leaf-2  leaf-3     3 x dgx-h100 each
-func TestTooSmallSizeSearchedOnlyWhenRefused(t *testing.T) {
+func TestFailedSizeSearchedOnlyWhenRefused(t *testing.T) {
 	c := makeCluster().
 		Leaf("spine-0", 0, "dgx-h100", 3).Leaf("spine-0", 1, "dgx-h100", 3).
 		Leaf("spine-0", 2, "dgx-h100", 3).Leaf("spine-0", 3, "dgx-h100", 3).Obj(t)
-	snap := planner.NewSnapshot(c, nil)
-	p := newPlanner(t)
-	job := func(pl planner.Placement) planner.Job {
-		return makeJob(t, "j").Pods(4, "gpu-8-node").Placement(pl).Obj()
-	}
+	for name, tc := range map[string]struct {
+		pods     int
+		used     *usage
+		line     string
+		bestPods int
+	}{
+		"too small": {pods: 4, used: allocated(), line: "no leaf can hold 4 pods (8 GPUs each), not even when empty", bestPods: 3},
+		// Every leaf could hold the job empty, but one node of each is busy.
+		"busy": {pods: 3, used: allocated().Nodes("l0n0", "l1n0", "l2n0", "l3n0"), line: "no leaf can hold 3 pods (8 GPUs each)", bestPods: 2},
+	} {
+		t.Run(name, func(t *testing.T) {
+			snap := planner.NewSnapshot(c, tc.used.Obj())
+			p := newPlanner(t)
+			job := func(pl planner.Placement) planner.Job {
+				return makeJob(t, "j").Pods(tc.pods, "gpu-8-node").Placement(pl).Obj()
+			}
+			plan, err := p.Plan(context.Background(), snap, nil, job(planner.PlacementAuto))
+			if err != nil {
+				t.Fatal(err)
+			}
+			found := false
+			for _, r := range plan.Reasons {
+				if r == tc.line {
+					found = true
+				}
+				if strings.HasPrefix(r, tc.line) && strings.Contains(r, "best:") {
+					t.Errorf("placed job: the leaf size was searched for its closest leaf: %q", r)
+				}
+			}
+			if !found {
+				t.Errorf("no reason is %q:\n%s", tc.line, strings.Join(plan.Reasons, "\n"))
+			}
 
-	plan, err := p.Plan(context.Background(), snap, nil, job(planner.PlacementAuto))
-	if err != nil {
-		t.Fatal(err)
-	}
-	line := "no leaf can hold 4 pods (8 GPUs each), not even when empty"
-	for _, r := range plan.Reasons {
-		if strings.Contains(r, line) && strings.Contains(r, "best:") {
-			t.Errorf("placed job: the leaf size was searched for its closest leaf: %q", r)
-		}
-	}
-	if !hasReason(plan.Reasons, line) {
-		t.Errorf("no reason says %q:\n%s", line, strings.Join(plan.Reasons, "\n"))
-	}
-
-	_, err = p.Plan(context.Background(), snap, nil, job(planner.PlacementSameLeaf))
-	var u *planner.Unschedulable
-	if !errors.As(err, &u) {
-		t.Fatalf("same-leaf: got %v, want Unschedulable", err)
-	}
-	if u.Reason != line || u.BestPods != 3 || !strings.HasPrefix(u.Best, "leaf leaf-") {
-		t.Errorf("refusal: reason %q, best %q (%d pods), want %q and a leaf holding 3", u.Reason, u.Best, u.BestPods, line)
+			_, err = p.Plan(context.Background(), snap, nil, job(planner.PlacementSameLeaf))
+			var u *planner.Unschedulable
+			if !errors.As(err, &u) {
+				t.Fatalf("same-leaf: got %v, want Unschedulable", err)
+			}
+			if u.Reason != tc.line || u.BestPods != tc.bestPods || !strings.HasPrefix(u.Best, "leaf leaf-") {
+				t.Errorf("refusal: reason %q, best %q (%d pods), want %q and a leaf holding %d", u.Reason, u.Best, u.BestPods, tc.line, tc.bestPods)
+			}
+		})
 	}
 }

@@ -20,10 +20,11 @@ type levelFailure struct {
 	bestDom   Domain
 	bestPods  int
 	bigEnough bool // some candidate could hold the job were it empty
-	// lv and cands are set when the search for the closest candidate was
-	// left out (failLevel without full).
-	lv    level
-	cands []*candidate
+	// deferred: the search for the closest candidate was left out
+	// (failLevel without full); lv and cands are kept for it.
+	deferred bool
+	lv       level
+	cands    []*candidate
 }
 
 func (fl levelFailure) sentence() string {
@@ -37,9 +38,10 @@ func (fl levelFailure) sentence() string {
 // visited by their upper bound, so it stops as soon as no other can beat
 // the best one found.
 //
-// Unless full is set, a size none of whose several domains could hold the
-// job even empty gets its sentence without that search: fl.cands keeps
-// the candidates for a full run should the job be refused.
+// Without full it only says that the size failed and whether it could
+// hold the job were it empty, and keeps the candidates in fl for refuse:
+// the reasons of a plan placed at a larger size leave out the closest
+// domain of each smaller one.
 func (st *state) failLevel(lv level, cands []*candidate, full bool) (levelFailure, error) {
 	fl := levelFailure{label: lv.label}
 	switch {
@@ -59,13 +61,14 @@ func (st *state) failLevel(lv level, cands []*candidate, full bool) (levelFailur
 	for _, c := range cands {
 		fl.bigEnough = fl.bigEnough || c.ubEmpty >= st.n
 	}
-	if !fl.bigEnough && len(cands) > 1 && !full {
-		// The size is too small for the job: which of its domains comes
-		// closest costs an allocator run on each (500 leaves for a 16-node
-		// Job at 5,000 nodes) and matters only if the job is refused, so
-		// Plan asks again then.
-		fl.line += ", not even when empty"
-		fl.lv, fl.cands = lv, cands
+	if !full {
+		// Which domain comes closest costs allocator runs on every
+		// candidate (500 leaves for a 16-node Job at 5,000 nodes) and
+		// matters only if the job is refused: refuse asks again then.
+		if !fl.bigEnough && len(cands) > 0 {
+			fl.line += ", not even when empty"
+		}
+		fl.deferred, fl.lv, fl.cands = true, lv, cands
 		return fl, nil
 	}
 	order := make([]scored, 0, len(cands))
@@ -130,7 +133,7 @@ func (st *state) prefMiss(fl levelFailure, mine []*candidate) string {
 // person can make room in.
 func (st *state) refuse(failures []levelFailure) error {
 	for i, fl := range failures {
-		if fl.cands != nil {
+		if fl.deferred {
 			full, err := st.failLevel(fl.lv, fl.cands, true)
 			if err != nil {
 				return err
