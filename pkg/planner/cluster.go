@@ -90,6 +90,10 @@ type node struct {
 	all         bitset                // every device, any driver
 	gpus        bitset                // gputopo GPUs
 	healthy     bitset                // gputopo GPUs without a NoSchedule/NoExecute taint
+	// healthyGPUs lists the healthy GPUs in position order, so that
+	// scoring every node for a one-pod job reads one short array per node
+	// instead of the node's ResourceSlices.
+	healthyGPUs []gpuSlot
 	noPrefilter bool                  // shareable devices: counting devices proves nothing
 	sig         nodeSig
 	notReady    bool
@@ -115,6 +119,14 @@ type spine struct {
 }
 
 type devRef struct{ node, pos int32 }
+
+// gpuSlot is one healthy GPU of a node: its position, name and whether it
+// is published for sharing.
+type gpuSlot struct {
+	pos    int32
+	name   string
+	shared bool
+}
 
 // NewCluster builds the tree. leafOrder gives, per spine, the order of its
 // leaves, which defines adjacency; leaves it does not name follow in
@@ -290,6 +302,7 @@ func (c *Cluster) newNode(in *NodeInfo, l *leaf, s *spine, idx int) (*node, erro
 				n.gpus.set(pos)
 				if !blockingTaint(d.Taints) {
 					n.healthy.set(pos)
+					n.healthyGPUs = append(n.healthyGPUs, gpuSlot{pos: int32(pos), name: d.Name, shared: d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations})
 				}
 			}
 		}

@@ -270,30 +270,17 @@ func (st *state) slots(n int, buf []slot) []slot {
 		shares = st.f.shares[n]
 	}
 	out := buf[:0]
-	pos := 0
-	for _, sl := range nd.slices {
-		if sl.Spec.Driver != topology.DriverName {
-			pos += len(sl.Spec.Devices)
-			continue
+	for _, g := range nd.healthyGPUs {
+		s := slot{name: g.name, shared: g.shared}
+		if !used.has(int(g.pos)) {
+			s.free = topology.MilliPerGPU
 		}
-		for i := range sl.Spec.Devices {
-			d := &sl.Spec.Devices[i]
-			p := pos
-			pos++
-			if !nd.healthy.has(p) {
-				continue
+		if s.shared && s.free > 0 && shares != nil {
+			if q := shares.consumed[nd.devs[g.pos]][topology.CapacityMilliGPU]; q != nil {
+				s.free = max(s.free-int(q.Value()), 0)
 			}
-			s := slot{name: d.Name, shared: d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations}
-			if !used.has(p) {
-				s.free = topology.MilliPerGPU
-			}
-			if s.shared && s.free > 0 && shares != nil {
-				if q := shares.consumed[nd.devs[p]][topology.CapacityMilliGPU]; q != nil {
-					s.free = max(s.free-int(q.Value()), 0)
-				}
-			}
-			out = append(out, s)
 		}
+		out = append(out, s)
 	}
 	return out
 }
