@@ -94,7 +94,7 @@ type node struct {
 	// scoring every node for a one-pod job reads one short array per node
 	// instead of the node's ResourceSlices.
 	healthyGPUs []gpuSlot
-	noPrefilter bool                  // shareable devices: counting devices proves nothing
+	noPrefilter bool // shareable devices: counting devices proves nothing
 	sig         nodeSig
 	notReady    bool
 	gone        bool // the empty slot of a removed node
