@@ -90,16 +90,16 @@ type node struct {
 	all         bitset                // every device, any driver
 	gpus        bitset                // gputopo GPUs
 	healthy     bitset                // gputopo GPUs without a NoSchedule/NoExecute taint
-	// healthyGPUs lists the healthy GPUs in position order, so that
-	// scoring every node for a one-pod job reads one short array per node
-	// instead of the node's ResourceSlices.
-	healthyGPUs []gpuSlot
-	noPrefilter bool // shareable devices: counting devices proves nothing
+	noPrefilter bool                  // shareable devices: counting devices proves nothing
 	sig         nodeSig
 	notReady    bool
 	gone        bool // the empty slot of a removed node
 	taints      []v1.Taint
 	alloc       []int64 // by resource index; nil: resources are not checked
+	// healthyGPUs lists the healthy GPUs in position order, so that
+	// scoring every node for a one-pod job reads one short array per node
+	// instead of the node's ResourceSlices.
+	healthyGPUs []gpuSlot
 }
 
 type leaf struct {
