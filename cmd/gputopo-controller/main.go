@@ -39,7 +39,7 @@ func run() error {
 	defer flush()
 	ctx, stop := command.Context()
 	defer stop()
-	client, err := command.Client(opts.Kubeconfig, opts.KubeAPIQPS, opts.KubeAPIBurst)
+	client, err := command.Client(opts.Kubeconfig, command.ClientOptions{QPS: opts.KubeAPIQPS, Burst: opts.KubeAPIBurst, NoCompression: !opts.KubeAPICompression})
 	if err != nil {
 		return err
 	}

@@ -65,7 +65,7 @@ func run() error {
 		cfg := kubeletplugin.Config{NodeName: opts.NodeName, Backend: backend, Slices: opts.SliceConfig(mapping), DriverEdits: edits}
 		return kubeletplugin.PrintCDISpec(ctx, os.Stdout, cfg, opts.NodeLabels, opts.PrintCDISpec)
 	}
-	client, err := command.Client(opts.Kubeconfig, 0, 0)
+	client, err := command.Client(opts.Kubeconfig, command.ClientOptions{})
 	if err != nil {
 		return err
 	}

@@ -100,15 +100,26 @@ func Context() (context.Context, context.CancelFunc) {
 	return klog.NewContext(ctx, klog.Background()), stop
 }
 
+// ClientOptions tune the client of Client.
+type ClientOptions struct {
+	// QPS and Burst limit requests to the API server; zero keeps
+	// client-go's defaults (5 and 10).
+	QPS   float32
+	Burst int
+	// NoCompression asks for responses as they are instead of gzip:
+	// inflating the watches of a large cluster costs more CPU, on the API
+	// server and here, than the bytes cost inside the cluster.
+	NoCompression bool
+}
+
 // Client builds a clientset from a kubeconfig file, or from the in-cluster
-// configuration when the path is empty. qps and burst limit requests to the
-// API server; zero keeps client-go's defaults (5 and 10).
-func Client(kubeconfig string, qps float32, burst int) (kubernetes.Interface, error) {
+// configuration when the path is empty.
+func Client(kubeconfig string, opts ClientOptions) (kubernetes.Interface, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("load kubeconfig %q: %w", kubeconfig, err)
 	}
-	cfg.QPS, cfg.Burst = qps, burst
+	cfg.QPS, cfg.Burst, cfg.DisableCompression = opts.QPS, opts.Burst, opts.NoCompression
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create Kubernetes client: %w", err)

@@ -26,6 +26,7 @@ type Options struct {
 	ReserveAfter            time.Duration
 	KubeAPIQPS              float32
 	KubeAPIBurst            int
+	KubeAPICompression      bool
 	LabelMapping            labelmapping.Options
 }
 
@@ -65,6 +66,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ReserveAfter, "reserve-after", o.ReserveAfter, "How long the oldest group that does not fit waits before it reserves the domain closest to fitting it, which groups created after it may not use until it is placed.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server; placing a pod costs about two.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the API server, so a large group is pinned and released at once.")
+	fs.BoolVar(&o.KubeAPICompression, "kube-api-compression", o.KubeAPICompression, "Ask the API server for gzip-compressed responses. Off by default: the controller watches every ResourceSlice, pod and claim, and compressing them costs the API server and the controller CPU for bytes that stay inside the cluster.")
 	o.LabelMapping.AddFlags(fs)
 }
 
