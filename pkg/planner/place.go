@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"sort"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gputopo/gputopo/pkg/devicefit"
 )
 
 // attempt is one try at placing the job's pods inside one domain. Its
@@ -148,31 +151,106 @@ func (st *state) sortNodes(a *attempt, order []int) {
 
 // verify allocates every pod once more, with its own claims, on its node
 // on top of the pods placed there before it. The results are what the
-// plan reserves: they come straight from the allocator, not from the cache.
+// plan reserves. They come from the allocator, not from the fit cache:
+// a pod alone on its node takes the allocator's answer for an earlier pod
+// of equal claims on a node that is alike for them (the same signature
+// for what the claims read, the same devices in use, no shared devices),
+// moved to its own node's devices by position; every other pod gets a
+// run of its own.
 func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, error) {
 	out := make(map[string][]resourceapi.AllocationResult, len(st.podOrder))
 	byNode := map[int][]resourceapi.AllocationResult{}
+	type answer struct {
+		node    int
+		results []resourceapi.AllocationResult
+	}
+	answers := map[fitKey]answer{}
 	for _, p := range st.podOrder {
 		n := a.assign[p]
 		nd := st.c.nodes[n]
 		pod := st.job.Pods[p]
 		results := []resourceapi.AllocationResult{}
 		if len(pod.Claims) > 0 {
-			var err error
-			st.f.runs++
-			results, err = st.f.eval.AllocateOn(st.f.ctx, nd.obj, nd.slices, st.f.state(n, st.f.base[n], byNode[n]), pod.Claims)
-			if err != nil {
-				if ctxErr := st.f.ctx.Err(); ctxErr != nil {
-					return nil, ctxErr
+			var key fitKey
+			alike := moveAnswers && len(byNode[n]) == 0 && !nd.noPrefilter && nd.sig.core >= 0
+			if alike {
+				if st.f.keys[n] == "" {
+					st.f.keys[n] = nd.cacheKey(st.f.values, st.f.patterns)
 				}
-				return nil, &BrokenClaimError{Job: st.job.Key, Pod: pod.Name, Node: nd.name, Err: err}
+				key = fitKey{node: st.f.keys[n], set: st.f.shapes[st.podShape[p]].set, used: st.f.base[n].key()}
 			}
-			if results == nil {
-				return nil, fmt.Errorf("pod %s on node %s: %w", pod.Name, nd.name, errVerify)
+			if ans, ok := answers[key]; alike && ok {
+				results = st.c.moveResults(ans.results, ans.node, n)
+			} else {
+				var err error
+				st.f.runs++
+				results, err = st.f.eval.AllocateOn(st.f.ctx, nd.obj, nd.slices, st.f.state(n, st.f.base[n], byNode[n]), pod.Claims)
+				if err != nil {
+					if ctxErr := st.f.ctx.Err(); ctxErr != nil {
+						return nil, ctxErr
+					}
+					return nil, &BrokenClaimError{Job: st.job.Key, Pod: pod.Name, Node: nd.name, Err: err}
+				}
+				if results == nil {
+					return nil, fmt.Errorf("pod %s on node %s: %w", pod.Name, nd.name, errVerify)
+				}
+				if alike && movable(results) {
+					answers[key] = answer{node: n, results: results}
+				}
 			}
 		}
 		byNode[n] = append(byNode[n], results...)
 		out[pod.Name] = results
 	}
 	return out, nil
+}
+
+// moveAnswers lets verify move answers between alike nodes; tests turn it
+// off to compare.
+var moveAnswers = true
+
+// movable says whether results name nothing but whole devices: a share's
+// ID is its own and cannot be given to another pod.
+func movable(results []resourceapi.AllocationResult) bool {
+	for _, r := range results {
+		for _, d := range r.Devices.Results {
+			if d.ShareID != nil || d.ConsumedCapacity != nil {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// moveResults copies the allocator's results for node from to node to,
+// which is alike: each device becomes the device at the same position of
+// to, and the node selector names to.
+func (c *Cluster) moveResults(results []resourceapi.AllocationResult, from, to int) []resourceapi.AllocationResult {
+	fromName, toName := c.nodes[from].name, c.nodes[to].name
+	out := make([]resourceapi.AllocationResult, len(results))
+	for i := range results {
+		r := results[i].DeepCopy()
+		for j := range r.Devices.Results {
+			d := &r.Devices.Results[j]
+			ref, _ := c.dev(devicefit.DeviceID(d.Driver, d.Pool, d.Device))
+			id := c.nodes[to].devs[ref.pos]
+			d.Driver, d.Pool, d.Device = id.Driver.String(), id.Pool.String(), id.Device.String()
+		}
+		if ns := r.NodeSelector; ns != nil {
+			for t := range ns.NodeSelectorTerms {
+				term := &ns.NodeSelectorTerms[t]
+				for _, reqs := range [][]v1.NodeSelectorRequirement{term.MatchFields, term.MatchExpressions} {
+					for k := range reqs {
+						for v, val := range reqs[k].Values {
+							if val == fromName {
+								reqs[k].Values[v] = toName
+							}
+						}
+					}
+				}
+			}
+		}
+		out[i] = *r
+	}
+	return out
 }

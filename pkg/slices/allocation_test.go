@@ -189,3 +189,46 @@ func BenchmarkAllocate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLeafRefusalAttributes is what one node costs kube-scheduler
+// when a gpu-4-leaf claim names another leaf: every device is refused,
+// each after its DeviceClass selector and the claim's selector ran. The
+// DRA CEL library builds a map of all of a device's attributes for every
+// selector it runs, so the cost follows the number of attributes; this
+// compares the devices as published with the same devices cut down to the
+// one attribute the selector reads.
+func BenchmarkLeafRefusalAttributes(b *testing.B) {
+	tmpl := loadSpec[resourceapi.ResourceClaimTemplate](b, "claims/gpu-4-leaf.yaml")
+	for _, keep := range []string{"", topology.AttrLeaf} {
+		name := "published"
+		if keep != "" {
+			name = "only-" + keep
+		}
+		b.Run(name, func(b *testing.B) {
+			f := newFixture(b, "dgx-h100", map[string]string{topology.LabelTopographLeaf: "leaf-1"})
+			attrs := 0
+			for _, s := range f.slices {
+				for i := range s.Spec.Devices {
+					d := &s.Spec.Devices[i]
+					if keep != "" {
+						for k := range d.Attributes {
+							if string(k) != keep {
+								delete(d.Attributes, k)
+							}
+						}
+					}
+					attrs = len(d.Attributes)
+				}
+			}
+			b.ReportMetric(float64(attrs), "attributes")
+			claim := devicefit.ClaimFromTemplate(tmpl, "c")
+			ctx := context.Background()
+			for b.Loop() {
+				res, err := f.eval.Allocate(ctx, f.node, f.slices, devicefit.Allocated{}, []*resourceapi.ResourceClaim{claim})
+				if err != nil || res != nil {
+					b.Fatalf("want a refusal, got %v, %v", res, err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,9 @@
+package planner
+
+// SetMoveAnswers turns verify's moving of allocator answers between alike
+// nodes on or off, and returns what restores it.
+func SetMoveAnswers(on bool) (restore func()) {
+	old := moveAnswers
+	moveAnswers = on
+	return func() { moveAnswers = old }
+}
