@@ -220,7 +220,6 @@ func BenchmarkLeafRefusalAttributes(b *testing.B) {
 					attrs = len(d.Attributes)
 				}
 			}
-			b.ReportMetric(float64(attrs), "attributes")
 			claim := devicefit.ClaimFromTemplate(tmpl, "c")
 			ctx := context.Background()
 			for b.Loop() {
@@ -229,6 +228,7 @@ func BenchmarkLeafRefusalAttributes(b *testing.B) {
 					b.Fatalf("want a refusal, got %v, %v", res, err)
 				}
 			}
+			b.ReportMetric(float64(attrs), "attributes")
 		})
 	}
 }
