@@ -343,6 +343,7 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 	var choices []choice // the best of each node
 	var buf []slot
 	freeNodes := map[*leaf]int{}
+	scores := map[scoreKey]memoScore{}
 	open := 0 // nodes the pod may use, whatever their GPUs
 	for n, nd := range st.c.nodes {
 		if st.filters[sh].why[n] != "" || st.room(sh, n, nil, 1) == 0 {
@@ -353,7 +354,21 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 		if allFree(buf) && nd.leaf != nil {
 			freeNodes[nd.leaf]++
 		}
-		if c, ok := st.score(n, buf, d, m, spread); ok {
+		key, memo := st.scoreKey(n, buf, d)
+		if memo {
+			if v, hit := scores[key]; hit {
+				if v.found {
+					v.c.node = n
+					choices = append(choices, v.c)
+				}
+				continue
+			}
+		}
+		c, found := st.score(n, buf, d, m, spread)
+		if memo {
+			scores[key] = memoScore{c, found}
+		}
+		if found {
 			choices = append(choices, c)
 		}
 	}
@@ -430,6 +445,52 @@ func (st *state) rest(n int) (before, after []int64) {
 		after[i] = before[i] - at(req, i)
 	}
 	return before, after
+}
+
+// scoreKey is everything score reads of a node for whole GPUs: what is
+// free of each GPU, which are shared, and what is left of its allocatable.
+// Nodes with equal keys get equal choices, so a plan scores each key once.
+type scoreKey struct {
+	slots  uint8
+	free   [16]int16
+	shared uint16
+	res    uint8 // resources in rest; noRest: the node's are not checked
+	rest   [4]int64
+}
+
+const noRest = 0xff
+
+type memoScore struct {
+	c     choice
+	found bool
+}
+
+// scoreMemo lets planOnePod score alike nodes once; tests turn it off to
+// compare.
+var scoreMemo = true
+
+// scoreKey returns node n's key, or false when its choice cannot be
+// shared: a share names its GPU, and keys hold up to 16 GPUs and 4
+// resources.
+func (st *state) scoreKey(n int, slots []slot, d podDemand) (scoreKey, bool) {
+	nd := st.c.nodes[n]
+	if !scoreMemo || (d.gpus > 0 && d.milli < topology.MilliPerGPU) || len(slots) > 16 || len(nd.alloc) > 4 {
+		return scoreKey{}, false
+	}
+	k := scoreKey{slots: uint8(len(slots)), res: noRest}
+	for i, sl := range slots {
+		k.free[i] = int16(sl.free)
+		if sl.shared {
+			k.shared |= 1 << i
+		}
+	}
+	if nd.alloc != nil {
+		k.res = uint8(len(nd.alloc))
+		for i, a := range nd.alloc {
+			k.rest[i] = a - at(st.resBase[n], i)
+		}
+	}
+	return k, true
 }
 
 // score finds the best place on node n (slots: its GPUs) for the job's

@@ -316,3 +316,69 @@ func TestNearEqualFragmentationPacks(t *testing.T) {
 		})
 	}
 }
+
+// Scoring alike nodes once gives one-pod plans exactly what scoring every
+// node does. Nodes differ in which GPUs are held and in how much cpu their
+// pods take, so some keys are shared and some not.
+func TestScoreMemoPlansLikeScoringEveryNode(t *testing.T) {
+	b := makeCluster()
+	for l := range 4 {
+		b.Leaf("spine-0", l, "dgx-h100", 6)
+	}
+	b.Allocatable(node8)
+	c := b.Obj(t)
+	held := allocated()
+	pods := planner.NodeUsage{}
+	for l := range 4 {
+		for i := range 6 {
+			name := fmt.Sprintf("l%dn%d", l, i)
+			switch (l*6 + i) % 5 {
+			case 0:
+				held.GPUs(name, 0, 1, 2, 3)
+			case 1:
+				held.GPUs(name, 0, 1, 2, 3, 4, 5, 6)
+			case 2:
+				held.GPUs(name, 2)
+			}
+			if i%3 == 0 {
+				pods[name] = resources("cpu", fmt.Sprint(1+2*l))
+			}
+		}
+	}
+	snap := planner.NewSnapshot(c, held.Obj(), planner.WithUsed(pods))
+	// Expected pods that need cpu make what is left of it count.
+	w := planner.DefaultWorkload()
+	for i := range w {
+		if w[i].GPUs > 1 {
+			w[i].Requests = resources("cpu", "3")
+		}
+	}
+	// Two nodes alike in their GPUs, but the first would be left with too
+	// little cpu for the expected 2-GPU pods: only the cpu tells them apart.
+	twins := makeCluster().Leaf("spine-0", 0, "dgx-h100", 2).Allocatable(node8).Obj(t)
+	snaps := map[string]*planner.Snapshot{
+		"varied": snap,
+		"twins":  planner.NewSnapshot(twins, nil, planner.WithUsed(planner.NodeUsage{"l0n0": resources("cpu", "5")})),
+	}
+	for _, tmpl := range []string{"gpu-1", "gpu-2-nvlink-pair", "gpu-4-nvlink", "gpu-8-node"} {
+		for _, strategy := range []planner.Strategy{planner.StrategyBalanced, planner.StrategyConsolidated, planner.StrategyDistributed} {
+			for name, snap := range snaps {
+				t.Run(name+"/"+tmpl+"/"+string(strategy), func(t *testing.T) {
+					job := makeJob(t, "j").Pods(1, tmpl).Request(resources("cpu", "2")).Strategy(strategy).Obj()
+					plan := func(memo bool) *planner.Plan {
+						defer planner.SetScoreMemo(memo)()
+						p, err := planner.New(newEvaluator(t), planner.WithWorkload(w)).Plan(context.Background(), snap, nil, job)
+						if err != nil {
+							t.Fatalf("memo %v: %v", memo, err)
+						}
+						return p
+					}
+					memo, every := plan(true), plan(false)
+					if diff := cmp.Diff(every, memo); diff != "" {
+						t.Errorf("plan with shared scores differs (-every node +shared):\n%s", diff)
+					}
+				})
+			}
+		}
+	}
+}
