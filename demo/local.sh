@@ -38,9 +38,22 @@ kubectl apply -f demo/specs/deviceclass.yaml -f demo/specs/claims/
 section "Running the demo workloads: a 4-GPU NVLink pod, a 2-GPU bridged pair, a Job of two 8-GPU pods, 4-GPU ladder pods and a ladder Job"
 applied=$(date +%s.%N)
 kubectl apply -f demo/specs/workloads/
-kubectl wait --for=condition=Ready pod -l job-name=train-2x8 --timeout=120s >/dev/null
+# kubectl wait on a label fails at once while no pod matches, and the Job
+# controller creates a Job's pods only after the apply returns: wait for
+# all of them to exist first.
+wait_job_ready() {
+  local job=$1 want have
+  want=$(kubectl get job "$job" -o jsonpath='{.spec.parallelism}')
+  for _ in $(seq 1 240); do
+    have=$(kubectl get pods -l job-name="$job" -o name | wc -l)
+    [ "$have" -ge "$want" ] && break
+    sleep 0.5
+  done
+  kubectl wait --for=condition=Ready pod -l job-name="$job" --timeout=120s >/dev/null
+}
+wait_job_ready train-2x8
 job_ready=$(date +%s.%N)
-kubectl wait --for=condition=Ready pod -l job-name=ladder-2x4 --timeout=120s >/dev/null
+wait_job_ready ladder-2x4
 kubectl wait --for=condition=Ready pod/nvlink-quad pod/nvlink-pair pod/ladder-nvswitch pod/ladder-pairs --timeout=120s >/dev/null
 awk -v a="$applied" -v b="$job_ready" 'BEGIN { printf "Job train-2x8 created -> all pods Running in %.2fs\n", b - a }'
 
