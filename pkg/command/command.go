@@ -106,9 +106,9 @@ type ClientOptions struct {
 	// client-go's defaults (5 and 10).
 	QPS   float32
 	Burst int
-	// NoCompression asks for responses as they are instead of gzip:
-	// inflating the watches of a large cluster costs more CPU, on the API
-	// server and here, than the bytes cost inside the cluster.
+	// NoCompression asks for responses as they are instead of gzip,
+	// saving the CPU that compressing and inflating the watches of a
+	// large cluster costs on both ends for traffic inside the cluster.
 	NoCompression bool
 }
 

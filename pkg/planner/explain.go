@@ -52,24 +52,24 @@ func (st *state) failLevel(lv level, cands []*candidate, full bool) (levelFailur
 	default:
 		fl.line = fmt.Sprintf("no %s can hold %s (%s)", lv.label, pods(st.n), st.podDesc())
 	}
-	// Capacities bound every candidate cheaply; attempts (mixed shapes
-	// only) go from the highest bound down until none can beat the best.
-	type scored struct {
-		c     *candidate
-		bound int
-	}
 	for _, c := range cands {
 		fl.bigEnough = fl.bigEnough || c.ubEmpty >= st.n
+	}
+	if !fl.bigEnough && len(cands) > 0 {
+		fl.line += ", not even when empty"
 	}
 	if !full {
 		// Which domain comes closest costs allocator runs on every
 		// candidate (500 leaves for a 16-node Job at 5,000 nodes) and
 		// matters only if the job is refused: refuse asks again then.
-		if !fl.bigEnough && len(cands) > 0 {
-			fl.line += ", not even when empty"
-		}
 		fl.deferred, fl.lv, fl.cands = true, lv, cands
 		return fl, nil
+	}
+	// Capacities bound every candidate cheaply; attempts (mixed shapes
+	// only) go from the highest bound down until none can beat the best.
+	type scored struct {
+		c     *candidate
+		bound int
 	}
 	order := make([]scored, 0, len(cands))
 	for _, c := range cands {
@@ -107,9 +107,6 @@ func (st *state) failLevel(lv level, cands []*candidate, full bool) (levelFailur
 	}
 	if fl.bestPods > 0 {
 		fl.best = fmt.Sprintf("%s holds %d (%s with room for a pod)", fl.bestDom, fl.bestPods, plural(room, "node"))
-	}
-	if !fl.bigEnough && len(cands) > 0 {
-		fl.line += ", not even when empty"
 	}
 	return fl, nil
 }

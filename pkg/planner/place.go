@@ -179,9 +179,11 @@ func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, 
 				}
 				key = fitKey{node: st.f.keys[n], set: st.f.shapes[st.podShape[p]].set, used: st.f.base[n].key()}
 			}
+			moved := false
 			if ans, ok := answers[key]; alike && ok {
-				results = st.c.moveResults(ans.results, ans.node, n)
-			} else {
+				results, moved = st.c.moveResults(ans.results, ans.node, n)
+			}
+			if !moved {
 				var err error
 				st.f.runs++
 				results, err = st.f.eval.AllocateOn(st.f.ctx, nd.obj, nd.slices, st.f.state(n, st.f.base[n], byNode[n]), pod.Claims)
@@ -224,15 +226,19 @@ func movable(results []resourceapi.AllocationResult) bool {
 
 // moveResults copies the allocator's results for node from to node to,
 // which is alike: each device becomes the device at the same position of
-// to, and the node selector names to.
-func (c *Cluster) moveResults(results []resourceapi.AllocationResult, from, to int) []resourceapi.AllocationResult {
+// to, and the node selector names to. It reports false, for the caller to
+// ask the allocator, when a result names a device that is not from's.
+func (c *Cluster) moveResults(results []resourceapi.AllocationResult, from, to int) ([]resourceapi.AllocationResult, bool) {
 	fromName, toName := c.nodes[from].name, c.nodes[to].name
 	out := make([]resourceapi.AllocationResult, len(results))
 	for i := range results {
 		r := results[i].DeepCopy()
 		for j := range r.Devices.Results {
 			d := &r.Devices.Results[j]
-			ref, _ := c.dev(devicefit.DeviceID(d.Driver, d.Pool, d.Device))
+			ref, ok := c.dev(devicefit.DeviceID(d.Driver, d.Pool, d.Device))
+			if !ok || int(ref.node) != from {
+				return nil, false
+			}
 			id := c.nodes[to].devs[ref.pos]
 			d.Driver, d.Pool, d.Device = id.Driver.String(), id.Pool.String(), id.Device.String()
 		}
@@ -252,5 +258,5 @@ func (c *Cluster) moveResults(results []resourceapi.AllocationResult, from, to i
 		}
 		out[i] = *r
 	}
-	return out
+	return out, true
 }

@@ -278,20 +278,11 @@ func (s *Scraper) ControllerProfile(ctx context.Context, name string, d time.Dur
 	if d > 0 {
 		url += fmt.Sprintf("?seconds=%d", int(d.Seconds()))
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	body, err := fetch(ctx, &http.Client{Timeout: d + time.Minute}, url)
 	if err != nil {
-		return err
+		return fmt.Errorf("controller profile (does the controller run with --profiling?): %w", err)
 	}
-	c := &http.Client{Timeout: d + time.Minute}
-	resp, err := c.Do(req)
-	if err != nil {
-		return fmt.Errorf("controller profile %s: %w", name, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("controller profile %s: %s: %s (does the controller run with --profiling?)", url, resp.Status, body)
-	}
+	defer body.Close()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -299,7 +290,7 @@ func (s *Scraper) ControllerProfile(ctx context.Context, name string, d time.Dur
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
+	if _, err := io.Copy(f, body); err != nil {
 		_ = f.Close()
 		return fmt.Errorf("controller profile %s: %w", name, err)
 	}
@@ -307,6 +298,16 @@ func (s *Scraper) ControllerProfile(ctx context.Context, name string, d time.Dur
 }
 
 func (s *Scraper) get(ctx context.Context, c *http.Client, url string) (Metrics, error) {
+	body, err := fetch(ctx, c, url)
+	if err != nil {
+		return nil, err
+	}
+	defer body.Close()
+	return ParseMetrics(body)
+}
+
+// fetch GETs url and returns the body of a 200 reply.
+func fetch(ctx context.Context, c *http.Client, url string) (io.ReadCloser, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
@@ -315,10 +316,10 @@ func (s *Scraper) get(ctx context.Context, c *http.Client, url string) (Metrics,
 	if err != nil {
 		return nil, fmt.Errorf("scrape %s: %w", url, err)
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return nil, fmt.Errorf("scrape %s: %s: %s", url, resp.Status, body)
 	}
-	return ParseMetrics(resp.Body)
+	return resp.Body, nil
 }
