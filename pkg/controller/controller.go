@@ -38,6 +38,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
+	"k8s.io/dynamic-resource-allocation/resourceslice/tracker"
 	"k8s.io/klog/v2"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
@@ -80,7 +81,12 @@ type Controller struct {
 	podIdx   cache.Indexer
 	nodes    corelisters.NodeLister
 	jobs     batchlisters.JobLister
+	// sliceIdx holds every ResourceSlice as kube-scheduler sees it: with
+	// the DeviceTaintRules that select its devices applied, kept by the
+	// resourceslice tracker (startInformers) and indexed by node.
 	sliceIdx cache.Indexer
+	// sliceTracker is the tracker; nil until startInformers.
+	sliceTracker *tracker.Tracker
 	claims   resourcelisters.ResourceClaimLister
 	tmpls    resourcelisters.ResourceClaimTemplateLister
 	classes  resourcelisters.DeviceClassLister
@@ -139,10 +145,6 @@ func New(cfg Config) (*Controller, error) {
 	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode}); err != nil {
 		return nil, fmt.Errorf("add pod group index: %w", err)
 	}
-	sliceInf := f.Resource().V1().ResourceSlices().Informer()
-	if err := sliceInf.AddIndexers(cache.Indexers{sliceNodeIndex: indexSliceByNode}); err != nil {
-		return nil, fmt.Errorf("add slice node index: %w", err)
-	}
 	bcast := record.NewBroadcaster()
 	c := &Controller{
 		cfg:      cfg,
@@ -151,7 +153,7 @@ func New(cfg Config) (*Controller, error) {
 		podIdx:   podInf.GetIndexer(),
 		nodes:    f.Core().V1().Nodes().Lister(),
 		jobs:     f.Batch().V1().Jobs().Lister(),
-		sliceIdx: sliceInf.GetIndexer(),
+		sliceIdx: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{sliceNodeIndex: indexSliceByNode}),
 		claims:   f.Resource().V1().ResourceClaims().Lister(),
 		tmpls:    f.Resource().V1().ResourceClaimTemplates().Lister(),
 		classes:  f.Resource().V1().DeviceClasses().Lister(),
@@ -182,7 +184,6 @@ func New(cfg Config) (*Controller, error) {
 	}{
 		{podInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onPodAdd, UpdateFunc: c.onPodUpdate, DeleteFunc: c.onPodDelete}},
 		{f.Core().V1().Nodes().Informer(), c.nodeHandler()},
-		{sliceInf, c.sliceHandler()},
 		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaim, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
 		{f.Batch().V1().Jobs().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onJob, UpdateFunc: func(_, o any) { c.onJob(o) }, DeleteFunc: c.onJob}},
 		{f.Resource().V1().ResourceClaimTemplates().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.requeuePending() }}},
@@ -277,7 +278,18 @@ func (c *Controller) onPodUpdate(old, cur any) {
 	if o.Status.Phase != n.Status.Phase && !active(n) {
 		c.requeuePending() // a finished pod frees cpu and memory
 	}
-	if _, ok := groupKey(n); !ok {
+	oldKey, wasIn := groupKey(o)
+	newKey, isIn := groupKey(n)
+	if wasIn && (!isIn || oldKey != newKey) {
+		// The pod left its group: orphaned by its Job, its group
+		// annotation edited, or opted out. The old group sees it gone.
+		c.queue.Add(oldKey)
+	}
+	if !isIn {
+		return
+	}
+	if oldKey != newKey || !placementAnnotationsEqual(o, n) {
+		c.queue.Add(newKey) // a fixed annotation is retried at once
 		return
 	}
 	if len(o.Spec.SchedulingGates) != len(n.Spec.SchedulingGates) || o.Spec.NodeName != n.Spec.NodeName ||
@@ -286,6 +298,18 @@ func (c *Controller) onPodUpdate(old, cur any) {
 		!podScheduledEqual(o, n) {
 		c.onPod(n)
 	}
+}
+
+// placementAnnotationsEqual reports whether the annotations a user sets
+// to ask for placement are the same on both pods.
+func placementAnnotationsEqual(a, b *v1.Pod) bool {
+	for _, k := range []string{placement.AnnotationPlacement, placement.AnnotationPreferredDomain, placement.AnnotationPreferredRequired,
+		placement.AnnotationStrategy, placement.AnnotationGroup, placement.AnnotationGroupSize} {
+		if a.Annotations[k] != b.Annotations[k] {
+			return false
+		}
+	}
+	return true
 }
 
 func podScheduledEqual(a, b *v1.Pod) bool {
@@ -443,8 +467,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.releases.ShutDown()
 	c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.cfg.Client.CoreV1().Events("")})
 	defer c.bcast.Shutdown()
-	c.factory.Start(ctx.Done())
+	if err := c.startInformers(ctx); err != nil {
+		return err
+	}
 	defer c.factory.Shutdown()
+	defer c.sliceTracker.Stop()
 	logger := klog.FromContext(ctx)
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, c.synced...) {
 		return fmt.Errorf("caches did not sync: %w", context.Cause(ctx))
@@ -455,6 +482,51 @@ func (c *Controller) Run(ctx context.Context) error {
 	go wait.UntilWithContext(ctx, c.updateUsage, 15*time.Second)
 	<-ctx.Done()
 	return nil
+}
+
+// startInformers starts the resourceslice tracker on the factory's slice
+// informer, and the DeviceTaintRule informer where the API server serves
+// them, then starts the factory. c.synced covers the tracker too.
+func (c *Controller) startInformers(ctx context.Context) error {
+	rules := servesDeviceTaintRules(c.cfg.Client)
+	klog.FromContext(ctx).Info("ResourceSlices are read through the resourceslice tracker", "deviceTaintRules", rules)
+	tr, err := tracker.StartTracker(ctx, tracker.Options{
+		EnableDeviceTaintRules:   rules,
+		EnableConsumableCapacity: devicefit.Features().ConsumableCapacity,
+		SliceInformer:            c.factory.Resource().V1().ResourceSlices(),
+		TaintInformer:            c.factory.Resource().V1().DeviceTaintRules(),
+		KubeClient:               c.cfg.Client,
+	})
+	if err != nil {
+		return fmt.Errorf("start the resourceslice tracker: %w", err)
+	}
+	c.sliceTracker = tr
+	c.factory.Start(ctx.Done())
+	reg, err := tr.AddEventHandler(c.sliceHandler())
+	if err != nil {
+		tr.Stop()
+		return fmt.Errorf("watch ResourceSlices through the tracker: %w", err)
+	}
+	c.synced = append(c.synced, tr.HasSynced, reg.HasSynced)
+	return nil
+}
+
+// servesDeviceTaintRules reports whether the API server serves
+// DeviceTaintRules in resource.k8s.io/v1, as it does by default from
+// Kubernetes 1.37 on. kube-scheduler applies them whenever they are
+// served, and so does the controller; where they are not, watching them
+// would never sync.
+func servesDeviceTaintRules(client kubernetes.Interface) bool {
+	list, err := client.Discovery().ServerResourcesForGroupVersion(resourceapi.SchemeGroupVersion.String())
+	if err != nil {
+		return false
+	}
+	for _, r := range list.APIResources {
+		if r.Name == "devicetaintrules" {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Controller) worker(ctx context.Context) {

@@ -83,6 +83,9 @@ func newHarness(t *testing.T, extra ...any) *harness {
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	client := fake.NewClientset()
+	// The API server serves DeviceTaintRules, as 1.37 does by default.
+	client.Resources = []*metav1.APIResourceList{{GroupVersion: resourceapi.SchemeGroupVersion.String(),
+		APIResources: []metav1.APIResource{{Name: "devicetaintrules", Kind: "DeviceTaintRule"}}}}
 	h := &harness{t: t, ctx: ctx, client: client}
 	for _, o := range append(testObjects(t), extra...) {
 		h.create(o)
@@ -98,7 +101,9 @@ func (h *harness) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.factory.Start(ctx.Done())
+	if err := c.startInformers(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		t.Fatal("caches did not sync")
 	}
@@ -113,6 +118,8 @@ func (h *harness) create(o any) {
 		_, err = h.client.CoreV1().Nodes().Create(h.ctx, o, metav1.CreateOptions{})
 	case *resourceapi.ResourceSlice:
 		_, err = h.client.ResourceV1().ResourceSlices().Create(h.ctx, o, metav1.CreateOptions{})
+	case *resourceapi.DeviceTaintRule:
+		_, err = h.client.ResourceV1().DeviceTaintRules().Create(h.ctx, o, metav1.CreateOptions{})
 	case *resourceapi.DeviceClass:
 		_, err = h.client.ResourceV1().DeviceClasses().Create(h.ctx, o, metav1.CreateOptions{})
 	case *resourceapi.ResourceClaimTemplate:

@@ -173,6 +173,19 @@ func rankPods(pods []*v1.Pod) {
 	})
 }
 
+// foreignGates lists the pod's scheduling gates other than gputopo's: a
+// queue (Kueue) or another admission controller holds the pod until it
+// removes them.
+func foreignGates(pod *v1.Pod) []string {
+	var out []string
+	for _, g := range pod.Spec.SchedulingGates {
+		if g.Name != placement.SchedulingGate {
+			out = append(out, g.Name)
+		}
+	}
+	return out
+}
+
 func hasGate(pod *v1.Pod) bool {
 	return slices.ContainsFunc(pod.Spec.SchedulingGates, func(g v1.PodSchedulingGate) bool { return g.Name == placement.SchedulingGate })
 }

@@ -30,6 +30,9 @@ const (
 	// ReleaseUnschedulable: the scheduler took back the claims of a pod
 	// it could not place where they were allocated.
 	ReleaseUnschedulable = placement.ReleaseUnschedulable
+	// ReleaseForeignGate: another controller's scheduling gate holds the
+	// pod, so it may hold no devices yet.
+	ReleaseForeignGate = placement.ReleaseForeignGate
 )
 
 // resolveConflicts takes back the group's claims that share a device with
@@ -80,6 +83,40 @@ func (c *Controller) resolveConflicts(ctx context.Context, g *group) error {
 	}
 	g.bound, err = check(g.bound, true)
 	return err
+}
+
+// releaseForeign takes back any allocation the controller made for pods
+// that another controller's gate holds: it allocates a pod's claims only
+// once its own gate is the last one, and holds nothing for pods it cannot
+// release to the scheduler.
+func (c *Controller) releaseForeign(ctx context.Context, g *group) error {
+	for _, m := range g.foreign {
+		for _, cl := range m.claims {
+			if cl.Status.Allocation != nil && ownedBy(cl, "") {
+				if err := c.releaseWithReason(ctx, g, m, ReleaseForeignGate, g.foreignMessage()); err != nil {
+					return err
+				}
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// foreignMessage says which other gates hold the group's pods.
+func (g *group) foreignMessage() string {
+	seen := map[string]bool{}
+	var gates []string
+	for _, m := range g.foreign {
+		for _, name := range foreignGates(m.pod) {
+			if !seen[name] {
+				seen[name] = true
+				gates = append(gates, name)
+			}
+		}
+	}
+	return fmt.Sprintf("%d of the group's pods are held by scheduling gate %s of another controller; gputopo plans the group once its own gate %s is the last one",
+		len(g.foreign), strings.Join(gates, ", "), placement.SchedulingGate)
 }
 
 // canRelease reports whether all of the pod's allocated claims are the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -70,6 +71,10 @@ type group struct {
 	held    []*member // gated, claims allocated by the controller
 	toPlace []*member // need a plan: gated, or released
 	waiting []*member // their claims do not exist yet
+	// foreign are gated by another controller's gate besides gputopo's:
+	// they are planned only once gputopo's gate is the last one, and hold
+	// no devices until then.
+	foreign []*member
 	broken  error     // a pod's claims cannot be read
 	// lagging is set when the informer has not yet shown a claim the
 	// controller wrote: planning on that view would undo the write.
@@ -77,7 +82,7 @@ type group struct {
 }
 
 func (g *group) members() int {
-	return len(g.bound) + len(g.steered) + len(g.held) + len(g.toPlace) + len(g.waiting)
+	return len(g.bound) + len(g.steered) + len(g.held) + len(g.toPlace) + len(g.waiting) + len(g.foreign)
 }
 
 func (c *Controller) loadGroup(key string) (*group, error) {
@@ -100,6 +105,11 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 	for _, p := range all {
 		m := &member{pod: p, node: p.Spec.NodeName}
 		claims, err := c.podClaims(p)
+		if p.Spec.NodeName == "" && len(foreignGates(p)) > 0 {
+			m.claims = claims // only those it holds are released
+			g.foreign = append(g.foreign, m)
+			continue
+		}
 		switch {
 		case errors.Is(err, errClaimsPending):
 			g.waiting = append(g.waiting, m)
@@ -212,8 +222,14 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	if err := c.recover(ctx, g); err != nil {
 		return done, err
 	}
+	if err := c.releaseForeign(ctx, g); err != nil {
+		return done, err
+	}
 
 	if len(g.toPlace) == 0 {
+		if len(g.foreign) > 0 {
+			return done, c.setStatus(ctx, g.pods(g.foreign), placement.StatusWaitingForGates, g.foreignMessage())
+		}
 		if len(g.waiting) > 0 {
 			return done, c.setStatus(ctx, g.gatedWaiting(), placement.StatusWaitingForPods, "waiting for the pods' ResourceClaims to be created")
 		}
@@ -225,6 +241,10 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	// plan is all or nothing.
 	fresh := len(g.bound) == 0 && len(g.steered) == 0
 	if fresh {
+		if len(g.foreign) > 0 {
+			c.cfg.Metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
+			return done, c.setStatus(ctx, append(g.pods(g.foreign), append(g.pods(g.toPlace), g.pods(g.held)...)...), placement.StatusWaitingForGates, g.foreignMessage())
+		}
 		if g.members() < g.size || len(g.waiting) > 0 {
 			c.cfg.Metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
 			msg := fmt.Sprintf("waiting for all %d pods of the group and their ResourceClaims to exist", g.size)
@@ -233,6 +253,16 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		for _, m := range g.held {
 			if err := c.releaseMember(ctx, m); err != nil {
 				return done, err
+			}
+		}
+		// Claims the controller allocated for these pods under another
+		// group (the pods were orphaned by their Job, or their group
+		// annotation changed) are taken back too.
+		for _, m := range g.toPlace {
+			if slices.ContainsFunc(m.claims, func(cl *resourceapi.ResourceClaim) bool { return cl.Status.Allocation != nil && ownedBy(cl, "") }) {
+				if err := c.releaseMember(ctx, m); err != nil {
+					return done, err
+				}
 			}
 		}
 		g.toPlace = append(g.held, g.toPlace...)
@@ -427,7 +457,7 @@ func (g *group) created() time.Time {
 }
 
 func (g *group) anyPod() *v1.Pod {
-	for _, l := range [][]*member{g.toPlace, g.held, g.waiting, g.steered, g.bound} {
+	for _, l := range [][]*member{g.toPlace, g.held, g.waiting, g.foreign, g.steered, g.bound} {
 		if len(l) > 0 {
 			return l[0].pod
 		}

@@ -88,24 +88,44 @@ func (c *Controller) nodeHandler() cache.ResourceEventHandler {
 	}
 }
 
+// sliceHandler keeps sliceIdx from the tracker's events, which carry the
+// slices with DeviceTaintRules applied: a rule that taints a device
+// arrives as an update of its slice. The index is updated before the
+// node is read, so the node sees the new slice.
 func (c *Controller) sliceHandler() cache.ResourceEventHandler {
-	refresh := func(obj any) {
-		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = t.Obj
-		}
-		if s, ok := obj.(*resourceapi.ResourceSlice); ok && s.Spec.NodeName != nil {
+	refresh := func(s *resourceapi.ResourceSlice) {
+		if s.Spec.NodeName != nil {
 			c.refreshNode(*s.Spec.NodeName)
 		}
 	}
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc: refresh,
-		UpdateFunc: func(old, cur any) {
-			// A resync delivers the same object again: nothing to read.
-			if o, ok := old.(*resourceapi.ResourceSlice); !ok || o.ResourceVersion != cur.(*resourceapi.ResourceSlice).ResourceVersion {
-				refresh(cur)
+		AddFunc: func(obj any) {
+			if s, ok := obj.(*resourceapi.ResourceSlice); ok {
+				_ = c.sliceIdx.Add(s)
+				refresh(s)
 			}
 		},
-		DeleteFunc: refresh,
+		UpdateFunc: func(old, cur any) {
+			s, ok := cur.(*resourceapi.ResourceSlice)
+			if !ok {
+				return
+			}
+			_ = c.sliceIdx.Update(s)
+			// The same object again (a resync) changes nothing; a new
+			// version, or a taint rule applied to the same version, may.
+			if o, ok := old.(*resourceapi.ResourceSlice); !ok || o != s {
+				refresh(s)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if s, ok := obj.(*resourceapi.ResourceSlice); ok {
+				_ = c.sliceIdx.Delete(s)
+				refresh(s)
+			}
+		},
 	}
 }
 

@@ -177,6 +177,10 @@ const (
 	StatusInvalidPlacement = "InvalidPlacement"
 	// StatusInvalidClaim: a claim of the group cannot be evaluated.
 	StatusInvalidClaim = "InvalidClaim"
+	// StatusWaitingForGates: another controller's scheduling gate (a
+	// queue's, such as Kueue's) still holds pods of the group; gputopo
+	// plans it once its own gate is the last one.
+	StatusWaitingForGates = "WaitingForGates"
 )
 
 // MaxStatusMessage bounds a status message in bytes.
@@ -263,6 +267,9 @@ const (
 	// ReleaseDeviceConflict: a device of the plan was allocated to another
 	// claim.
 	ReleaseDeviceConflict = "DeviceConflict"
+	// ReleaseForeignGate: another controller's scheduling gate holds the
+	// pod, which may hold no devices until that gate is removed.
+	ReleaseForeignGate = "ForeignGate"
 )
 
 const releaseForm = "<count>;<Reason>, such as \"2;NodeNotReady\", with a count from 1 and an UpperCamelCase reason"

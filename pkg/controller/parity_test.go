@@ -1,0 +1,207 @@
+package controller
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	"github.com/gputopo/gputopo/pkg/topology"
+)
+
+// Inputs kube-scheduler honours and the controller must honour the same
+// way, because it allocates claims itself.
+
+// taintRule taints every device of pool (a node) with effect.
+func taintRule(name, pool string, effect resourceapi.DeviceTaintEffect) *resourceapi.DeviceTaintRule {
+	return &resourceapi.DeviceTaintRule{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: resourceapi.DeviceTaintRuleSpec{
+			DeviceSelector: &resourceapi.DeviceTaintSelector{Driver: ptr.To(topology.DriverName), Pool: ptr.To(pool)},
+			Taint:          resourceapi.DeviceTaint{Key: "example.com/broken", Value: "xid-79", Effect: effect},
+		},
+	}
+}
+
+func TestDeviceTaintRulesKeepPlansOffTaintedGPUs(t *testing.T) {
+	for _, effect := range []resourceapi.DeviceTaintEffect{resourceapi.DeviceTaintEffectNoSchedule, resourceapi.DeviceTaintEffectNoExecute} {
+		t.Run(string(effect), func(t *testing.T) {
+			h := newHarness(t, job("solo", 1), job("pair", 2),
+				taintRule("n0", "n0", effect), taintRule("n1", "n1", effect), taintRule("n2", "n2", effect))
+			h.addPod(jobPod("solo", 0, "gpu-1", nil))
+			h.place("default/job/solo")
+			if got := h.allocatedNode("solo-0"); got != "n3" {
+				t.Errorf("one-GPU pod allocated on %q, want n3, the only node without tainted GPUs", got)
+			}
+			// Two whole nodes: only n3 is untainted, so the pair cannot
+			// be placed at all.
+			h.addPod(jobPod("pair", 0, "gpu-8-node", nil))
+			h.addPod(jobPod("pair", 1, "gpu-8-node", nil))
+			h.sync("default/job/pair")
+			for _, pod := range []string{"pair-0", "pair-1"} {
+				if n := h.allocatedNode(pod); n != "" {
+					t.Errorf("%s allocated on %s although only n3 has untainted GPUs", pod, n)
+				}
+			}
+		})
+	}
+}
+
+func TestDeviceTaintRuleRemovedFreesGPUs(t *testing.T) {
+	h := newHarness(t, job("pair", 2), taintRule("n0", "n0", resourceapi.DeviceTaintEffectNoSchedule),
+		taintRule("n1", "n1", resourceapi.DeviceTaintEffectNoSchedule), taintRule("n2", "n2", resourceapi.DeviceTaintEffectNoSchedule))
+	h.addPod(jobPod("pair", 0, "gpu-8-node", nil))
+	h.addPod(jobPod("pair", 1, "gpu-8-node", nil))
+	h.sync("default/job/pair")
+	if n := h.allocatedNode("pair-0"); n != "" {
+		t.Fatalf("pair-0 allocated on %s while only n3 has untainted GPUs", n)
+	}
+	if err := h.client.ResourceV1().DeviceTaintRules().Delete(h.ctx, "n2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the rule's removal", func() bool {
+		h.c.mu.Lock()
+		defer h.c.mu.Unlock()
+		return h.c.topo.changed["n2"]
+	})
+	h.place("default/job/pair")
+	n0, n1 := h.allocatedNode("pair-0"), h.allocatedNode("pair-1")
+	if leafOf(n0) != "leaf-1" || leafOf(n1) != "leaf-1" || n0 == n1 {
+		t.Errorf("pods allocated on %q and %q, want n2 and n3 once n2's rule is gone", n0, n1)
+	}
+}
+
+// queueGate is a gate another controller (a queue such as Kueue) owns.
+const queueGate = "example.com/admission"
+
+func withGate(p *v1.Pod, gate string) *v1.Pod {
+	p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, v1.PodSchedulingGate{Name: gate})
+	return p
+}
+
+func TestForeignGateHoldsNoDevices(t *testing.T) {
+	h := newHarness(t, job("queued", 2))
+	h.addPod(withGate(jobPod("queued", 0, "gpu-8-node", nil), queueGate))
+	h.addPod(withGate(jobPod("queued", 1, "gpu-8-node", nil), queueGate))
+	h.place("default/job/queued")
+	for _, pod := range []string{"queued-0", "queued-1"} {
+		if n := h.allocatedNode(pod); n != "" {
+			t.Errorf("%s allocated on %s while the queue's gate still holds it", pod, n)
+		}
+		st, err := placement.ParseStatus(h.pod(pod).Annotations[placement.AnnotationStatus])
+		if err != nil || st.Reason != placement.StatusWaitingForGates || !strings.Contains(st.Message, queueGate) {
+			t.Errorf("%s status %+v (%v), want %s naming %s", pod, st, err, placement.StatusWaitingForGates, queueGate)
+		}
+	}
+	// The queue admits the Job: its gate goes, gputopo's is the last one.
+	for _, pod := range []string{"queued-0", "queued-1"} {
+		p := h.pod(pod)
+		p.Spec.SchedulingGates = slices.DeleteFunc(p.Spec.SchedulingGates, func(g v1.PodSchedulingGate) bool { return g.Name == queueGate })
+		if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.settle()
+	h.place("default/job/queued")
+	n0, n1 := h.allocatedNode("queued-0"), h.allocatedNode("queued-1")
+	if n0 == "" || n1 == "" || n0 == n1 || leafOf(n0) != leafOf(n1) {
+		t.Errorf("after the queue's gate went: allocated on %q and %q, want two nodes of one leaf", n0, n1)
+	}
+	for _, pod := range []string{"queued-0", "queued-1"} {
+		if hasGate(h.pod(pod)) {
+			t.Errorf("%s still gated by gputopo", pod)
+		}
+	}
+}
+
+func TestForeignGatedPodReleasesWhatItHolds(t *testing.T) {
+	// A pod allocated by an earlier controller version while another gate
+	// held it gives its devices back.
+	h := newHarness(t, job("queued", 1))
+	h.addPod(jobPod("queued", 0, "gpu-1", nil))
+	h.sync("default/job/queued")
+	if h.allocatedNode("queued-0") == "" {
+		t.Fatal("queued-0 not allocated")
+	}
+	p := h.pod("queued-0")
+	p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, v1.PodSchedulingGate{Name: queueGate})
+	if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	h.sync("default/job/queued")
+	if n := h.allocatedNode("queued-0"); n != "" {
+		t.Errorf("queued-0 still holds devices on %s while %s holds it", n, queueGate)
+	}
+	if r, _ := placement.ParseRelease(h.pod("queued-0").Annotations[placement.AnnotationReleased]); r.Reason != placement.ReleaseForeignGate {
+		t.Errorf("released annotation %+v, want reason %s", r, placement.ReleaseForeignGate)
+	}
+}
+
+// queued drains the controller's queue and returns the keys it held.
+func (h *harness) queued() map[string]bool {
+	out := map[string]bool{}
+	for h.c.queue.Len() > 0 {
+		k, _ := h.c.queue.Get()
+		out[k] = true
+		h.c.queue.Done(k)
+		h.c.queue.Forget(k)
+	}
+	return out
+}
+
+func TestOrphanedPodIsPlannedUnderItsNewKey(t *testing.T) {
+	h := newHarness(t, job("orph", 1))
+	h.addPod(jobPod("orph", 0, "gpu-1", nil))
+	h.sync("default/job/orph")
+	if h.claim("orph-0-gpus").Annotations[placement.AnnotationAllocatedBy] != "default/job/orph" {
+		t.Fatal("orph-0's claim not allocated for its Job")
+	}
+	h.queued()
+	// kubectl delete job --cascade=orphan: the Job goes, the pod stays
+	// without its controller reference.
+	if err := h.client.BatchV1().Jobs("default").Delete(h.ctx, "orph", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := h.pod("orph-0")
+	p.OwnerReferences = nil
+	if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	h.eventually("the pod's new group queued", func() bool {
+		q := h.queued()
+		return q["default/pod/orph-0"] && q["default/job/orph"]
+	})
+	h.place("default/pod/orph-0")
+	c := h.claim("orph-0-gpus")
+	if got := c.Annotations[placement.AnnotationAllocatedBy]; got != "default/pod/orph-0" || c.Status.Allocation == nil {
+		t.Errorf("claim allocated by %q (allocated: %v), want the pod's own group default/pod/orph-0", got, c.Status.Allocation != nil)
+	}
+	if hasGate(h.pod("orph-0")) {
+		t.Error("orphaned pod still gated")
+	}
+}
+
+func TestFixedAnnotationIsRetriedAtOnce(t *testing.T) {
+	h := newHarness(t)
+	p := jobPod("solo", 0, "gpu-1", map[string]string{placement.AnnotationStrategy: "packed"})
+	p.OwnerReferences = nil
+	h.addPod(p)
+	h.sync("default/pod/solo-0")
+	if st, _ := placement.ParseStatus(h.pod("solo-0").Annotations[placement.AnnotationStatus]); st.Reason != placement.StatusInvalidPlacement {
+		t.Fatalf("status %+v, want %s", st, placement.StatusInvalidPlacement)
+	}
+	h.queued()
+	p = h.pod("solo-0")
+	p.Annotations[placement.AnnotationStrategy] = "consolidated"
+	if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the fixed pod queued", func() bool { return h.queued()["default/pod/solo-0"] })
+}
