@@ -75,22 +75,22 @@ type Config struct {
 
 // Controller is the placement loop.
 type Controller struct {
-	cfg      Config
-	factory  informers.SharedInformerFactory
-	pods     corelisters.PodLister
-	podIdx   cache.Indexer
-	nodes    corelisters.NodeLister
-	jobs     batchlisters.JobLister
+	cfg     Config
+	factory informers.SharedInformerFactory
+	pods    corelisters.PodLister
+	podIdx  cache.Indexer
+	nodes   corelisters.NodeLister
+	jobs    batchlisters.JobLister
 	// sliceIdx holds every ResourceSlice as kube-scheduler sees it: with
 	// the DeviceTaintRules that select its devices applied, kept by the
 	// resourceslice tracker (startInformers) and indexed by node.
 	sliceIdx cache.Indexer
 	// sliceTracker is the tracker; nil until startInformers.
 	sliceTracker *tracker.Tracker
-	claims   resourcelisters.ResourceClaimLister
-	tmpls    resourcelisters.ResourceClaimTemplateLister
-	classes  resourcelisters.DeviceClassLister
-	queue    workqueue.TypedRateLimitingInterface[string]
+	claims       resourcelisters.ResourceClaimLister
+	tmpls        resourcelisters.ResourceClaimTemplateLister
+	classes      resourcelisters.DeviceClassLister
+	queue        workqueue.TypedRateLimitingInterface[string]
 	// releases holds placed groups whose gates are due to open; the
 	// worker serves it before each key of queue, so opening gates never
 	// waits behind a backlog of groups still to be planned.

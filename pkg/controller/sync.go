@@ -75,7 +75,7 @@ type group struct {
 	// they are planned only once gputopo's gate is the last one, and hold
 	// no devices until then.
 	foreign []*member
-	broken  error     // a pod's claims cannot be read
+	broken  error // a pod's claims cannot be read
 	// lagging is set when the informer has not yet shown a claim the
 	// controller wrote: planning on that view would undo the write.
 	lagging bool
