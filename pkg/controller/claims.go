@@ -24,8 +24,9 @@ import (
 var errClaimsPending = errors.New("the pod's ResourceClaims are not created yet")
 
 // podClaims returns the pod's ResourceClaims as the informer shows them,
-// in the order of the pod spec, skipping claims shared with other pods
-// that are already allocated (they hold their devices already).
+// in the order of the pod spec. Claims that are already allocated, such as
+// one shared with a pod the scheduler placed, are among them: they are not
+// planned again but hold the pod to their nodes (units.go).
 func (c *Controller) podClaims(p *v1.Pod) ([]*resourceapi.ResourceClaim, error) {
 	var out []*resourceapi.ResourceClaim
 	for i := range p.Spec.ResourceClaims {
@@ -53,12 +54,17 @@ func (c *Controller) podClaims(p *v1.Pod) ([]*resourceapi.ResourceClaim, error) 
 			if err := resourceclaim.IsForPod(p, claim, false); err != nil {
 				return nil, errClaimsPending // an older pod's claim; the new one is coming
 			}
-		} else if claim.Status.Allocation != nil && !ownedBy(claim, "") {
-			continue
 		}
 		out = append(out, claim)
 	}
 	return out, nil
+}
+
+// settledFor reports whether the claim needs nothing more from group
+// key: it is allocated, for key or by someone else (the scheduler, for a
+// pod that shares it).
+func settledFor(claim *resourceapi.ResourceClaim, key string) bool {
+	return claim.Status.Allocation != nil && (ownedBy(claim, key) || !ownedBy(claim, ""))
 }
 
 // ownedBy reports whether the controller allocated the claim for group
@@ -77,11 +83,11 @@ func ownedBy(claim *resourceapi.ResourceClaim, key string) bool {
 // A conflict is retried from a fresh read a few times: the claim
 // controller of kube-controller-manager may remove the finalizer from a
 // claim that is not allocated yet between the two writes.
-func (c *Controller) writeAllocation(ctx context.Context, pod *v1.Pod, claim *resourceapi.ResourceClaim, key, domain string, alloc resourceapi.AllocationResult) (*resourceapi.ResourceClaim, error) {
+func (c *Controller) writeAllocation(ctx context.Context, pods []*v1.Pod, claim *resourceapi.ResourceClaim, key, domain string, alloc resourceapi.AllocationResult) (*resourceapi.ResourceClaim, error) {
 	var out *resourceapi.ResourceClaim
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var err error
-		out, err = c.writeAllocationOnce(ctx, pod, claim, key, domain, alloc)
+		out, err = c.writeAllocationOnce(ctx, pods, claim, key, domain, alloc)
 		if apierrors.IsConflict(err) {
 			klog.FromContext(ctx).V(2).Info("Claim changed while its allocation was written; reading it again", "claim", klog.KObj(claim), "reason", err)
 			fresh, gerr := c.cfg.Client.ResourceV1().ResourceClaims(claim.Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
@@ -95,7 +101,7 @@ func (c *Controller) writeAllocation(ctx context.Context, pod *v1.Pod, claim *re
 	return out, err
 }
 
-func (c *Controller) writeAllocationOnce(ctx context.Context, pod *v1.Pod, claim *resourceapi.ResourceClaim, key, domain string, alloc resourceapi.AllocationResult) (*resourceapi.ResourceClaim, error) {
+func (c *Controller) writeAllocationOnce(ctx context.Context, pods []*v1.Pod, claim *resourceapi.ResourceClaim, key, domain string, alloc resourceapi.AllocationResult) (*resourceapi.ResourceClaim, error) {
 	cl := claim.DeepCopy()
 	if cl.Status.Allocation != nil {
 		return nil, fmt.Errorf("claim %s/%s is already allocated", cl.Namespace, cl.Name)
@@ -116,9 +122,12 @@ func (c *Controller) writeAllocationOnce(ctx context.Context, pod *v1.Pod, claim
 		cl = updated
 	}
 	cl.Status.Allocation = alloc.DeepCopy()
-	// Reserved for its pod in the same write, as the scheduler does: the
+	// Reserved for its pods in the same write, as the scheduler does: the
 	// scheduler then only binds the pod and does not write the claim.
-	cl.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
+	cl.Status.ReservedFor = nil
+	for _, pod := range pods {
+		cl.Status.ReservedFor = append(cl.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: pod.Name, UID: pod.UID})
+	}
 	updated, err := c.cfg.Client.ResourceV1().ResourceClaims(cl.Namespace).UpdateStatus(ctx, cl, metav1.UpdateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("write allocation of claim %s/%s: %w", cl.Namespace, cl.Name, err)

@@ -169,6 +169,9 @@ func (h *harness) addPod(p *v1.Pod) {
 	h.t.Helper()
 	h.create(p)
 	for _, rc := range p.Spec.ResourceClaims {
+		if rc.ResourceClaimTemplateName == nil {
+			continue // a claim of the user's, created by the test
+		}
 		tmpl, err := h.client.ResourceV1().ResourceClaimTemplates(p.Namespace).Get(h.ctx, *rc.ResourceClaimTemplateName, metav1.GetOptions{})
 		if err != nil {
 			h.t.Fatal(err)

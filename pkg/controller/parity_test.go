@@ -5,12 +5,17 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
@@ -204,4 +209,100 @@ func TestFixedAnnotationIsRetriedAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.eventually("the fixed pod queued", func() bool { return h.queued()["default/pod/solo-0"] })
+}
+
+// userClaim is a ResourceClaim a user created, of the template's spec.
+func (h *harness) userClaim(name, template string) *resourceapi.ResourceClaim {
+	h.t.Helper()
+	tmpl, err := h.client.ResourceV1().ResourceClaimTemplates("default").Get(h.ctx, template, metav1.GetOptions{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	cl := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("claim-" + name)},
+		Spec: *devicefit.Defaulted(&tmpl.Spec.Spec)}
+	h.create(cl)
+	return cl
+}
+
+// usingClaim is a gated pod of job that uses the ResourceClaim claim.
+func usingClaim(jobName string, i int, claim string) *v1.Pod {
+	p := jobPod(jobName, i, "", nil)
+	p.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "shared", ResourceClaimName: ptr.To(claim)}}
+	return p
+}
+
+func TestClaimSharedByAJobsPodsIsAllocatedOnceForAll(t *testing.T) {
+	h := newHarness(t, job("team", 2))
+	h.userClaim("team-gpus", "gpu-4-nvlink")
+	h.addPod(usingClaim("team", 0, "team-gpus"))
+	h.addPod(usingClaim("team", 1, "team-gpus"))
+	writes := 0
+	h.client.PrependReactor("update", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		writes++
+		return false, nil, nil
+	})
+	h.place("default/job/team")
+	c := h.claim("team-gpus")
+	if c.Status.Allocation == nil {
+		t.Fatal("the shared claim is not allocated")
+	}
+	var reserved []string
+	for _, r := range c.Status.ReservedFor {
+		reserved = append(reserved, r.Name)
+	}
+	if diff := cmp.Diff([]string{"team-0", "team-1"}, reserved); diff != "" {
+		t.Errorf("reservedFor (-want +got):\n%s", diff)
+	}
+	if n := len(exclusiveDevices(c.Status.Allocation)); n != 4 {
+		t.Errorf("%d devices allocated, want the claim's 4", n)
+	}
+	for _, pod := range []string{"team-0", "team-1"} {
+		p := h.pod(pod)
+		if hasGate(p) {
+			t.Errorf("%s still gated", pod)
+		}
+		if p.Annotations[placement.AnnotationNode] != allocationNode(c.Status.Allocation) {
+			t.Errorf("%s noted on node %q, the claim is on %q", pod, p.Annotations[placement.AnnotationNode], allocationNode(c.Status.Allocation))
+		}
+	}
+	// Finalizer and annotations, then the status: two writes, once.
+	if writes != 2 {
+		t.Errorf("%d claim writes, want 2: the shared claim written once", writes)
+	}
+}
+
+func TestAllocatedClaimHoldsThePodToItsNode(t *testing.T) {
+	pre := foreignClaim("pre", "n2", "gpu-0")
+	pre.Spec = resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpus",
+		Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.gputopo.dev", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}}}}
+	h := newHarness(t, job("late", 1), pre)
+	// The pod uses the allocated claim and one GPU of its own.
+	p := jobPod("late", 0, "gpu-1", nil)
+	p.Spec.ResourceClaims = append(p.Spec.ResourceClaims, v1.PodResourceClaim{Name: "pre", ResourceClaimName: ptr.To("pre")})
+	h.addPod(p)
+	h.place("default/job/late")
+	if got := h.allocatedNode("late-0"); got != "n2" {
+		t.Errorf("the pod's own claim allocated on %q, want n2, where its allocated claim is", got)
+	}
+	if c := h.claim("pre"); allocationNode(c.Status.Allocation) != "n2" || c.Annotations[placement.AnnotationAllocatedBy] != "" {
+		t.Errorf("the allocated claim was changed: %+v %v", c.Status.Allocation, c.Annotations)
+	}
+	if hasGate(h.pod("late-0")) {
+		t.Error("late-0 still gated")
+	}
+}
+
+func TestPodWhoseClaimsAreAllAllocatedIsReleasedNotReplanned(t *testing.T) {
+	pre := foreignClaim("pre", "n1", "gpu-0")
+	h := newHarness(t, job("only", 1), pre)
+	p := jobPod("only", 0, "", nil)
+	p.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "pre", ResourceClaimName: ptr.To("pre")}}
+	h.addPod(p)
+	h.place("default/job/only")
+	if hasGate(h.pod("only-0")) {
+		t.Error("only-0 still gated although its claim is allocated")
+	}
+	if n := h.pod("only-0").Annotations[placement.AnnotationNode]; n != "n1" {
+		t.Errorf("only-0 noted on %q, want n1", n)
+	}
 }

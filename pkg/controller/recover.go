@@ -119,11 +119,11 @@ func (g *group) foreignMessage() string {
 		len(g.foreign), strings.Join(gates, ", "), placement.SchedulingGate)
 }
 
-// canRelease reports whether all of the pod's allocated claims are the
-// controller's and unreserved.
+// canRelease reports whether all of the pod's claims that the controller
+// allocated are unreserved. Claims others allocated stay as they are.
 func (c *Controller) canRelease(m *member) bool {
 	for _, cl := range m.claims {
-		if cl.Status.Allocation != nil && !c.releasable(cl) {
+		if cl.Status.Allocation != nil && ownedBy(cl, "") && !c.releasable(cl) {
 			return false
 		}
 	}

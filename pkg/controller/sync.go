@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -71,6 +72,8 @@ type group struct {
 	held    []*member // gated, claims allocated by the controller
 	toPlace []*member // need a plan: gated, or released
 	waiting []*member // their claims do not exist yet
+	// units are toPlace as the last plan placed them (units.go).
+	units []*unit
 	// foreign are gated by another controller's gate besides gputopo's:
 	// they are planned only once gputopo's gate is the last one, and hold
 	// no devices until then.
@@ -123,9 +126,9 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 		for _, cl := range claims {
 			g.lagging = g.lagging || c.index.ahead(cl.UID, cl.ResourceVersion)
 		}
-		ours := m.allocated() && len(claims) > 0
+		ours := len(claims) > 0
 		for _, cl := range claims {
-			ours = ours && ownedBy(cl, key)
+			ours = ours && settledFor(cl, key)
 			if m.node == "" {
 				m.node = allocationNode(cl.Status.Allocation)
 			}
@@ -333,8 +336,9 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 			job.Pinned[m.pod.Name] = m.node
 		}
 	}
-	for _, m := range g.toPlace {
-		job.Pods = append(job.Pods, planner.PodFor(m.pod, m.claims))
+	units := planUnits(g.toPlace)
+	for _, u := range units {
+		job.Pods = append(job.Pods, u.pod())
 	}
 	_, treeTime, err := c.updateTree()
 	if err != nil {
@@ -370,11 +374,22 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 	if err != nil && !errors.As(err, &unsched) && !errors.As(err, &broken) && !errors.As(err, &invalid) {
 		err = fmt.Errorf("plan group %s: %w", g.key, err)
 	}
+	if plan != nil {
+		// Every member of a unit goes where the unit goes.
+		plan.Assignments = maps.Clone(plan.Assignments)
+		for _, u := range units {
+			for _, m := range u.members[1:] {
+				plan.Assignments[m.pod.Name] = plan.Assignments[u.name()]
+			}
+		}
+		g.units = units
+	}
 	return plan, treeTime, err
 }
 
 // allocate writes the plan into the claims, all or nothing: when one
-// write fails, the claims written so far are released again.
+// write fails, the claims written so far are released again. A claim
+// shared by several pods of a unit is written once, reserved for all.
 func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan) error {
 	domain := plan.Domain.Format()
 	var written []*resourceapi.ResourceClaim
@@ -386,13 +401,13 @@ func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan)
 		}
 		return cause
 	}
-	for _, m := range g.toPlace {
-		results := plan.Allocations[m.pod.Name]
-		if len(results) != len(m.claims) {
-			return undo(fmt.Errorf("plan for pod %s has %d allocations for %d claims", m.pod.Name, len(results), len(m.claims)))
+	for _, u := range g.units {
+		results := plan.Allocations[u.name()]
+		if len(results) != len(u.claims) {
+			return undo(fmt.Errorf("plan for pod %s has %d allocations for %d claims", u.name(), len(results), len(u.claims)))
 		}
-		for i, claim := range m.claims {
-			stored, err := c.writeAllocation(ctx, m.pod, claim, g.key, domain, results[i])
+		for i, claim := range u.claims {
+			stored, err := c.writeAllocation(ctx, u.consumers(claim), claim, g.key, domain, results[i])
 			if err != nil {
 				return undo(err)
 			}
