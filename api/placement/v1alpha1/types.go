@@ -59,6 +59,13 @@ const (
 	SchedulingGate = Prefix + "topology"
 )
 
+// UserAnnotations are the annotations a user sets on a pod template and
+// Parse reads, in documentation order. Admission refuses exactly the values
+// Parse refuses (deployments/admission/placement-validation.yaml), and
+// warns about any other gputopo.dev/ key on a pod or pod template that is in
+// neither this list nor ControllerAnnotations.
+var UserAnnotations = []string{AnnotationPlacement, AnnotationStrategy, AnnotationPreferredDomain, AnnotationPreferredRequired, AnnotationGroup, AnnotationGroupSize}
+
 // ControllerAnnotations are the annotations only the controller writes. The
 // gputopo-placement admission policy refuses to create a Pod, Job,
 // ResourceClaim or ResourceClaimTemplate that carries one, and refuses an
@@ -176,7 +183,7 @@ func Parse(annotations map[string]string) (Request, error) {
 	_, hasSize := annotations[AnnotationGroupSize]
 	if r.Group != "" {
 		if msgs := validation.IsDNS1123Subdomain(r.Group); len(msgs) > 0 {
-			errs = append(errs, fmt.Errorf("%s: %q must be a DNS subdomain name: %s", AnnotationGroup, r.Group, strings.Join(msgs, "; ")))
+			errs = append(errs, fmt.Errorf("%s: %q is not a valid group name: %s", AnnotationGroup, r.Group, strings.Join(msgs, "; ")))
 		}
 		if !hasSize {
 			errs = append(errs, fmt.Errorf("%s needs %s: how many pods the group has", AnnotationGroup, AnnotationGroupSize))
