@@ -325,11 +325,12 @@ func messagesComparable(ann map[string]string, parse []string) bool {
 }
 
 // agree checks the placement policy against Parse on ann in every request,
-// and reports whether it did.
-func agree(t *testing.T, c *compiledPolicy, ann map[string]string) bool {
+// and reports whether it did and whether the messages were compared word
+// for word in every request.
+func agree(t *testing.T, c *compiledPolicy, ann map[string]string) (ok, wordForWord bool) {
 	t.Helper()
 	parse := parseMessages(ann)
-	ok := true
+	ok, wordForWord = true, true
 	for what, objs := range requests(ann) {
 		d, err := c.evaluate(objs[0], objs[1])
 		if err != nil {
@@ -344,6 +345,7 @@ func agree(t *testing.T, c *compiledPolicy, ann map[string]string) bool {
 		}
 		got := slices.Sorted(slices.Values(d.Messages))
 		want := slices.Sorted(slices.Values(parse))
+		wordForWord = wordForWord && !d.Fallback && messagesComparable(ann, parse)
 		if !d.Fallback && messagesComparable(ann, parse) {
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("%s with %q: messages (-Parse +policy):\n%s", what, ann, diff)
@@ -354,7 +356,7 @@ func agree(t *testing.T, c *compiledPolicy, ann map[string]string) bool {
 			ok = false
 		}
 	}
-	return ok
+	return ok, wordForWord
 }
 
 // TestPolicyAgreesWithParseTable: values chosen by hand, each with what
@@ -561,7 +563,7 @@ func TestPolicyAgreesWithParse(t *testing.T) {
 		n = 300
 	}
 	r := rand.New(rand.NewPCG(1, 2))
-	agreed, valid, invalidUTF8 := 0, 0, 0
+	agreed, valid, invalidUTF8, wordForWord := 0, 0, 0, 0
 	for i := range n {
 		ann := randomAnnotations(r)
 		if _, err := Parse(ann); err == nil {
@@ -573,14 +575,18 @@ func TestPolicyAgreesWithParse(t *testing.T) {
 				break
 			}
 		}
-		if agree(t, c, ann) {
+		ok, words := agree(t, c, ann)
+		if ok {
 			agreed++
+		}
+		if words {
+			wordForWord++
 		}
 		if i+1-agreed >= 20 {
 			t.Fatalf("stopping after %d annotation sets, %d of which disagree", i+1, i+1-agreed)
 		}
 	}
-	t.Logf("%d of %d annotation sets agree in every request (%d valid, %d with a value that is not UTF-8)", agreed, n, valid, invalidUTF8)
+	t.Logf("%d of %d annotation sets agree in every request (%d valid, %d with a value that is not UTF-8; messages compared word for word for %d)", agreed, n, valid, invalidUTF8, wordForWord)
 	if valid < n/10 || valid > n*9/10 {
 		t.Errorf("the corpus has %d valid annotation sets of %d: too few of one kind to compare", valid, n)
 	}

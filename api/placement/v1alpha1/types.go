@@ -3,9 +3,10 @@
 // and the decision the controller records (annotations on pods and on the
 // ResourceClaims it allocates, read and written by the typed values in
 // decision.go). The user's annotations are also checked at admission by the
-// ValidatingAdmissionPolicy in deployments/admission, which refuses a bad
-// value when the pod (or its Job) is created and keeps the
-// controller-written annotations to the controller.
+// ValidatingAdmissionPolicy in deployments/admission, which refuses exactly
+// the values Parse refuses, with Parse's messages, when the pod (or its Job)
+// is created, and keeps the controller-written annotations to the
+// controller; policy_cel_test.go evaluates the policy and compares.
 //
 // The package imports no client-go and no controller code, so the planner
 // and the controller share these types.
