@@ -39,17 +39,21 @@ import (
 // when Parse accepts its annotations, with Parse's messages.
 //
 // What it does not run is the API server's validating dispatcher, which
-// pulls in half the API server; policyDecision below repeats its rules for
+// pulls in half the API server; compiledPolicy.evaluate repeats its rules for
 // turning evaluations into a decision and a message (validator.go of
 // k8s.io/apiserver/pkg/admission/plugin/policy/validating).
 //
-// Listed exception, the one difference between the policy and Parse: the
-// API server drops a messageExpression's result longer than
-// celconfig.MaxEvaluatedMessageExpressionSizeBytes or holding a line break,
-// and uses the validation's fixed message instead; Parse writes the value
-// with %q (escaped) however long it is. Messages are compared word for word
-// only where neither happens (messagesComparable); the decision is
-// compared everywhere.
+// Listed exceptions, the differences between the policy and Parse, both in
+// messages only (the decision is compared everywhere):
+//   - the policy writes a value between plain double quotes, where Parse
+//     escapes it with %q: a value holding '"', '\' or a character that is
+//     not printable is written differently;
+//   - the API server drops a messageExpression's result longer than
+//     celconfig.MaxEvaluatedMessageExpressionSizeBytes or holding a line
+//     break, and uses the validation's fixed message instead.
+//
+// Messages are compared word for word only where neither applies
+// (messagesComparable, decision.Fallback), and by count elsewhere.
 
 // The policies of policyFile, by name.
 const (
