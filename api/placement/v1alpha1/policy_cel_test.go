@@ -301,6 +301,20 @@ func TestPoliciesCompile(t *testing.T) {
 	}
 }
 
+// The check above refuses what an API server of oldestCompatibility
+// refuses: a list function of the CEL library that came with Kubernetes 1.34.
+func TestOldestCompatibilityRefusesNewerCEL(t *testing.T) {
+	p := admissionv1.ValidatingAdmissionPolicy{Spec: admissionv1.ValidatingAdmissionPolicySpec{
+		Validations: []admissionv1.Validation{{Expression: "[1, 2].slice(0, 1) == [1]"}},
+	}}
+	if _, err := compilePolicy(p, oldestCompatibility, environment.NewExpressions); err == nil {
+		t.Errorf("CEL %s compiles list.slice(), which came with CEL 1.34", oldestCompatibility)
+	}
+	if _, err := compilePolicy(p, version.MajorMinor(1, 34), environment.NewExpressions); err != nil {
+		t.Errorf("CEL 1.34: %v", err)
+	}
+}
+
 // parseMessages is Parse's verdict as a policy decision: one message per
 // problem.
 func parseMessages(ann map[string]string) []string {
