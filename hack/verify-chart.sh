@@ -80,7 +80,7 @@ mustnot() {
 
 step "helm template (Kubernetes $KUBE_VERSION) + strict decoding"
 BASE="ServiceAccount=2,ClusterRole=2,ClusterRoleBinding=2,Role=2,RoleBinding=2,ConfigMap=1,Deployment=1,PodDisruptionBudget=1,Service=2,DeviceClass=1"
-POLICIES="ValidatingAdmissionPolicy=3,ValidatingAdmissionPolicyBinding=3,MutatingAdmissionPolicy=1,MutatingAdmissionPolicyBinding=1"
+POLICIES="ValidatingAdmissionPolicy=4,ValidatingAdmissionPolicyBinding=4,MutatingAdmissionPolicy=1,MutatingAdmissionPolicyBinding=1"
 render default "$BASE,$POLICIES,DaemonSet=1,ServiceMonitor=0"
 must default 'privileged: true' "nvml plugin must run privileged"
 must default 'path: /dev$' "nvml plugin must mount /dev"

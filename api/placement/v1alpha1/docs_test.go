@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -20,8 +21,7 @@ func TestReadmeDocumentsEveryAnnotation(t *testing.T) {
 			}
 		}
 	}
-	keys := append([]string{AnnotationPlacement, AnnotationPreferredDomain, AnnotationPreferredRequired, AnnotationStrategy,
-		AnnotationGroup, AnnotationGroupSize}, ControllerAnnotations...)
+	keys := append(slices.Clone(UserAnnotations), ControllerAnnotations...)
 	for _, k := range keys {
 		if !rows[k] {
 			t.Errorf("README.md has no reference table row for %s", k)

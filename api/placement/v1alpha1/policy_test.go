@@ -70,7 +70,7 @@ func TestPolicyKnowsPlacementsAndStrategies(t *testing.T) {
 	lists := map[string][]string{}
 	for _, v := range p.Spec.Validations {
 		for _, key := range []string{AnnotationPlacement, AnnotationStrategy} {
-			prefix := "variables.ann['" + key + "'] in "
+			prefix := "variables.podAnn['" + key + "'] in "
 			if _, list, ok := strings.Cut(v.Expression, prefix); ok {
 				lists[key] = quotedIn(list[:strings.Index(list, "]")+1])
 			}

@@ -3,9 +3,10 @@
 // and the decision the controller records (annotations on pods and on the
 // ResourceClaims it allocates, read and written by the typed values in
 // decision.go). The user's annotations are also checked at admission by the
-// ValidatingAdmissionPolicy in deployments/admission, which refuses a bad
-// value when the pod (or its Job) is created and keeps the
-// controller-written annotations to the controller.
+// ValidatingAdmissionPolicy in deployments/admission, which refuses exactly
+// the values Parse refuses, with Parse's messages, when the pod (or its Job)
+// is created, and keeps the controller-written annotations to the
+// controller; policy_cel_test.go evaluates the policy and compares.
 //
 // The package imports no client-go and no controller code, so the planner
 // and the controller share these types.
@@ -58,6 +59,13 @@ const (
 	// controller has planned its whole group and allocated its claims.
 	SchedulingGate = Prefix + "topology"
 )
+
+// UserAnnotations are the annotations a user sets on a pod template and
+// Parse reads, in documentation order. Admission refuses exactly the values
+// Parse refuses (deployments/admission/placement-validation.yaml), and
+// warns about any other gputopo.dev/ key on a pod or pod template that is in
+// neither this list nor ControllerAnnotations.
+var UserAnnotations = []string{AnnotationPlacement, AnnotationStrategy, AnnotationPreferredDomain, AnnotationPreferredRequired, AnnotationGroup, AnnotationGroupSize}
 
 // ControllerAnnotations are the annotations only the controller writes. The
 // gputopo-placement admission policy refuses to create a Pod, Job,
@@ -176,7 +184,7 @@ func Parse(annotations map[string]string) (Request, error) {
 	_, hasSize := annotations[AnnotationGroupSize]
 	if r.Group != "" {
 		if msgs := validation.IsDNS1123Subdomain(r.Group); len(msgs) > 0 {
-			errs = append(errs, fmt.Errorf("%s: %q must be a DNS subdomain name: %s", AnnotationGroup, r.Group, strings.Join(msgs, "; ")))
+			errs = append(errs, fmt.Errorf("%s: %q is not a valid group name: %s", AnnotationGroup, r.Group, strings.Join(msgs, "; ")))
 		}
 		if !hasSize {
 			errs = append(errs, fmt.Errorf("%s needs %s: how many pods the group has", AnnotationGroup, AnnotationGroupSize))
