@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gputopo/gputopo/pkg/cli"
 	"github.com/gputopo/gputopo/pkg/planner"
 	"github.com/gputopo/gputopo/pkg/simulate"
 )
@@ -24,7 +25,7 @@ type simulateFlags struct {
 	claims                                              simulate.ClaimFiles
 }
 
-func newSimulateCmd() *cobra.Command {
+func newSimulateCmd(inv cli.Invocation) *cobra.Command {
 	f := simulateFlags{grouping: simulate.DefaultGrouping(), claims: simulate.DemoClaimFiles(".")}
 	cmd := &cobra.Command{
 		Use:   "simulate --cluster FILE (--trace FILE | --trace-format philly)",
@@ -53,6 +54,9 @@ that does not fit waits in arrival order, and every job that fits when
 GPUs free up starts (backfill). The FGD paper's published ratios are
 shown only for its setting: an Alibaba trace with --sharing, when
 fgd-expected-results sits beside the trace's directory.`,
+		Example: examples(inv,
+			"simulate --cluster pkg/simulate/testdata/dgx-h100-2x4x4.yaml --trace-format philly --jobs 1000 --seeds 10",
+			"a generated Philly mix on a cluster topology, averaged over 10 seeds"),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSimulate(cmd, &f) },
 	}
