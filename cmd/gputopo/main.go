@@ -97,17 +97,26 @@ to which Job) or unhealthy. -o dot writes a Graphviz graph, -o svg a picture.`,
 
 	var explainOut string
 	var all bool
+	var target cli.Target
 	explain := &cobra.Command{
-		Use:   "explain JOB",
+		Use:   "explain (NAME | TYPE/NAME)",
 		Short: "Show where a Job's pods were placed and why, or why they wait",
-		Long: `Shows the domain the controller chose for a Job (or a gputopo.dev/group of
-pods), the node of each pod, why pods still wait, which rung of a
-firstAvailable claim each pod got, and the controller's decisions.`,
+		Long: `Shows the domain the controller chose for a Job, a JobSet, a gputopo.dev/group
+of pods or one pod, the node of each pod, why pods still wait, which rung of
+a firstAvailable claim each pod got, and the controller's decisions.
+
+It takes ` + cli.TargetForms + `.`,
 		Example: examples(inv,
-			"explain train -n ml", "the Job train in namespace ml",
-			"explain train -A -o json", "the Job train, found in any namespace, as JSON"),
+			"explain train -n ml", "the Job train in namespace ml (else the group or pod train)",
+			"explain job/train -A -o json", "the Job train, found in any namespace, as JSON",
+			"explain pod/train-0-x7k2p", "one pod",
+			"explain jobset/sweep", "every pod of the JobSet sweep"),
 		Args: cobra.ExactArgs(1),
-		PreRunE: func(*cobra.Command, []string) error {
+		PreRunE: func(_ *cobra.Command, args []string) error {
+			var err error
+			if target, err = cli.ParseTarget(args[0]); err != nil {
+				return err
+			}
 			return cli.CheckOutput(explainOut, cli.ExplainOutputs)
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -119,7 +128,7 @@ firstAvailable claim each pod got, and the controller's decisions.`,
 			if err != nil {
 				return fmt.Errorf("read the namespace from the kubeconfig: %w", err)
 			}
-			e, err := cli.FetchExplanation(cmd.Context(), c, ns, all, args[0])
+			e, err := cli.FetchExplanation(cmd.Context(), c, ns, all, target)
 			if err != nil {
 				return err
 			}
@@ -127,7 +136,7 @@ firstAvailable claim each pod got, and the controller's decisions.`,
 		},
 	}
 	explain.Flags().StringVarP(&explainOut, "output", "o", cli.OutputTable, "Output format: "+strings.Join(cli.ExplainOutputs, "|"))
-	explain.Flags().BoolVarP(&all, "all-namespaces", "A", false, "Find the Job in any namespace")
+	explain.Flags().BoolVarP(&all, "all-namespaces", "A", false, "Find the Job, JobSet, group or pod in any namespace")
 	root.AddCommand(explain)
 	root.AddCommand(newSimulateCmd(inv))
 	addCompletion(root, inv)

@@ -219,3 +219,13 @@ func TestKubectlCompletesThePlugin(t *testing.T) {
 		t.Errorf("kubectl gputopo ex<TAB> (-want +got):\n%s", diff)
 	}
 }
+
+// explain refuses what it cannot explain before it looks for a cluster.
+func TestExplainRefusesOtherKinds(t *testing.T) {
+	for _, arg := range []string{"deployment/x", "job/Idx", "job/a/b"} {
+		_, err := run(t, "kubectl-gputopo", "explain", arg, "--kubeconfig", filepath.Join(t.TempDir(), "none"))
+		if err == nil || !strings.Contains(err.Error(), cli.TargetForms) {
+			t.Errorf("explain %s: err = %v, want one naming the accepted forms", arg, err)
+		}
+	}
+}
