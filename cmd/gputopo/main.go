@@ -92,7 +92,7 @@ to which Job) or unhealthy. -o dot writes a Graphviz graph, -o svg a picture.`,
 			return cli.PrintTopology(cmd.OutOrStdout(), t, topoOut, color(cmd))
 		},
 	}
-	topo.Flags().StringVarP(&topoOut, "output", "o", cli.OutputTable, "Output format: "+strings.Join(cli.TopologyOutputs, "|"))
+	topo.Flags().StringVarP(&topoOut, "output", "o", cli.OutputTable, "Output format: "+cli.OutputsHelp(cli.TopologyOutputs))
 	root.AddCommand(topo)
 
 	var explainOut string
@@ -135,10 +135,29 @@ It takes ` + cli.TargetForms + `.`,
 			return cli.PrintExplanation(cmd.OutOrStdout(), e, explainOut, color(cmd))
 		},
 	}
-	explain.Flags().StringVarP(&explainOut, "output", "o", cli.OutputTable, "Output format: "+strings.Join(cli.ExplainOutputs, "|"))
+	explain.Flags().StringVarP(&explainOut, "output", "o", cli.OutputTable, "Output format: "+cli.OutputsHelp(cli.ExplainOutputs))
 	explain.Flags().BoolVarP(&all, "all-namespaces", "A", false, "Find the Job, JobSet, group or pod in any namespace")
 	root.AddCommand(explain)
 	root.AddCommand(newSimulateCmd(inv))
+
+	var versionOut string
+	version := &cobra.Command{
+		Use:     "version",
+		Short:   "Print the version of " + inv.Display,
+		Example: examples(inv, "version", "the version, commit and Go it was built with", "version -o json", "the same as JSON"),
+		Args:    cobra.NoArgs,
+		PreRunE: func(*cobra.Command, []string) error {
+			if versionOut == "" {
+				return nil
+			}
+			return cli.CheckOutput(versionOut, cli.VersionOutputs)
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cli.PrintVersion(cmd.OutOrStdout(), cli.CurrentVersion(), versionOut)
+		},
+	}
+	version.Flags().StringVarP(&versionOut, "output", "o", "", "Output format: "+cli.OutputsHelp(cli.VersionOutputs)+" (default: text)")
+	root.AddCommand(version)
 	addCompletion(root, inv)
 	return root
 }

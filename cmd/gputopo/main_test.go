@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -226,6 +228,45 @@ func TestExplainRefusesOtherKinds(t *testing.T) {
 		_, err := run(t, "kubectl-gputopo", "explain", arg, "--kubeconfig", filepath.Join(t.TempDir(), "none"))
 		if err == nil || !strings.Contains(err.Error(), cli.TargetForms) {
 			t.Errorf("explain %s: err = %v, want one naming the accepted forms", arg, err)
+		}
+	}
+}
+
+func TestVersionCommand(t *testing.T) {
+	out, err := run(t, "kubectl-gputopo", "version", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got cli.Version
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("version -o json: %v\n%s", err, out)
+	}
+	want := cli.CurrentVersion()
+	want.TypeMeta = cli.TypeMeta{APIVersion: cli.APIVersion, Kind: cli.KindVersion}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("version -o json (-want +got):\n%s", diff)
+	}
+	if got.GoVersion != runtime.Version() {
+		t.Errorf("goVersion %q, want %q", got.GoVersion, runtime.Version())
+	}
+	if _, err := run(t, "gputopo", "version", "-o", "wide"); err == nil || !strings.Contains(err.Error(), "json, yaml, jsonpath=TEMPLATE, go-template=TEMPLATE") {
+		t.Errorf("version -o wide: err = %v, want one listing the accepted formats", err)
+	}
+}
+
+// An unknown -o is refused before the cluster is asked.
+func TestUnknownOutputListsFormats(t *testing.T) {
+	for cmd, formats := range map[string]string{
+		"topology": "table, wide, json, yaml, name, jsonpath=TEMPLATE, go-template=TEMPLATE, dot, svg",
+		"explain":  "table, wide, json, yaml, name, jsonpath=TEMPLATE, go-template=TEMPLATE",
+	} {
+		args := []string{cmd, "-o", "xml", "--kubeconfig", filepath.Join(t.TempDir(), "none")}
+		if cmd == "explain" {
+			args = append(args, "train")
+		}
+		_, err := run(t, "gputopo", args...)
+		if err == nil || err.Error() != `unknown output format "xml": want one of `+formats {
+			t.Errorf("%s -o xml: err = %v, want one listing %s", cmd, err, formats)
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 // Explanation is what the controller decided for a group of pods and why,
 // and what each pod's claims got.
 type Explanation struct {
+	TypeMeta
 	// Group is namespace/name of the Job, JobSet, gputopo.dev/group or pod.
 	Group string `json:"group"`
 	// GroupKind says which of them Group is.

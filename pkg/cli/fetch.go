@@ -38,6 +38,7 @@ var (
 
 // Topology is what `gputopo topology` shows.
 type Topology struct {
+	TypeMeta
 	LabelMapping MappingView `json:"labelMapping"`
 	GPUs         int         `json:"gpus"`
 	FreeGPUs     int         `json:"freeGPUs"`
