@@ -21,9 +21,9 @@ type Target struct {
 }
 
 // TargetForms are the arguments explain accepts, for its help and errors.
-const TargetForms = "NAME (a Job, else a " + placement.AnnotationGroup + " group, else a pod), " +
+const TargetForms = "NAME (a Job, else the pods with " + placement.AnnotationGroup + "=NAME, else a pod), " +
 	"job/NAME (jobs, job.batch), jobset/NAME (jobsets, jobset.jobset.x-k8s.io), " +
-	"group/NAME (a " + placement.AnnotationGroup + " group) or pod/NAME (pods, po)"
+	"group/NAME (the pods with " + placement.AnnotationGroup + "=NAME) or pod/NAME (pods, po)"
 
 // targetKinds maps the TYPE of TYPE/NAME, as kubectl spells resources, to
 // the kind of group.
