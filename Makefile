@@ -26,6 +26,7 @@ all: build
 build:
 	$(GO) build $(BUILD_FLAGS) -o $(BIN)/ ./cmd/...
 	ln -sf gputopo $(BIN)/kubectl-gputopo
+	ln -sf gputopo $(BIN)/kubectl_complete-gputopo
 
 $(LOCALCLUSTER): FORCE
 	cd test/cluster && $(GO) build -o $(LOCALCLUSTER) ./cmd/localcluster

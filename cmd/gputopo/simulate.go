@@ -1,14 +1,19 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	"github.com/gputopo/gputopo/pkg/cli"
 	"github.com/gputopo/gputopo/pkg/planner"
 	"github.com/gputopo/gputopo/pkg/simulate"
 )
@@ -24,8 +29,8 @@ type simulateFlags struct {
 	claims                                              simulate.ClaimFiles
 }
 
-func newSimulateCmd() *cobra.Command {
-	f := simulateFlags{grouping: simulate.DefaultGrouping(), claims: simulate.DemoClaimFiles(".")}
+func newSimulateCmd(inv cli.Invocation) *cobra.Command {
+	f := simulateFlags{grouping: simulate.DefaultGrouping()}
 	cmd := &cobra.Command{
 		Use:   "simulate --cluster FILE (--trace FILE | --trace-format philly)",
 		Short: "Replay a GPU trace offline through gputopo's planner, a model of the default scheduler and first fit",
@@ -42,8 +47,7 @@ list's CPU and memory count. With --sharing every GPU is published for
 sharing and a pod asking for a share of a GPU takes that share;
 without it, it takes a whole GPU. Claims are made from the DeviceClass and
 templates named by --device-class, --whole-template and --share-template,
-read like any manifest (by default the demo's, from the working
-directory).
+read like any manifest (by default the demo's, built into the binary).
 
 Static traces (Alibaba pod lists, job CSVs without times) arrive until
 what they ask for reaches --demand × the cluster's GPUs, counted in
@@ -53,8 +57,12 @@ that does not fit waits in arrival order, and every job that fits when
 GPUs free up starts (backfill). The FGD paper's published ratios are
 shown only for its setting: an Alibaba trace with --sharing, when
 fgd-expected-results sits beside the trace's directory.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runSimulate(cmd, &f) },
+		Example: examples(inv,
+			"simulate --cluster pkg/simulate/testdata/dgx-h100-2x4x4.yaml --trace-format philly --jobs 1000 --seeds 10",
+			"a generated Philly mix on a cluster topology, averaged over 10 seeds"),
+		Args:    cobra.NoArgs,
+		PreRunE: func(*cobra.Command, []string) error { return f.validate() },
+		RunE:    func(cmd *cobra.Command, _ []string) error { return runSimulate(cmd, &f) },
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.cluster, "cluster", "", "Cluster file: YAML topology or Alibaba node list (.csv)")
@@ -65,13 +73,13 @@ fgd-expected-results sits beside the trace's directory.`,
 	fl.IntVar(&f.seeds, "seeds", 1, "Replay seeds --seed, --seed+1, ... and report means (the FGD paper uses 10)")
 	fl.StringVarP(&f.output, "output", "o", "table", "table or json")
 	fl.StringVar(&f.published, "published", "", "FGD artifact results (default: ../fgd-expected-results/analysis_allo_discrete.csv beside an Alibaba trace)")
-	fl.StringVar(&f.strategy, "strategy", "", "gputopo strategy: consolidated, balanced or distributed (default: the planner's; for one-pod jobs, fragmentation-aware)")
+	fl.StringVar(&f.strategy, "strategy", "", "gputopo strategy: "+strategies()+" (default: the planner's; for one-pod jobs, fragmentation-aware)")
 	fl.BoolVar(&f.sharing, "sharing", false, "Publish every GPU for sharing: pods asking for a share of a GPU take that share")
 	fl.DurationVar(&f.maxDomainWait, "max-domain-wait", -1, "Timed traces: how long gputopo keeps a multi-node job waiting for a domain of its size rule before it may take a bigger one (0: place at once; negative: no limit)")
 	fl.BoolVar(&f.cpuPodsOptIn, "cpu-pods-opt-in", true, "Pods without GPUs (Alibaba traces) opt in to gputopo's placement, as every pod goes through FGD in the paper; false leaves them to the default scheduler's model")
-	fl.StringVar(&f.claims.DeviceClass, "device-class", f.claims.DeviceClass, "DeviceClass manifest of the pods' claims")
-	fl.StringVar(&f.claims.Whole, "whole-template", f.claims.Whole, "ResourceClaimTemplate for whole GPUs: one request whose count is set to the pod's GPUs")
-	fl.StringVar(&f.claims.Share, "share-template", f.claims.Share, "ResourceClaimTemplate for a share of a GPU: one request whose milliGPU is set to the pod's share")
+	fl.StringVar(&f.claims.DeviceClass, "device-class", "", "DeviceClass manifest of the pods' claims (default: the built-in demo/specs/"+simulate.EmbeddedClaimFiles.DeviceClass+")")
+	fl.StringVar(&f.claims.Whole, "whole-template", "", "ResourceClaimTemplate for whole GPUs: one request whose count is set to the pod's GPUs (default: the built-in demo/specs/"+simulate.EmbeddedClaimFiles.Whole+")")
+	fl.StringVar(&f.claims.Share, "share-template", "", "ResourceClaimTemplate for a share of a GPU: one request whose milliGPU is set to the pod's share (default: the built-in demo/specs/"+simulate.EmbeddedClaimFiles.Share+")")
 	fl.IntVar(&f.jobs, "jobs", 1000, "Philly: number of jobs")
 	fl.Float64Var(&f.multiNode, "multinode-fraction", 0.1, "Philly: fraction of multi-node jobs (2-8 pods of 8 GPUs)")
 	fl.IntVar(&f.grouping.NodesPerLeaf, "nodes-per-leaf", f.grouping.NodesPerLeaf, "Node-list clusters: consecutive nodes per leaf")
@@ -80,10 +88,37 @@ fgd-expected-results sits beside the trace's directory.`,
 	return cmd
 }
 
-func runSimulate(cmd *cobra.Command, f *simulateFlags) error {
-	if f.output != "table" && f.output != "json" {
-		return fmt.Errorf("unknown output %q: use table or json", f.output)
+// strategies lists the values --strategy takes.
+func strategies() string {
+	var s []string
+	for _, st := range placement.Strategies {
+		s = append(s, string(st))
 	}
+	return strings.Join(s, ", ")
+}
+
+// validate refuses flag values the replay cannot use, before any work.
+func (f *simulateFlags) validate() error {
+	var errs []error
+	if f.output != "table" && f.output != "json" {
+		errs = append(errs, fmt.Errorf("unknown output format %q: want one of table, json", f.output))
+	}
+	if f.seeds < 1 {
+		errs = append(errs, fmt.Errorf("--seeds %d: want at least 1 (how many seeds to replay and average)", f.seeds))
+	}
+	if f.grouping.NodesPerLeaf < 1 {
+		errs = append(errs, fmt.Errorf("--nodes-per-leaf %d: want at least 1", f.grouping.NodesPerLeaf))
+	}
+	if f.grouping.LeavesPerSpine < 1 {
+		errs = append(errs, fmt.Errorf("--leaves-per-spine %d: want at least 1", f.grouping.LeavesPerSpine))
+	}
+	if f.strategy != "" && !slices.Contains(placement.Strategies, placement.Strategy(f.strategy)) {
+		errs = append(errs, fmt.Errorf("unknown --strategy %q: want one of %s", f.strategy, strategies()))
+	}
+	return errors.Join(errs...)
+}
+
+func runSimulate(cmd *cobra.Command, f *simulateFlags) error {
 	if os.Getenv("GOGC") == "" {
 		// Planning allocates many short-lived candidates; a lazier GC
 		// makes a 1,213-node replay about a third faster for a few

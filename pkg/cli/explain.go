@@ -17,11 +17,14 @@ import (
 // Explanation is what the controller decided for a group of pods and why,
 // and what each pod's claims got.
 type Explanation struct {
-	// Group is namespace/name of the Job or gputopo.dev/group.
-	Group     string     `json:"group"`
-	Domains   []string   `json:"domains,omitempty"`
-	Pods      []PodPlan  `json:"pods"`
-	Decisions []Decision `json:"decisions,omitempty"`
+	TypeMeta
+	// Group is namespace/name of the Job, JobSet, gputopo.dev/group or pod.
+	Group string `json:"group"`
+	// GroupKind says which of them Group is.
+	GroupKind placement.GroupKind `json:"groupKind,omitempty"`
+	Domains   []string            `json:"domains,omitempty"`
+	Pods      []PodPlan           `json:"pods"`
+	Decisions []Decision          `json:"decisions,omitempty"`
 }
 
 // PodPlan is one pod of the group.

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"slices"
 	"strings"
 
+	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,6 +38,7 @@ var (
 
 // Topology is what `gputopo topology` shows.
 type Topology struct {
+	TypeMeta
 	LabelMapping MappingView `json:"labelMapping"`
 	GPUs         int         `json:"gpus"`
 	FreeGPUs     int         `json:"freeGPUs"`
@@ -91,27 +94,20 @@ func FetchTopology(ctx context.Context, c kubernetes.Interface, mappingRef strin
 	return t, nil
 }
 
-// FetchExplanation gathers the pods of the Job name in namespace ns, or of
-// the gputopo.dev/group of that name, their claims and the controller's
-// events about them. With allNamespaces it finds the namespace first.
-func FetchExplanation(ctx context.Context, c kubernetes.Interface, ns string, allNamespaces bool, name string) (*Explanation, error) {
+// FetchExplanation gathers the pods of t in namespace ns (the pods of a
+// Job, of a JobSet, of a gputopo.dev/group, or one pod), their claims and
+// the controller's events about them. With allNamespaces it finds the
+// namespace first.
+func FetchExplanation(ctx context.Context, c kubernetes.Interface, ns string, allNamespaces bool, t Target) (*Explanation, error) {
 	if allNamespaces {
 		var err error
-		if ns, err = findNamespace(ctx, c, name); err != nil {
+		if ns, err = findNamespace(ctx, c, t); err != nil {
 			return nil, err
 		}
 	}
-	pods, err := groupPods(ctx, c, ns, name)
+	kind, pods, err := targetPods(ctx, c, ns, t)
 	if err != nil {
 		return nil, err
-	}
-	if len(pods) == 0 {
-		if _, err := c.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("Job %s/%s %w, and no pod in namespace %s carries %s=%s: check the name and -n/--namespace, or search every namespace with -A",
-				ns, name, ErrNotFound, ns, placement.AnnotationGroup, name)
-		} else if err != nil {
-			return nil, apiError(fmt.Errorf("get Job %s/%s: %w", ns, name, err))
-		}
 	}
 	claims, err := c.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -121,7 +117,7 @@ func FetchExplanation(ctx context.Context, c kubernetes.Interface, ns string, al
 	if err != nil {
 		return nil, apiError(fmt.Errorf("list events in %s: %w", ns, err))
 	}
-	subjects := map[string]bool{name: true}
+	subjects := map[string]bool{t.Name: true}
 	for _, p := range pods {
 		subjects[p.Name] = true
 	}
@@ -131,19 +127,106 @@ func FetchExplanation(ctx context.Context, c kubernetes.Interface, ns string, al
 			mine = append(mine, e)
 		}
 	}
-	e := BuildExplanation(ns+"/"+name, pods, claims.Items, mine)
+	e := BuildExplanation(ns+"/"+t.Name, pods, claims.Items, mine)
+	e.GroupKind = kind
 	return &e, nil
 }
 
-// groupPods lists the pods of the Job name, else of the group name.
-func groupPods(ctx context.Context, c kubernetes.Interface, ns, name string) ([]v1.Pod, error) {
-	list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + name})
+// lookHint is what to check when a target is not found.
+const lookHint = "check the name and -n/--namespace, or search every namespace with -A"
+
+// targetPods lists the pods of t in ns and says what t is: for a plain
+// name, the Job's pods, else the group's, else the pod of that name.
+func targetPods(ctx context.Context, c kubernetes.Interface, ns string, t Target) (placement.GroupKind, []v1.Pod, error) {
+	switch t.Kind {
+	case placement.GroupKindJob:
+		pods, err := labelledPods(ctx, c, ns, batchv1.JobNameLabel, t.Name)
+		if err != nil || len(pods) > 0 {
+			return t.Kind, pods, err
+		}
+		ok, err := jobExists(ctx, c, ns, t.Name)
+		if err == nil && !ok {
+			err = fmt.Errorf("Job %s/%s %w: %s", ns, t.Name, ErrNotFound, lookHint)
+		}
+		return t.Kind, nil, err
+	case placement.GroupKindJobSet:
+		pods, err := labelledPods(ctx, c, ns, LabelJobSetName, t.Name)
+		if err != nil || len(pods) > 0 {
+			return t.Kind, pods, err
+		}
+		jobs, err := c.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelJobSetName + "=" + t.Name})
+		if err != nil {
+			return "", nil, apiError(fmt.Errorf("list Jobs of JobSet %s/%s: %w", ns, t.Name, err))
+		}
+		if len(jobs.Items) == 0 {
+			return "", nil, fmt.Errorf("JobSet %s/%s %w: no Job or pod carries %s=%s; %s", ns, t.Name, ErrNotFound, LabelJobSetName, t.Name, lookHint)
+		}
+		return t.Kind, nil, nil
+	case placement.GroupKindGroup:
+		pods, err := groupPods(ctx, c, ns, t.Name)
+		if err == nil && len(pods) == 0 {
+			err = fmt.Errorf("group %s/%s %w: no pod in namespace %s carries %s=%s; %s", ns, t.Name, ErrNotFound, ns, placement.AnnotationGroup, t.Name, lookHint)
+		}
+		return t.Kind, pods, err
+	case placement.GroupKindPod:
+		p, err := c.CoreV1().Pods(ns).Get(ctx, t.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return "", nil, fmt.Errorf("pod %s/%s %w: %s", ns, t.Name, ErrNotFound, lookHint)
+		}
+		if err != nil {
+			return "", nil, apiError(fmt.Errorf("get pod %s/%s: %w", ns, t.Name, err))
+		}
+		return t.Kind, []v1.Pod{*p}, nil
+	}
+	for _, kind := range []placement.GroupKind{placement.GroupKindJob, placement.GroupKindGroup} {
+		var pods []v1.Pod
+		var err error
+		if kind == placement.GroupKindJob {
+			pods, err = labelledPods(ctx, c, ns, batchv1.JobNameLabel, t.Name)
+		} else {
+			pods, err = groupPods(ctx, c, ns, t.Name)
+		}
+		if err != nil || len(pods) > 0 {
+			return kind, pods, err
+		}
+	}
+	if ok, err := jobExists(ctx, c, ns, t.Name); err != nil || ok {
+		return placement.GroupKindJob, nil, err
+	}
+	p, err := c.CoreV1().Pods(ns).Get(ctx, t.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", nil, fmt.Errorf("Job %s/%s %w, no pod in namespace %s carries %s=%s, and there is no pod %s: %s",
+			ns, t.Name, ErrNotFound, ns, placement.AnnotationGroup, t.Name, t.Name, lookHint)
+	}
 	if err != nil {
-		return nil, apiError(fmt.Errorf("list pods of Job %s/%s: %w", ns, name, err))
+		return "", nil, apiError(fmt.Errorf("get pod %s/%s: %w", ns, t.Name, err))
 	}
-	if len(list.Items) > 0 {
-		return list.Items, nil
+	return placement.GroupKindPod, []v1.Pod{*p}, nil
+}
+
+func jobExists(ctx context.Context, c kubernetes.Interface, ns, name string) (bool, error) {
+	_, err := c.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, apiError(fmt.Errorf("get Job %s/%s: %w", ns, name, err))
 	}
+	return true, nil
+}
+
+// labelledPods lists the pods in ns with label key=value.
+func labelledPods(ctx context.Context, c kubernetes.Interface, ns, key, value string) ([]v1.Pod, error) {
+	list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: key + "=" + value})
+	if err != nil {
+		return nil, apiError(fmt.Errorf("list pods in %s with %s=%s: %w", ns, key, value, err))
+	}
+	return list.Items, nil
+}
+
+// groupPods lists the pods in ns that name the group in
+// gputopo.dev/group.
+func groupPods(ctx context.Context, c kubernetes.Interface, ns, name string) ([]v1.Pod, error) {
 	all, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, apiError(fmt.Errorf("list pods in %s: %w", ns, err))
@@ -157,42 +240,94 @@ func groupPods(ctx context.Context, c kubernetes.Interface, ns, name string) ([]
 	return out, nil
 }
 
-// findNamespace finds the one namespace with a Job, or else a group, of
-// that name.
-func findNamespace(ctx context.Context, c kubernetes.Interface, name string) (string, error) {
-	jobs, err := c.BatchV1().Jobs("").List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
-	if err != nil {
-		return "", apiError(fmt.Errorf("list Jobs in every namespace: %w", err))
-	}
+// findNamespace finds the one namespace that holds t: for a plain name, a
+// Job of that name, else a group, else a pod.
+func findNamespace(ctx context.Context, c kubernetes.Interface, t Target) (string, error) {
 	found := map[string]bool{}
-	for _, j := range jobs.Items {
-		if j.Name == name {
-			found[j.Namespace] = true
-		}
+	kinds := []placement.GroupKind{t.Kind}
+	if t.Kind == "" {
+		kinds = []placement.GroupKind{placement.GroupKindJob, placement.GroupKindGroup, placement.GroupKindPod}
 	}
-	if len(found) == 0 {
-		pods, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return "", apiError(fmt.Errorf("list pods in every namespace: %w", err))
+	var pods []v1.Pod
+	listPods := func() error {
+		if pods != nil {
+			return nil
 		}
-		for _, p := range pods.Items {
-			if p.Annotations[placement.AnnotationGroup] == name {
-				found[p.Namespace] = true
+		list, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return apiError(fmt.Errorf("list pods in every namespace: %w", err))
+		}
+		pods = list.Items
+		return nil
+	}
+	for _, kind := range kinds {
+		switch kind {
+		case placement.GroupKindJob:
+			jobs, err := c.BatchV1().Jobs("").List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", t.Name).String()})
+			if err != nil {
+				return "", apiError(fmt.Errorf("list Jobs in every namespace: %w", err))
+			}
+			for _, j := range jobs.Items {
+				if j.Name == t.Name {
+					found[j.Namespace] = true
+				}
+			}
+		case placement.GroupKindJobSet:
+			jobs, err := c.BatchV1().Jobs("").List(ctx, metav1.ListOptions{LabelSelector: LabelJobSetName + "=" + t.Name})
+			if err != nil {
+				return "", apiError(fmt.Errorf("list Jobs of JobSet %s in every namespace: %w", t.Name, err))
+			}
+			for _, j := range jobs.Items {
+				if j.Labels[LabelJobSetName] == t.Name {
+					found[j.Namespace] = true
+				}
+			}
+			if err := listPods(); err != nil {
+				return "", err
+			}
+			for _, p := range pods {
+				if p.Labels[LabelJobSetName] == t.Name {
+					found[p.Namespace] = true
+				}
+			}
+		default:
+			if err := listPods(); err != nil {
+				return "", err
+			}
+			for _, p := range pods {
+				if kind == placement.GroupKindGroup && p.Annotations[placement.AnnotationGroup] == t.Name ||
+					kind == placement.GroupKindPod && p.Name == t.Name {
+					found[p.Namespace] = true
+				}
 			}
 		}
+		if len(found) > 0 {
+			break
+		}
 	}
-	var nss []string
-	for ns := range found {
-		nss = append(nss, ns)
-	}
-	slices.Sort(nss)
+	nss := slices.Sorted(maps.Keys(found))
 	switch len(nss) {
 	case 0:
-		return "", fmt.Errorf("no Job %s and no pod with %s=%s in any namespace: %w", name, placement.AnnotationGroup, name, ErrNotFound)
+		return "", fmt.Errorf("%s %w in any namespace", describeTarget(t), ErrNotFound)
 	case 1:
 		return nss[0], nil
 	}
-	return "", fmt.Errorf("%s %w (%s): name one with -n", name, ErrAmbiguous, strings.Join(nss, ", "))
+	return "", fmt.Errorf("%s %w (%s): name one with -n", t, ErrAmbiguous, strings.Join(nss, ", "))
+}
+
+// describeTarget says what was looked for.
+func describeTarget(t Target) string {
+	switch t.Kind {
+	case placement.GroupKindJob:
+		return "Job " + t.Name
+	case placement.GroupKindJobSet:
+		return "JobSet " + t.Name + " (a Job or pod with " + LabelJobSetName + "=" + t.Name + ")"
+	case placement.GroupKindGroup:
+		return "group " + t.Name + " (a pod with " + placement.AnnotationGroup + "=" + t.Name + ")"
+	case placement.GroupKindPod:
+		return "pod " + t.Name
+	}
+	return fmt.Sprintf("%s (a Job, a pod with %s=%s, or a pod of that name)", t.Name, placement.AnnotationGroup, t.Name)
 }
 
 // apiError turns the error of an unreachable API server into one that

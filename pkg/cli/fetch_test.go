@@ -105,20 +105,20 @@ func TestFetchExplanationFindsJobOrSaysWhatToDo(t *testing.T) {
 	c := f.client(job("ml", "train"), job("a", "twin"), job("b", "twin"), grouped)
 	ctx := context.Background()
 
-	e, err := cli.FetchExplanation(ctx, c, "default", true, "train")
+	e, err := cli.FetchExplanation(ctx, c, "default", true, cli.Target{Name: "train"})
 	if err != nil || e.Group != "ml/train" || len(e.Pods) != 1 {
 		t.Errorf("-A train: %+v, %v; want ml/train with its pod", e, err)
 	}
-	if e, err := cli.FetchExplanation(ctx, c, "team", false, "sweep"); err != nil || len(e.Pods) != 1 || e.Pods[0].Name != "g-0" {
+	if e, err := cli.FetchExplanation(ctx, c, "team", false, cli.Target{Name: "sweep"}); err != nil || len(e.Pods) != 1 || e.Pods[0].Name != "g-0" {
 		t.Errorf("group sweep: %+v, %v", e, err)
 	}
-	if _, err := cli.FetchExplanation(ctx, c, "default", false, "train"); !errors.Is(err, cli.ErrNotFound) || !strings.Contains(err.Error(), "-A") {
+	if _, err := cli.FetchExplanation(ctx, c, "default", false, cli.Target{Name: "train"}); !errors.Is(err, cli.ErrNotFound) || !strings.Contains(err.Error(), "-A") {
 		t.Errorf("train in the wrong namespace: err = %v, want ErrNotFound suggesting -A", err)
 	}
-	if _, err := cli.FetchExplanation(ctx, c, "", true, "twin"); !errors.Is(err, cli.ErrAmbiguous) || !strings.Contains(err.Error(), "a, b") {
+	if _, err := cli.FetchExplanation(ctx, c, "", true, cli.Target{Name: "twin"}); !errors.Is(err, cli.ErrAmbiguous) || !strings.Contains(err.Error(), "a, b") {
 		t.Errorf("-A twin: err = %v, want ErrAmbiguous naming a and b", err)
 	}
-	if _, err := cli.FetchExplanation(ctx, c, "", true, "nothing"); !errors.Is(err, cli.ErrNotFound) {
+	if _, err := cli.FetchExplanation(ctx, c, "", true, cli.Target{Name: "nothing"}); !errors.Is(err, cli.ErrNotFound) {
 		t.Errorf("-A nothing: err = %v, want ErrNotFound", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gputopo/gputopo/demo/specs"
 	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -16,18 +17,27 @@ import (
 // ClaimFiles name the manifests pods' claims are made from, read the way
 // a user's manifests are: a DeviceClass, a template for whole GPUs (one
 // request of an exact count, set to the pod's GPUs) and one for shares
-// (one request asking for milliGPU, set to the pod's share).
+// (one request asking for milliGPU, set to the pod's share). An empty
+// name is the demo's manifest, built into the binary (EmbeddedClaimFiles).
 type ClaimFiles struct {
 	DeviceClass, Whole, Share string
+}
+
+// EmbeddedClaimFiles are the demo's manifests that an empty ClaimFiles
+// field stands for, as named in demo/specs.
+var EmbeddedClaimFiles = ClaimFiles{
+	DeviceClass: "deviceclass.yaml",
+	Whole:       "claims/gpu-1.yaml",
+	Share:       "claims/gpu-share-quarter.yaml",
 }
 
 // DemoClaimFiles are the demo's manifests under the repository root.
 func DemoClaimFiles(root string) ClaimFiles {
 	dir := filepath.Join(root, "demo", "specs")
 	return ClaimFiles{
-		DeviceClass: filepath.Join(dir, "deviceclass.yaml"),
-		Whole:       filepath.Join(dir, "claims", "gpu-1.yaml"),
-		Share:       filepath.Join(dir, "claims", "gpu-share-quarter.yaml"),
+		DeviceClass: filepath.Join(dir, filepath.FromSlash(EmbeddedClaimFiles.DeviceClass)),
+		Whole:       filepath.Join(dir, filepath.FromSlash(EmbeddedClaimFiles.Whole)),
+		Share:       filepath.Join(dir, filepath.FromSlash(EmbeddedClaimFiles.Share)),
 	}
 }
 
@@ -37,24 +47,26 @@ type Claims struct {
 	whole, share *resourceapi.ResourceClaimTemplate
 }
 
-// LoadClaims reads and checks the manifests.
+// LoadClaims reads and checks the manifests; an empty name reads the
+// built-in demo manifest.
 func LoadClaims(f ClaimFiles) (*Claims, error) {
 	var c Claims
 	var err error
-	if c.class, err = decodeFile[resourceapi.DeviceClass](f.DeviceClass, "DeviceClass"); err != nil {
+	var whole, share string
+	if c.class, _, err = decodeFile[resourceapi.DeviceClass](f.DeviceClass, EmbeddedClaimFiles.DeviceClass, "DeviceClass"); err != nil {
 		return nil, err
 	}
-	if c.whole, err = decodeFile[resourceapi.ResourceClaimTemplate](f.Whole, "ResourceClaimTemplate"); err != nil {
+	if c.whole, whole, err = decodeFile[resourceapi.ResourceClaimTemplate](f.Whole, EmbeddedClaimFiles.Whole, "ResourceClaimTemplate"); err != nil {
 		return nil, err
 	}
-	if c.share, err = decodeFile[resourceapi.ResourceClaimTemplate](f.Share, "ResourceClaimTemplate"); err != nil {
+	if c.share, share, err = decodeFile[resourceapi.ResourceClaimTemplate](f.Share, EmbeddedClaimFiles.Share, "ResourceClaimTemplate"); err != nil {
 		return nil, err
 	}
 	for _, t := range []struct {
 		tmpl  *resourceapi.ResourceClaimTemplate
 		file  string
 		share bool
-	}{{c.whole, f.Whole, false}, {c.share, f.Share, true}} {
+	}{{c.whole, whole, false}, {c.share, share, true}} {
 		reqs := t.tmpl.Spec.Spec.Devices.Requests
 		if len(reqs) != 1 || reqs[0].Exactly == nil || reqs[0].Exactly.DeviceClassName != c.class.Name {
 			return nil, fmt.Errorf("claim template %s must have exactly one request, of an exact count, of DeviceClass %s", t.file, c.class.Name)
@@ -69,16 +81,25 @@ func LoadClaims(f ClaimFiles) (*Claims, error) {
 	return &c, nil
 }
 
-func decodeFile[T any](file, kind string) (*T, error) {
-	data, err := os.ReadFile(file)
+// decodeFile decodes file strictly, or the built-in demo manifest
+// embedded when file is empty; name is what errors call it.
+func decodeFile[T any](file, embedded, kind string) (obj *T, name string, err error) {
+	var data []byte
+	if file == "" {
+		name = "built-in demo/specs/" + embedded
+		data, err = specs.FS.ReadFile(embedded)
+	} else {
+		name = file
+		data, err = os.ReadFile(file)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w (run from the repository root, or name the manifests with --device-class, --whole-template and --share-template)", kind, err)
+		return nil, name, fmt.Errorf("read %s %s: %w", kind, name, err)
 	}
-	var obj T
-	if err := yaml.UnmarshalStrict(data, &obj); err != nil {
-		return nil, fmt.Errorf("decode %s %s: %w", kind, file, err)
+	obj = new(T)
+	if err := yaml.UnmarshalStrict(data, obj); err != nil {
+		return nil, name, fmt.Errorf("decode %s %s: %w", kind, name, err)
 	}
-	return &obj, nil
+	return obj, name, nil
 }
 
 func (c *Claims) evaluator() *devicefit.Evaluator {

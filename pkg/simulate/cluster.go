@@ -2,6 +2,7 @@ package simulate
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -12,6 +13,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gputopo/gputopo/pkg/clustertopo"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
@@ -85,7 +87,7 @@ func LoadCluster(file string, g Grouping, opt ClusterOptions) (*Cluster, error) 
 	} else {
 		specs, err = ParseTopology(data, filepath.Dir(file))
 		if err != nil {
-			err = fmt.Errorf("cluster %s: %w", file, err)
+			err = fmt.Errorf("cluster file %s: %w", file, err)
 		}
 	}
 	if err != nil {
@@ -98,11 +100,23 @@ func LoadCluster(file string, g Grouping, opt ClusterOptions) (*Cluster, error) 
 	return c, nil
 }
 
+// ErrNotTopology: a cluster file that is neither a cluster topology nor
+// an Alibaba node list.
+var ErrNotTopology = errors.New("not a cluster topology: want the YAML of test/cluster/topologies " +
+	"(spines, leavesPerSpine, nodesPerLeaf and profiles, or a list of nodes), or an Alibaba node list named *.csv")
+
 // ParseTopology expands a cluster topology (pkg/clustertopo, the format
 // of the local cluster's test/cluster/topologies) into simulated nodes. A
 // profile is a built-in name or a profile file, relative to dir.
 func ParseTopology(data []byte, dir string) ([]NodeSpec, error) {
-	nodes, err := clustertopo.Parse(data)
+	var topo clustertopo.Topology
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, fmt.Errorf("%w: the file is empty", ErrNotTopology)
+	}
+	if err := yaml.UnmarshalStrict(data, &topo); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotTopology, err)
+	}
+	nodes, err := topo.Expand()
 	if err != nil {
 		return nil, err
 	}

@@ -411,3 +411,16 @@ func TestMultiNodeJobsWaitForTheirDomain(t *testing.T) {
 		})
 	}
 }
+
+// Empty claim file names read the demo's manifests from the binary, from
+// any working directory.
+func TestLoadClaimsBuiltIn(t *testing.T) {
+	t.Chdir(t.TempDir())
+	if _, err := simulate.LoadClaims(simulate.ClaimFiles{}); err != nil {
+		t.Fatalf("built-in claims: %v", err)
+	}
+	_, err := simulate.LoadClaims(simulate.ClaimFiles{Whole: "gpu-1.yaml"})
+	if err == nil || !strings.Contains(err.Error(), "read ResourceClaimTemplate gpu-1.yaml") {
+		t.Errorf("a named file is read from the working directory: err = %v", err)
+	}
+}
