@@ -303,8 +303,7 @@ func (c *Controller) onPodUpdate(old, cur any) {
 // placementAnnotationsEqual reports whether the annotations a user sets
 // to ask for placement are the same on both pods.
 func placementAnnotationsEqual(a, b *v1.Pod) bool {
-	for _, k := range []string{placement.AnnotationPlacement, placement.AnnotationPreferredDomain, placement.AnnotationPreferredRequired,
-		placement.AnnotationStrategy, placement.AnnotationGroup, placement.AnnotationGroupSize} {
+	for _, k := range placement.UserAnnotations {
 		if a.Annotations[k] != b.Annotations[k] {
 			return false
 		}
