@@ -306,3 +306,65 @@ func TestPodWhoseClaimsAreAllAllocatedIsReleasedNotReplanned(t *testing.T) {
 		t.Errorf("only-0 noted on %q, want n1", n)
 	}
 }
+
+func TestGrownOnePodGroupIsNotHeldToItsNode(t *testing.T) {
+	h := newHarness(t, job("grow", 1))
+	h.addPod(jobPod("grow", 0, "gpu-8-node", nil))
+	h.place("default/job/grow")
+	first := h.allocatedNode("grow-0")
+	if d := h.pod("grow-0").Annotations[placement.AnnotationDomain]; d != "node:"+first {
+		t.Fatalf("one-pod plan recorded domain %q, want node:%s", d, first)
+	}
+	h.bind("grow-0")
+	// kubectl patch job grow -p '{"spec":{"parallelism":2,"completions":2}}'
+	j, err := h.client.BatchV1().Jobs("default").Get(h.ctx, "grow", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Spec.Parallelism, j.Spec.Completions = ptr.To[int32](2), ptr.To[int32](2)
+	if _, err := h.client.BatchV1().Jobs("default").Update(h.ctx, j, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.addPod(jobPod("grow", 1, "gpu-8-node", nil))
+	h.place("default/job/grow")
+	second := h.allocatedNode("grow-1")
+	if second == "" || second == first || leafOf(second) != leafOf(first) {
+		t.Errorf("the grown group's second pod allocated on %q, want the other node of %s's leaf", second, first)
+	}
+}
+
+func TestFullLeafWidensAroundTheRunningPods(t *testing.T) {
+	h := newHarness(t, job("pair", 2))
+	h.addPod(jobPod("pair", 0, "gpu-8-node", nil))
+	h.addPod(jobPod("pair", 1, "gpu-8-node", nil))
+	h.place("default/job/pair")
+	h.bind("pair-0")
+	h.bind("pair-1")
+	stays, lost := h.allocatedNode("pair-0"), h.allocatedNode("pair-1")
+	// pair-1 is lost; before its replacement comes, a plain pod's claim
+	// takes its node's GPUs, so the pair's leaf cannot hold it again.
+	for _, del := range []func() error{
+		func() error { return h.client.CoreV1().Pods("default").Delete(h.ctx, "pair-1", metav1.DeleteOptions{}) },
+		func() error {
+			return h.client.ResourceV1().ResourceClaims("default").Delete(h.ctx, "pair-1-gpus", metav1.DeleteOptions{})
+		},
+	} {
+		if err := del(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.create(foreignClaim("other", lost, gpus(8)...))
+	h.settle()
+	h.addPod(jobPod("pair", 2, "gpu-8-node", nil))
+	h.place("default/job/pair")
+	got := h.allocatedNode("pair-2")
+	if got == "" || leafOf(got) == leafOf(stays) {
+		t.Fatalf("replacement allocated on %q, want a node of the other leaf than %s's, the only room left", got, stays)
+	}
+	if d := h.claim("pair-2-gpus").Annotations[placement.AnnotationDomain]; d == "leaf:"+leafOf(stays) || d == "" {
+		t.Errorf("replacement's domain %q, want one wider than leaf %s", d, leafOf(stays))
+	}
+	if hasGate(h.pod("pair-2")) {
+		t.Error("replacement still gated")
+	}
+}

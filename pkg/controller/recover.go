@@ -33,6 +33,9 @@ const (
 	// ReleaseForeignGate: another controller's scheduling gate holds the
 	// pod, so it may hold no devices yet.
 	ReleaseForeignGate = placement.ReleaseForeignGate
+	// ReleaseDomainFull: the group's domain could not hold its new pods,
+	// and this pod, not started yet, is planned again with them.
+	ReleaseDomainFull = placement.ReleaseDomainFull
 )
 
 // resolveConflicts takes back the group's claims that share a device with
@@ -117,6 +120,29 @@ func (g *group) foreignMessage() string {
 	}
 	return fmt.Sprintf("%d of the group's pods are held by scheduling gate %s of another controller; gputopo plans the group once its own gate %s is the last one",
 		len(g.foreign), strings.Join(gates, ", "), placement.SchedulingGate)
+}
+
+// unpinHeld takes back the claims of the group's gated pods so they are
+// planned again with the pods that need a place; it reports whether it
+// moved any.
+func (c *Controller) unpinHeld(ctx context.Context, g *group) (bool, error) {
+	var keep, moved []*member
+	for _, m := range g.held {
+		if c.canRelease(m) {
+			moved = append(moved, m)
+		} else {
+			keep = append(keep, m)
+		}
+	}
+	for _, m := range moved {
+		if err := c.releaseWithReason(ctx, g, m, ReleaseDomainFull, "the group's domain cannot hold its pods that need a place; planning the pods that have not started again with them"); err != nil {
+			return false, err
+		}
+	}
+	g.held = keep
+	g.toPlace = append(g.toPlace, moved...)
+	rankMembers(g.toPlace)
+	return len(moved) > 0, nil
 }
 
 // canRelease reports whether all of the pod's claims that the controller

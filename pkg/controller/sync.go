@@ -37,6 +37,10 @@ const (
 	// ReasonNotBound: a pod whose gate opened is not bound after the bind
 	// timeout.
 	ReasonNotBound = "NotBound"
+	// ReasonWidened: the group's domain could no longer hold it (it grew,
+	// or lost a node) and it was placed in a larger domain that holds the
+	// pods that keep their places.
+	ReasonWidened = "Widened"
 )
 
 // member is one pod of a group with its ResourceClaims.
@@ -274,8 +278,22 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	}
 
 	plan, treeTime, err := c.planGroup(ctx, g, req)
-	c.cfg.Metrics.PlanDuration.WithLabelValues(PodsBucket(max(g.size, g.members()))).Observe((time.Since(start) - treeTime).Seconds())
 	var unsched *planner.Unschedulable
+	if errors.As(err, &unsched) && !fresh && len(g.held) > 0 {
+		// The group's domain cannot hold its new pods around those that
+		// keep their places: the pods that have not started move with
+		// them, and the group is planned again.
+		moved, err := c.unpinHeld(ctx, g)
+		if err != nil {
+			return done, err
+		}
+		if moved {
+			var again time.Duration
+			plan, again, err = c.planGroup(ctx, g, req)
+			treeTime += again
+		}
+	}
+	c.cfg.Metrics.PlanDuration.WithLabelValues(PodsBucket(max(g.size, g.members()))).Observe((time.Since(start) - treeTime).Seconds())
 	var broken *planner.BrokenClaimError
 	var invalid *planner.InvalidJobError
 	switch {
@@ -299,7 +317,10 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 			}
 		}
 	}
-	klog.FromContext(ctx).Info("Allocated the claims of the pod group", "domain", plan.Domain.String(), "pods", len(plan.Assignments), "fallback", plan.Fallback)
+	if plan.Widened {
+		c.recorder.Eventf(g.subject, v1.EventTypeNormal, ReasonWidened, "the group's domain could no longer hold it: %d pods placed in %s, which holds the pods that keep their places", len(plan.Assignments), plan.Domain)
+	}
+	klog.FromContext(ctx).Info("Allocated the claims of the pod group", "domain", plan.Domain.String(), "pods", len(plan.Assignments), "fallback", plan.Fallback, "widened", plan.Widened)
 	c.setPending(key, false, time.Time{})
 	c.cfg.Metrics.Decisions.WithLabelValues(OutcomePlaced).Inc()
 	msg := fmt.Sprintf("placed %d pods in %s", len(plan.Assignments), plan.Domain)
@@ -329,7 +350,10 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 		Pinned:            map[string]string{},
 	}
 	for _, m := range append(append(g.bound, g.steered...), g.held...) {
-		if d, err := placement.ParseDomain(m.pod.Annotations[placement.AnnotationDomain]); err == nil {
+		// A node domain is where a one-pod plan put its pod, not a domain
+		// the group must keep: a group that grows is held to the domain of
+		// its pinned pods, widened as its placement allows.
+		if d, err := placement.ParseDomain(m.pod.Annotations[placement.AnnotationDomain]); err == nil && d.Level != placement.LevelNode {
 			job.Domain = &d
 		}
 		if m.node != "" {

@@ -266,6 +266,40 @@ func (st *state) levels() []level {
 }
 
 // fixedCand turns a required Domain into its candidate.
+// widerLevels are the levels a group whose domain can no longer hold it
+// widens to: the levels its placement allows, larger than fixed, and of
+// those only the candidates that hold every node of a pinned pod, which
+// keep their places.
+func (st *state) widerLevels(levels []level, fixed *candidate) []level {
+	var out []level
+	for _, lv := range levels {
+		out = append(out, level{label: lv.label, named: lv.named, cands: func() []*candidate {
+			var keep []*candidate
+			for _, c := range lv.cands() {
+				if c.key != fixed.key && len(c.nodes()) > len(fixed.nodes()) && st.holdsPinned(c) {
+					keep = append(keep, c)
+				}
+			}
+			return keep
+		}})
+	}
+	return out
+}
+
+// holdsPinned reports whether every pinned pod's node is in c.
+func (st *state) holdsPinned(c *candidate) bool {
+	in := map[int]bool{}
+	for _, n := range c.nodes() {
+		in[n] = true
+	}
+	for _, n := range st.pinned {
+		if !in[n] {
+			return false
+		}
+	}
+	return true
+}
+
 func (st *state) fixedCand(d Domain) (*candidate, error) {
 	c := st.c
 	switch d.Level {

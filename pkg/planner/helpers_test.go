@@ -323,13 +323,14 @@ type placed struct {
 	Domain      planner.Domain
 	Assignments map[string]string
 	Fallback    bool
+	Widened     bool
 }
 
 func project(p *planner.Plan) *placed {
 	if p == nil {
 		return nil
 	}
-	return &placed{Domain: p.Domain, Assignments: p.Assignments, Fallback: p.Fallback}
+	return &placed{Domain: p.Domain, Assignments: p.Assignments, Fallback: p.Fallback, Widened: p.Widened}
 }
 
 func leaf(name string) planner.Domain {

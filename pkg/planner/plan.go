@@ -97,7 +97,8 @@ func (p *Planner) Plan(ctx context.Context, snap *Snapshot, res *Reservations, j
 			return nil, &InvalidJobError{Job: job.Key, Reason: err.Error()}
 		}
 		cand.honours = true
-		levels = []level{{label: label + d.String(), named: true, cands: func() []*candidate { return []*candidate{cand} }}}
+		levels = append([]level{{label: label + d.String(), named: true, cands: func() []*candidate { return []*candidate{cand} }}},
+			st.widerLevels(levels, cand)...)
 		st.ruledOut = st.filtered(cand.nodes())
 	} else {
 		st.ruledOut = st.filtered(nil)
@@ -112,6 +113,11 @@ func (p *Planner) Plan(ctx context.Context, snap *Snapshot, res *Reservations, j
 		cands := lv.cands()
 		if st.pref == nil {
 			if plan, err := st.pick(cands, lv); plan != nil || err != nil {
+				if plan != nil && fixed && len(failures) > 0 {
+					plan.Widened = true
+					plan.Reasons = slices.Insert(plan.Reasons, len(plan.Reasons)-2,
+						fmt.Sprintf("%s could no longer hold the job; widened to %s, which holds the pods that keep their places", levels[0].label, plan.Domain))
+				}
 				return plan, err
 			}
 			fl, err := st.failLevel(lv, cands, false)

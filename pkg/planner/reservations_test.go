@@ -120,11 +120,25 @@ func TestReplacementKeepsTheDomain(t *testing.T) {
 			job:       func(t testing.TB) planner.Job { return pinned(makeJob(t, "j").Pods(1, "gpu-8-node")).Obj() },
 			want:      &placed{Domain: leaves("leaf-1", "leaf-2"), Assignments: assign("l2n3")},
 		},
-		"replacement is refused when the group's leaves are full": {
+		"replacement widens to adjacent leaves that hold the group when its leaves are full": {
 			allocated: allocated().Nodes(group...).Nodes("l2n3"),
 			job:       func(t testing.TB) planner.Job { return pinned(makeJob(t, "j").Pods(1, "gpu-8-node")).Obj() },
+			want:      &placed{Domain: leaves("leaf-0", "leaf-1", "leaf-2"), Assignments: assign("l0n0"), Widened: true},
+		},
+		"a same-leaf group does not widen": {
+			allocated: allocated().Nodes("l3n0", "l3n1", "l3n2", "l3n3"),
+			job: func(t testing.TB) planner.Job {
+				return makeJob(t, "j").Pods(1, "gpu-8-node").Placement(planner.PlacementSameLeaf).Pinned("old", "l3n0").Obj()
+			},
 			wantErr: &planner.Unschedulable{Job: "j",
-				Reason: "the domain of the job's running pods, leaves leaf-1,leaf-2 cannot hold 1 pod (8 GPUs each)"},
+				Reason: "the domain of the job's running pods, leaf leaf-3 cannot hold 1 pod (8 GPUs each)"},
+		},
+		"a full recorded domain widens around the pinned pods, not elsewhere": {
+			allocated: allocated().Nodes("l3n0", "l3n1", "l3n2", "l3n3"),
+			job: func(t testing.TB) planner.Job {
+				return makeJob(t, "j").Pods(1, "gpu-8-node").Domain(planner.LevelLeaf, "leaf-3").Pinned("old", "l3n0").Obj()
+			},
+			want: &placed{Domain: leaves("leaf-2", "leaf-3"), Assignments: assign("l2n0"), Widened: true},
 		},
 		"a preference does not move a running group": {
 			allocated: allocated().Nodes(group...),

@@ -94,6 +94,10 @@ type Plan struct {
 	Reasons []string
 	// Fallback is set when the preferred domain could not be used.
 	Fallback bool
+	// Widened is set when the job's fixed domain (Job.Domain, or the one
+	// its pinned pods are in) could no longer hold it and the plan uses a
+	// larger domain that holds the pinned pods.
+	Widened bool
 	// AllocatorRuns counts the allocator calls the plan took, the final
 	// check of every pod included: a measure of planning cost.
 	AllocatorRuns int

@@ -270,6 +270,10 @@ const (
 	// ReleaseForeignGate: another controller's scheduling gate holds the
 	// pod, which may hold no devices until that gate is removed.
 	ReleaseForeignGate = "ForeignGate"
+	// ReleaseDomainFull: the group's domain could not hold its new pods
+	// (it grew, or lost a node); the pod had not started and is planned
+	// again with them.
+	ReleaseDomainFull = "DomainFull"
 )
 
 const releaseForm = "<count>;<Reason>, such as \"2;NodeNotReady\", with a count from 1 and an UpperCamelCase reason"
