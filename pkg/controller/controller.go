@@ -11,11 +11,8 @@
 package controller
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -71,6 +68,10 @@ type Config struct {
 	// created after it may then not use (reserve.go). Default:
 	// RetryInterval.
 	ReserveAfter time.Duration
+	// ReservationTimeout ends a reservation whose group is still not
+	// placed; the group may not reserve again for as long. Default: 10 ×
+	// ReserveAfter.
+	ReservationTimeout time.Duration
 }
 
 // Controller is the placement loop.
@@ -109,7 +110,7 @@ type Controller struct {
 	// nodes, slices or the label mapping change.
 	cluster *planner.Cluster
 	topo    topoState
-	pending map[string]time.Time    // groups that did not fit: when each was created
+	pending map[string]waiting      // groups that did not fit
 	settle  map[string]time.Time    // groups whose gates stay closed until then
 	opened  map[types.UID]time.Time // when this process opened a pod's gate
 	usage   planner.NodeUsage       // what the pods on each node request
@@ -121,6 +122,10 @@ type Controller struct {
 	// lists the groups that no domain could ever hold.
 	reserved     *reservation
 	unreservable map[string]bool
+	// expired holds when each group's last reservation expired;
+	// expiredEvents are expirations still to be reported.
+	expired       map[string]time.Time
+	expiredEvents []*reservation
 }
 
 // New wires the informers. Call Run to start.
@@ -139,6 +144,9 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.ReserveAfter == 0 {
 		cfg.ReserveAfter = cfg.RetryInterval
+	}
+	if cfg.ReservationTimeout == 0 {
+		cfg.ReservationTimeout = 10 * cfg.ReserveAfter
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 10*time.Minute, informers.WithTransform(dropManagedFields))
 	podInf := f.Core().V1().Pods().Informer()
@@ -168,13 +176,14 @@ func New(cfg Config) (*Controller, error) {
 		recorder: bcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "gputopo-controller"}),
 		network:  cfg.Network,
 		topo:     newTopoState(),
-		pending:  map[string]time.Time{},
+		pending:  map[string]waiting{},
 		settle:   map[string]time.Time{},
 		opened:   map[types.UID]time.Time{},
 		usage:    planner.NodeUsage{},
 
 		usageDirty:   map[string]bool{},
 		unreservable: map[string]bool{},
+		expired:      map[string]time.Time{},
 	}
 	c.planner = planner.New(devicefit.NewEvaluator(classLister{c.classes}))
 
@@ -448,10 +457,7 @@ func (c *Controller) syncGroupsOn(node string) {
 
 func (c *Controller) requeuePending() {
 	c.mu.Lock()
-	keys := slices.Collect(maps.Keys(c.pending))
-	slices.SortFunc(keys, func(a, b string) int {
-		return cmp.Or(c.pending[a].Compare(c.pending[b]), strings.Compare(a, b))
-	})
+	keys := waitOrder(c.pending)
 	c.mu.Unlock()
 	for _, key := range keys {
 		c.queue.Add(key)

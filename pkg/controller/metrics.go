@@ -22,6 +22,8 @@ const (
 	OutcomeUnschedulable = "unschedulable"
 	OutcomeInvalid       = "invalid"
 	OutcomeWaiting       = "waiting"
+	// OutcomeReservationExpired counts reservations that ended unplaced.
+	OutcomeReservationExpired = "reservation-expired"
 )
 
 // Label values of plan_duration_seconds{pods}: the group's size, in

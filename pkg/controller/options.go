@@ -24,6 +24,7 @@ type Options struct {
 	BindTimeout             time.Duration
 	SettleDelay             time.Duration
 	ReserveAfter            time.Duration
+	ReservationTimeout      time.Duration
 	KubeAPIQPS              float32
 	KubeAPIBurst            int
 	KubeAPICompression      bool
@@ -46,6 +47,7 @@ func NewOptions() *Options {
 		BindTimeout:             60 * time.Second,
 		SettleDelay:             250 * time.Millisecond,
 		ReserveAfter:            30 * time.Second,
+		ReservationTimeout:      5 * time.Minute,
 		KubeAPIQPS:              50,
 		KubeAPIBurst:            100,
 		LabelMapping:            labelmapping.NewOptions(),
@@ -63,7 +65,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.RetryInterval, "retry-interval", o.RetryInterval, "How often groups that did not fit are planned again; a group's retries back off up to this.")
 	fs.DurationVar(&o.BindTimeout, "bind-timeout", o.BindTimeout, "How long a pod whose gate opened may take to bind before a NotBound Warning event reports it (the scheduler takes back the claims of a pod it cannot place, and the controller plans it again).")
 	fs.DurationVar(&o.SettleDelay, "settle-delay", o.SettleDelay, "How long gates stay closed after a group's claims are written, so allocations the scheduler had in flight are seen first.")
-	fs.DurationVar(&o.ReserveAfter, "reserve-after", o.ReserveAfter, "How long the oldest group that does not fit waits before it reserves the domain closest to fitting it, which groups created after it may not use until it is placed.")
+	fs.DurationVar(&o.ReserveAfter, "reserve-after", o.ReserveAfter, "How long the first waiting group (by pod priority, then namespaces in turn, oldest first) waits before it reserves the nodes it needs in the domain closest to fitting it, which groups that are not running may not use until it is placed.")
+	fs.DurationVar(&o.ReservationTimeout, "reservation-timeout", o.ReservationTimeout, "How long a reservation lasts unplaced; then the next waiting group may reserve, and this one may again after as long.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server; placing a pod costs about two.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the API server, so a large group is pinned and released at once.")
 	fs.BoolVar(&o.KubeAPICompression, "kube-api-compression", o.KubeAPICompression, "Ask the API server for gzip-compressed responses. Off by default: the controller watches every ResourceSlice, pod and claim, and compressing them costs the API server and the controller CPU for bytes that stay inside the cluster.")
@@ -73,7 +76,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 // Config is the controller's configuration from the options; the caller
 // adds the client, the label mapping in force and the metrics.
 func (o *Options) Config() Config {
-	return Config{RetryInterval: o.RetryInterval, BindTimeout: o.BindTimeout, SettleDelay: o.SettleDelay, ReserveAfter: o.ReserveAfter}
+	return Config{RetryInterval: o.RetryInterval, BindTimeout: o.BindTimeout, SettleDelay: o.SettleDelay, ReserveAfter: o.ReserveAfter, ReservationTimeout: o.ReservationTimeout}
 }
 
 // Validate reports every bad flag at once.
@@ -93,6 +96,9 @@ func (o *Options) Validate() error {
 	}
 	if o.ReserveAfter <= 0 {
 		errs = append(errs, fmt.Errorf("--reserve-after must be positive, got %s", o.ReserveAfter))
+	}
+	if o.ReservationTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--reservation-timeout must be positive, got %s", o.ReservationTimeout))
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		errs = append(errs, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %g and %d", o.KubeAPIQPS, o.KubeAPIBurst))

@@ -366,7 +366,7 @@ func TestJobThatCannotFitStaysGatedWithReason(t *testing.T) {
 func TestPendingGroupsDoNotShareABackoffBucket(t *testing.T) {
 	h := newHarness(t)
 	for i := range 1000 {
-		h.c.setPending(fmt.Sprintf("default/job/j%d", i), true, time.Time{})
+		h.c.setPending(fmt.Sprintf("default/job/j%d", i), true, waiting{})
 	}
 	for range 3 {
 		h.c.requeuePending()
@@ -393,7 +393,7 @@ func TestPendingGroupsAreRetriedOldestFirst(t *testing.T) {
 		{"default/job/b-same-second", t0.Add(time.Second)},
 		{"default/job/a-same-second", t0.Add(time.Second)},
 	} {
-		h.c.setPending(p.key, true, p.created)
+		h.c.setPending(p.key, true, waiting{created: p.created})
 	}
 	h.c.requeuePending()
 	var got []string

@@ -417,11 +417,11 @@ func (c *Controller) ungate(ctx context.Context, m *member, req *v1.NodeSelector
 	return nil
 }
 
-func (c *Controller) setPending(key string, pending bool, created time.Time) {
+func (c *Controller) setPending(key string, pending bool, w waiting) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if pending {
-		c.pending[key] = created
+		c.pending[key] = w
 	} else {
 		delete(c.pending, key)
 		c.unreserveLocked(key)
@@ -434,5 +434,6 @@ func (c *Controller) forgetGroup(key string) {
 	defer c.mu.Unlock()
 	delete(c.pending, key)
 	delete(c.settle, key)
+	delete(c.expired, key)
 	c.unreserveLocked(key)
 }

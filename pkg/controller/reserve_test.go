@@ -1,12 +1,14 @@
 package controller
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 	"github.com/gputopo/gputopo/pkg/planner"
 )
 
@@ -39,7 +41,7 @@ func TestOldestWaitingGroupReservesItsDomain(t *testing.T) {
 		var r result
 		h.c.mu.Lock()
 		if h.c.reserved != nil {
-			r.Reserved = h.c.reserved.domain.String()
+			r.Reserved = h.c.reserved.hold.Domain.String()
 		}
 		h.c.mu.Unlock()
 
@@ -85,5 +87,107 @@ func TestOldestWaitingGroupReservesItsDomain(t *testing.T) {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+func TestWaitOrder(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	for name, tc := range map[string]struct {
+		pending map[string]waiting
+		want    []string
+	}{
+		"oldest first in one namespace": {
+			pending: map[string]waiting{"a/job/late": {created: at(2)}, "a/job/early": {created: at(0)}, "a/job/mid": {created: at(1)}},
+			want:    []string{"a/job/early", "a/job/mid", "a/job/late"},
+		},
+		"higher priority first, however young": {
+			pending: map[string]waiting{"a/job/old": {created: at(0)}, "b/job/urgent": {created: at(9), priority: 1000}},
+			want:    []string{"b/job/urgent", "a/job/old"},
+		},
+		// team-a submitted three groups before team-b's first: the
+		// namespaces take turns, so team-b does not wait behind them all.
+		"namespaces take turns": {
+			pending: map[string]waiting{
+				"team-a/job/a1": {created: at(0)}, "team-a/job/a2": {created: at(1)}, "team-a/job/a3": {created: at(2)},
+				"team-b/job/b1": {created: at(3)}, "team-b/job/b2": {created: at(4)},
+			},
+			want: []string{"team-a/job/a1", "team-b/job/b1", "team-a/job/a2", "team-b/job/b2", "team-a/job/a3"},
+		},
+		"turns within each priority": {
+			pending: map[string]waiting{
+				"x/job/low": {created: at(0)}, "y/job/high1": {created: at(1), priority: 10}, "y/job/high2": {created: at(2), priority: 10},
+				"z/job/high": {created: at(3), priority: 10},
+			},
+			want: []string{"y/job/high1", "z/job/high", "y/job/high2", "x/job/low"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, waitOrder(tc.pending)); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// A big group that can never fit in the time it reserves gives the next
+// waiting group its turn; meanwhile, groups that fit outside the reserved
+// nodes are placed, and a group that fits only on them is told whose they
+// are.
+func TestReservationIsBoundedAndSaysWhoHoldsIt(t *testing.T) {
+	// n0 and n1 have one GPU taken each, n2 and n3 are free. big needs
+	// three whole nodes of one spine: it reserves the three emptiest.
+	h := newHarness(t, foreignClaim("a", "n0", "gpu-0"), foreignClaim("b", "n1", "gpu-0"))
+	h.c.cfg.ReserveAfter = time.Second
+	h.c.cfg.ReservationTimeout = time.Hour
+	old := time.Now().Add(-time.Minute)
+	big := job("big", 3)
+	big.CreationTimestamp = metav1.NewTime(old)
+	h.create(big)
+	for i := range 3 {
+		h.addPod(jobPod("big", i, "gpu-8-node", nil))
+	}
+	h.settle()
+	h.sync("default/job/big")
+	h.c.mu.Lock()
+	r := h.c.reserved
+	h.c.mu.Unlock()
+	if r == nil || r.key != "default/job/big" {
+		t.Fatalf("reservation %v, want one for default/job/big", r)
+	}
+	if diff := cmp.Diff([]string{"n2", "n3", "n0"}, r.hold.Nodes); diff != "" {
+		t.Errorf("reserved nodes (-want +got):\n%s", diff)
+	}
+	// A one-GPU group fits on n1, outside the reservation.
+	h.create(job("one", 1))
+	h.addPod(jobPod("one", 0, "gpu-1", nil))
+	h.place("default/job/one")
+	if n := h.allocatedNode("one-0"); n != "n1" {
+		t.Errorf("one-GPU group allocated on %q, want n1, the node the reservation leaves open", n)
+	}
+	// A whole-node group fits only on reserved nodes: it is told so.
+	h.create(job("node", 1))
+	h.addPod(jobPod("node", 0, "gpu-8-node", nil))
+	h.sync("default/job/node")
+	st, _ := placement.ParseStatus(h.pod("node-0").Annotations[placement.AnnotationStatus])
+	if !strings.Contains(st.Message, "reserved for default/job/big since") {
+		t.Errorf("status of the whole-node group %q, want it to say the nodes are reserved for default/job/big", st.Message)
+	}
+	// The reservation's time runs out unplaced; the whole-node group
+	// goes ahead.
+	h.c.mu.Lock()
+	h.c.reserved.until = time.Now()
+	h.c.mu.Unlock()
+	h.place("default/job/node")
+	if n := h.allocatedNode("node-0"); n == "" {
+		t.Error("the whole-node group still waits after the reservation expired")
+	}
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	if h.c.reserved != nil && h.c.reserved.key == "default/job/big" {
+		t.Error("big still holds its reservation after it expired")
+	}
+	if _, ok := h.c.expired["default/job/big"]; !ok {
+		t.Error("big's expiry not recorded, so it could reserve again at once")
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 	"github.com/gputopo/gputopo/pkg/planner"
@@ -298,7 +299,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	var invalid *planner.InvalidJobError
 	switch {
 	case errors.As(err, &unsched):
-		c.setPending(key, true, g.created())
+		c.setPending(key, true, waiting{created: g.created(), priority: g.priority()})
 		c.refuse(ctx, g, OutcomeUnschedulable, ReasonUnschedulable, unsched.Error())
 		return backoff, nil
 	case errors.As(err, &broken), errors.As(err, &invalid):
@@ -321,7 +322,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		c.recorder.Eventf(g.subject, v1.EventTypeNormal, ReasonWidened, "the group's domain could no longer hold it: %d pods placed in %s, which holds the pods that keep their places", len(plan.Assignments), plan.Domain)
 	}
 	klog.FromContext(ctx).Info("Allocated the claims of the pod group", "domain", plan.Domain.String(), "pods", len(plan.Assignments), "fallback", plan.Fallback, "widened", plan.Widened)
-	c.setPending(key, false, time.Time{})
+	c.setPending(key, false, waiting{})
 	c.cfg.Metrics.Decisions.WithLabelValues(OutcomePlaced).Inc()
 	msg := fmt.Sprintf("placed %d pods in %s", len(plan.Assignments), plan.Domain)
 	if len(plan.Reasons) > 0 {
@@ -372,8 +373,8 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 	// The newest tree: one patched since updateTree returned is as good,
 	// and the snapshot tracker follows the newest.
 	snap := c.planSnapshot(c.cluster)
-	reserved := c.reserved
 	c.mu.Unlock()
+	reserved := c.reservation(ctx)
 	for pod, node := range job.Pinned {
 		if !snap.Cluster().Has(node) {
 			delete(job.Pinned, pod) // its node is gone; recover() deals with the pod
@@ -381,17 +382,25 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 	}
 	fresh := len(g.bound) == 0 && len(g.steered) == 0
 	view := snap
-	if reserved != nil && reserved.key != g.key && fresh {
-		// The domain waits for the group that reserved it.
-		if view, err = snap.Holding(reserved.domain); err != nil {
-			c.dropReservation(reserved.key)
-			view = snap
-		}
+	held := reserved != nil && reserved.key != g.key && fresh
+	if held {
+		// The reserved nodes wait for the group that reserved them.
+		view = snap.Holding(reserved.hold.Nodes)
 	}
 	plan, err := c.planner.Plan(ctx, view, nil, job)
 	var unsched *planner.Unschedulable
+	if errors.As(err, &unsched) && held {
+		// Say so when the reservation is what keeps the group waiting.
+		if _, free := c.planner.Plan(ctx, snap, nil, job); free == nil {
+			unsched.Reason = fmt.Sprintf("it fits only on nodes another group reserved: %s", reserved)
+			unsched.Best, unsched.Details = "", nil
+		}
+	}
 	if errors.As(err, &unsched) && fresh {
 		c.maybeReserve(ctx, g, snap, job)
+		if r := c.reservation(ctx); r != nil && r.key == g.key {
+			unsched.Reason += "; " + r.String()
+		}
 	}
 	var broken *planner.BrokenClaimError
 	var invalid *planner.InvalidJobError
@@ -445,7 +454,7 @@ func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan)
 // settled: the informer shows them and no other claim holds their devices.
 func (c *Controller) release(ctx context.Context, g *group) error {
 	if len(g.held) == 0 {
-		c.setPending(g.key, false, time.Time{})
+		c.setPending(g.key, false, waiting{})
 		return nil
 	}
 	c.mu.Lock()
@@ -493,6 +502,21 @@ func (g *group) created() time.Time {
 		return m.GetCreationTimestamp().Time
 	}
 	return time.Time{}
+}
+
+// priority is the highest pod priority of the group, as the priority
+// admission plugin resolved it from the pods' PriorityClass.
+func (g *group) priority() int32 {
+	var p int32
+	first := true
+	for _, l := range [][]*member{g.toPlace, g.held, g.waiting, g.foreign, g.steered, g.bound} {
+		for _, m := range l {
+			if v := ptr.Deref(m.pod.Spec.Priority, 0); first || v > p {
+				p, first = v, false
+			}
+		}
+	}
+	return p
 }
 
 func (g *group) anyPod() *v1.Pod {

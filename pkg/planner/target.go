@@ -1,19 +1,33 @@
 package planner
 
-import "context"
+import (
+	"cmp"
+	"context"
+	"slices"
+)
+
+// Hold is what a job that does not fit now waits for: a domain its
+// placement allows, and the fewest nodes of it that could hold every pod
+// of the job once their devices were free, the emptiest first. Only those
+// nodes are kept from other jobs (Snapshot.Holding): the rest of the
+// domain stays open, so a reservation costs no more than the job needs.
+type Hold struct {
+	Domain Domain
+	Nodes  []string
+}
 
 // Target is where a job that does not fit now waits for room: of the
 // domains its placement allows, the smallest size that has a domain which
 // could hold the job once its devices were free (counting devices, and
 // the pods' node filters and allocatable), and of that size the domain
 // with the most healthy GPUs free now, so it is the one closest to fitting.
-// A caller that keeps other jobs out of the target (Snapshot.Holding)
+// A caller that keeps other jobs off the hold's nodes (Snapshot.Holding)
 // lets the job fit there once what runs there ends, whatever else
 // arrives. Unschedulable when no domain could ever hold the job.
-func (p *Planner) Target(ctx context.Context, snap *Snapshot, job Job) (Domain, error) {
+func (p *Planner) Target(ctx context.Context, snap *Snapshot, job Job) (Hold, error) {
 	st, err := p.newState(ctx, snap, nil, &job)
 	if err != nil {
-		return Domain{}, err
+		return Hold{}, err
 	}
 	st.computeCounts()
 	for _, lv := range st.levels() {
@@ -24,36 +38,46 @@ func (p *Planner) Target(ctx context.Context, snap *Snapshot, job Job) (Domain, 
 			}
 		}
 		if best != nil {
-			return best.dom, nil
+			return Hold{Domain: best.dom, Nodes: st.holdNodes(best)}, nil
 		}
 	}
-	return Domain{}, &Unschedulable{Job: job.Key, Reason: "no domain could hold the job even with all of its devices free"}
+	return Hold{}, &Unschedulable{Job: job.Key, Reason: "no domain could hold the job even with all of its devices free"}
+}
+
+// holdNodes picks the nodes of c to hold: by most devices free now, then
+// topology order, until they could hold every pod of the job when empty.
+func (st *state) holdNodes(c *candidate) []string {
+	var nodes []int
+	for _, n := range c.nodes() {
+		if st.nodeAgg[n].ubEmpty > 0 {
+			nodes = append(nodes, n)
+		}
+	}
+	freeNow := func(n int) int { return st.c.nodes[n].all.free(st.f.base[n]) }
+	slices.SortStableFunc(nodes, func(a, b int) int {
+		return cmp.Or(freeNow(b)-freeNow(a), st.c.rank(a)-st.c.rank(b))
+	})
+	var out []string
+	for room := 0; room < st.n && len(nodes) > 0; nodes = nodes[1:] {
+		room += st.nodeAgg[nodes[0]].ubEmpty
+		out = append(out, st.c.nodes[nodes[0]].name)
+	}
+	return out
 }
 
 // Holding returns a copy of the snapshot in which every device of the
-// domain's nodes is in use, for the plans of the jobs that must leave the
-// domain to the job waiting for it. The whole cluster (a cluster domain
-// that names no spine) holds every node.
-func (s *Snapshot) Holding(d Domain) (*Snapshot, error) {
-	idx, whole, err := s.cluster.domainIdx(d)
-	if err != nil {
-		return nil, err
-	}
+// named nodes is in use, for the plans of the jobs that must leave them
+// to the job waiting for them. Unknown nodes are skipped.
+func (s *Snapshot) Holding(nodes []string) *Snapshot {
 	out := *s
 	out.used = make([]bitset, len(s.used))
 	copy(out.used, s.used)
-	hold := func(i int) {
-		if n := s.cluster.nodes[i]; !n.gone {
-			out.used[i] = n.all.clone(len(n.devs))
+	for _, name := range nodes {
+		if i, ok := s.cluster.byName[name]; ok {
+			if n := s.cluster.nodes[i]; !n.gone {
+				out.used[i] = n.all.clone(len(n.devs))
+			}
 		}
 	}
-	if whole {
-		for i := range s.cluster.nodes {
-			hold(i)
-		}
-	}
-	for _, i := range idx {
-		hold(i)
-	}
-	return &out, nil
+	return &out
 }
