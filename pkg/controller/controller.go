@@ -113,6 +113,7 @@ type Controller struct {
 	pending map[string]waiting      // groups that did not fit
 	settle  map[string]time.Time    // groups whose gates stay closed until then
 	opened  map[types.UID]time.Time // when this process opened a pod's gate
+	noted   map[types.UID]bool      // pods whose lost node was reported
 	usage   planner.NodeUsage       // what the pods on each node request
 	// tracker keeps the plans' snapshot up to date from the claim index
 	// and usage; usageDirty names the nodes whose usage changed since.
@@ -179,6 +180,7 @@ func New(cfg Config) (*Controller, error) {
 		pending:  map[string]waiting{},
 		settle:   map[string]time.Time{},
 		opened:   map[types.UID]time.Time{},
+		noted:    map[types.UID]bool{},
 		usage:    planner.NodeUsage{},
 
 		usageDirty:   map[string]bool{},
@@ -339,6 +341,7 @@ func (c *Controller) onPodDelete(obj any) {
 	}
 	c.mu.Lock()
 	delete(c.opened, pod.UID)
+	delete(c.noted, pod.UID)
 	c.mu.Unlock()
 	c.countPod(pod, nil)
 	c.onPod(pod)

@@ -368,3 +368,28 @@ func TestFullLeafWidensAroundTheRunningPods(t *testing.T) {
 		t.Error("replacement still gated")
 	}
 }
+
+func TestBoundPodOfDeletedNodeIsLeftToThePodGarbageCollector(t *testing.T) {
+	h := newHarness(t, job("pair", 2))
+	h.addPod(jobPod("pair", 0, "gpu-8-node", nil))
+	h.addPod(jobPod("pair", 1, "gpu-8-node", nil))
+	h.place("default/job/pair")
+	h.bind("pair-0")
+	h.bind("pair-1")
+	lost := h.allocatedNode("pair-1")
+	if err := h.client.CoreV1().Nodes().Delete(h.ctx, lost, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the node's deletion", func() bool { _, err := h.c.nodes.Get(lost); return err != nil })
+	h.sync("default/job/pair")
+	h.sync("default/job/pair")
+	if p := h.pod("pair-1"); p.DeletionTimestamp != nil {
+		t.Errorf("pair-1 deleted by the controller, want it left to the pod garbage collector")
+	}
+	h.c.mu.Lock()
+	noted := h.c.noted[h.pod("pair-1").UID]
+	h.c.mu.Unlock()
+	if !noted {
+		t.Error("the lost node of pair-1 was not reported")
+	}
+}

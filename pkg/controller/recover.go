@@ -68,7 +68,7 @@ func (c *Controller) resolveConflicts(ctx context.Context, g *group) error {
 			}
 			if bound && m.pod.Status.Phase != v1.PodRunning {
 				c.recorder.Eventf(m.pod, v1.EventTypeWarning, ReasonDeviceConflict, "%s; deleting the pod so its workload replaces it", clash)
-				if err := c.deletePod(ctx, m.pod, false); err != nil {
+				if err := c.deletePod(ctx, m.pod); err != nil {
 					return nil, err
 				}
 				continue
@@ -158,8 +158,8 @@ func (c *Controller) canRelease(m *member) bool {
 
 // recover re-plans pods that can no longer bind where their claims are:
 // their node is gone, NotReady or tainted against them, or they were not
-// bound within the bind timeout. Bound pods whose node is deleted are
-// deleted so their workload replaces them.
+// bound within the bind timeout. Bound pods whose node is deleted are left
+// to the pod garbage collector; they pin nothing meanwhile.
 func (c *Controller) recover(ctx context.Context, g *group) error {
 	var keep []*member
 	for _, m := range g.steered {
@@ -194,10 +194,13 @@ func (c *Controller) recover(ctx context.Context, g *group) error {
 			keep = append(keep, m)
 			continue
 		}
-		c.recorder.Eventf(m.pod, v1.EventTypeWarning, ReasonReleased, "node %s was deleted; deleting the pod so its workload replaces it in domain %s", m.node, m.pod.Annotations[placement.AnnotationDomain])
-		c.cfg.Metrics.Released.WithLabelValues(ReleaseNodeGone).Inc()
-		if err := c.deletePod(ctx, m.pod, true); err != nil {
-			return err
+		// The pod garbage collector removes it once the node has stayed
+		// gone for its quarantine, as it does for every pod of a deleted
+		// node (the node may come back, its kubelet still running the
+		// pod); the pod's deletion re-plans the group.
+		if c.noteOnce(m.pod.UID) {
+			c.recorder.Eventf(m.pod, v1.EventTypeWarning, ReasonNodeLost, "node %s was deleted; the pod garbage collector removes the pod, and its workload's replacement is planned into domain %s", m.node, m.pod.Annotations[placement.AnnotationDomain])
+			c.cfg.Metrics.Released.WithLabelValues(ReleaseNodeGone).Inc()
 		}
 	}
 	g.bound = keep
@@ -345,13 +348,21 @@ func (c *Controller) releaseMember(ctx context.Context, m *member) error {
 	return nil
 }
 
-// deletePod removes a pod its workload will replace. force skips the grace
-// period, for pods whose node is gone and cannot confirm.
-func (c *Controller) deletePod(ctx context.Context, p *v1.Pod, force bool) error {
-	opts := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: ptr.To(p.UID)}}
-	if force {
-		opts.GracePeriodSeconds = ptr.To[int64](0)
+// noteOnce reports whether the pod was not noted before, and notes it.
+func (c *Controller) noteOnce(uid types.UID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.noted[uid] {
+		return false
 	}
+	c.noted[uid] = true
+	return true
+}
+
+// deletePod removes a pod its workload will replace, with its grace
+// period.
+func (c *Controller) deletePod(ctx context.Context, p *v1.Pod) error {
+	opts := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: ptr.To(p.UID)}}
 	err := c.cfg.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, opts)
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("delete pod %s: %w", p.Name, err)

@@ -38,6 +38,9 @@ const (
 	// ReasonNotBound: a pod whose gate opened is not bound after the bind
 	// timeout.
 	ReasonNotBound = "NotBound"
+	// ReasonNodeLost: the node of a bound pod was deleted; the pod
+	// garbage collector removes the pod.
+	ReasonNodeLost = "NodeLost"
 	// ReasonWidened: the group's domain could no longer hold it (it grew,
 	// or lost a node) and it was placed in a larger domain that holds the
 	// pods that keep their places.
