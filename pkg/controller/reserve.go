@@ -43,8 +43,11 @@ type reservation struct {
 }
 
 func (r *reservation) String() string {
-	return fmt.Sprintf("%s (%s of %s) is reserved for %s since %s, until %s", nodeList(r.hold.Nodes), plural(len(r.hold.Nodes), "node"), r.hold.Domain,
-		r.key, r.since.Format(time.TimeOnly), r.until.Format(time.TimeOnly))
+	what := fmt.Sprintf("%s (%s of %s)", nodeList(r.hold.Nodes), plural(len(r.hold.Nodes), "node"), r.hold.Domain)
+	if r.hold.Domain.Level == planner.LevelNode {
+		what = r.hold.Domain.String()
+	}
+	return fmt.Sprintf("%s is reserved for %s since %s, until %s", what, r.key, r.since.Format(time.TimeOnly), r.until.Format(time.TimeOnly))
 }
 
 func nodeList(nodes []string) string {

@@ -18,6 +18,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	placementapi "github.com/gputopo/gputopo/api/placement/v1alpha1"
@@ -132,15 +133,17 @@ func noClaimAllocated(t *testing.T, job string) {
 
 // TestDeviceTaintRuleAsTheSchedulerSeesIt: with a NoSchedule rule on a
 // node's GPUs, kube-scheduler refuses a plain pod held to that node, and
-// the controller refuses a managed one the same way; once the rule is
-// gone both run there.
+// the controller refuses a managed one the same way; once the rules are
+// gone both run there. Each has a node of its own, so neither takes the
+// other's GPUs when the rules go.
 func TestDeviceTaintRuleAsTheSchedulerSeesIt(t *testing.T) {
 	dumpOnFailure(t)
-	const node = "gpu-s0-l3-n3"
-	taintNodeGPUs(t, "e2e-noschedule", node, resourcev1.DeviceTaintEffectNoSchedule)
-	createPod(t, plainPod("plain-tainted", "gpu-1", node))
-	job := newJob("managed-tainted", 1, "gpu-1", placed(placementapi.PlacementAuto))
-	onNode(job, node)
+	const plainNode, managedNode = "gpu-s0-l3-n2", "gpu-s0-l3-n3"
+	taintNodeGPUs(t, "e2e-noschedule-plain", plainNode, resourcev1.DeviceTaintEffectNoSchedule)
+	taintNodeGPUs(t, "e2e-noschedule-managed", managedNode, resourcev1.DeviceTaintEffectNoSchedule)
+	createPod(t, plainPod("plain-tainted", "gpu-8-node", plainNode))
+	job := newJob("managed-tainted", 1, "gpu-8-node", placed(placementapi.PlacementAuto))
+	onNode(job, managedNode)
 	if _, err := client.BatchV1().Jobs(namespace).Create(framework.Ctx(t), job, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -157,19 +160,21 @@ func TestDeviceTaintRuleAsTheSchedulerSeesIt(t *testing.T) {
 	noClaimAllocated(t, "managed-tainted")
 	t.Logf("refused by both; the controller says: %s", msg)
 
-	if err := client.ResourceV1().DeviceTaintRules().Delete(framework.Ctx(t), "e2e-noschedule", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
+	for _, rule := range []string{"e2e-noschedule-plain", "e2e-noschedule-managed"} {
+		if err := client.ResourceV1().DeviceTaintRules().Delete(framework.Ctx(t), rule, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	pl := waitJobPlaced(t, "managed-tainted", 1, waitPlaced)
-	if pl.nodes[0] != node {
-		t.Errorf("managed pod bound to %s, want %s", pl.nodes[0], node)
+	if pl.nodes[0] != managedNode {
+		t.Errorf("managed pod bound to %s, want %s", pl.nodes[0], managedNode)
 	}
 	framework.Eventually(t, waitPlaced, "the scheduler to bind the plain pod", func() (bool, string) {
 		p, err := client.CoreV1().Pods(namespace).Get(context.Background(), "plain-tainted", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
-		return p.Spec.NodeName == node, framework.PodState(p)
+		return p.Spec.NodeName == plainNode, framework.PodState(p)
 	})
 }
 
@@ -293,8 +298,16 @@ func TestForeignGateHoldsNothing(t *testing.T) {
 	}
 	start := time.Now()
 	for _, p := range pods {
-		p.Spec.SchedulingGates = slices.DeleteFunc(p.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == queueGate })
-		if _, err := client.CoreV1().Pods(namespace).Update(framework.Ctx(t), &p, metav1.UpdateOptions{}); err != nil {
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur, err := client.CoreV1().Pods(namespace).Get(framework.Ctx(t), p.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cur.Spec.SchedulingGates = slices.DeleteFunc(cur.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == queueGate })
+			_, err = client.CoreV1().Pods(namespace).Update(framework.Ctx(t), cur, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
 			t.Fatalf("remove %s from %s: %v", queueGate, p.Name, err)
 		}
 	}
