@@ -334,12 +334,7 @@ func TestGrownOnePodGroupIsNotHeldToItsNode(t *testing.T) {
 }
 
 func TestFullLeafWidensAroundTheRunningPods(t *testing.T) {
-	h := newHarness(t, job("pair", 2))
-	h.addPod(jobPod("pair", 0, "gpu-8-node", nil))
-	h.addPod(jobPod("pair", 1, "gpu-8-node", nil))
-	h.place("default/job/pair")
-	h.bind("pair-0")
-	h.bind("pair-1")
+	h := boundPair(t)
 	stays, lost := h.allocatedNode("pair-0"), h.allocatedNode("pair-1")
 	// pair-1 is lost; before its replacement comes, a plain pod's claim
 	// takes its node's GPUs, so the pair's leaf cannot hold it again.
@@ -370,12 +365,7 @@ func TestFullLeafWidensAroundTheRunningPods(t *testing.T) {
 }
 
 func TestBoundPodOfDeletedNodeIsLeftToThePodGarbageCollector(t *testing.T) {
-	h := newHarness(t, job("pair", 2))
-	h.addPod(jobPod("pair", 0, "gpu-8-node", nil))
-	h.addPod(jobPod("pair", 1, "gpu-8-node", nil))
-	h.place("default/job/pair")
-	h.bind("pair-0")
-	h.bind("pair-1")
+	h := boundPair(t)
 	lost := h.allocatedNode("pair-1")
 	if err := h.client.CoreV1().Nodes().Delete(h.ctx, lost, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -392,4 +382,17 @@ func TestBoundPodOfDeletedNodeIsLeftToThePodGarbageCollector(t *testing.T) {
 	if !noted {
 		t.Error("the lost node of pair-1 was not reported")
 	}
+}
+
+// boundPair is a harness with the Job "pair" of two whole-node pods,
+// placed and bound.
+func boundPair(t *testing.T) *harness {
+	t.Helper()
+	h := newHarness(t, job("pair", 2))
+	h.addPod(jobPod("pair", 0, "gpu-8-node", nil))
+	h.addPod(jobPod("pair", 1, "gpu-8-node", nil))
+	h.place("default/job/pair")
+	h.bind("pair-0")
+	h.bind("pair-1")
+	return h
 }
