@@ -9,6 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -225,7 +226,7 @@ func (st *state) demand(pod Pod) (podDemand, bool) {
 	for _, cl := range pod.Claims {
 		for _, r := range cl.Spec.Devices.Requests {
 			e := r.Exactly
-			if e == nil || e.AllocationMode == resourceapi.DeviceAllocationModeAll || !st.gpuClass(e.DeviceClassName) {
+			if e == nil || e.AllocationMode == resourceapi.DeviceAllocationModeAll || !st.gpuClass(e.DeviceClassName) || ptr.Deref(e.AdminAccess, false) {
 				return d, false
 			}
 			milli := topology.MilliPerGPU

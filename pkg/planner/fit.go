@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
 )
@@ -112,12 +113,13 @@ func (f *fitter) addShape(pod Pod, shapeIDs map[string]int) (int, error) {
 }
 
 // minDevices is the fewest devices the claim can be satisfied with, from
-// the exact counts; "All" requests may match nothing, so they add none.
+// the exact counts; "All" requests may match nothing, so they add none,
+// and admin access takes no device from anyone, so it adds none either.
 func minDevices(spec *resourceapi.ResourceClaimSpec) int {
 	n := 0
 	for _, r := range spec.Devices.Requests {
 		if r.Exactly != nil {
-			if r.Exactly.AllocationMode != resourceapi.DeviceAllocationModeAll {
+			if r.Exactly.AllocationMode != resourceapi.DeviceAllocationModeAll && !ptr.Deref(r.Exactly.AdminAccess, false) {
 				n += int(max(r.Exactly.Count, 1))
 			}
 			continue
@@ -264,6 +266,9 @@ func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
 				ref, ok := f.c.dev(devicefit.DeviceID(d.Driver, d.Pool, d.Device))
 				if !ok || int(ref.node) != n {
 					return fitResult{}, fmt.Errorf("allocator picked device %s/%s/%s, which is not on node %s", d.Driver, d.Pool, d.Device, nd.name)
+				}
+				if ptr.Deref(d.AdminAccess, false) {
+					continue // admin access takes the device from no one
 				}
 				r.pos = append(r.pos, int(ref.pos))
 			}
