@@ -164,6 +164,10 @@ func TestClusterDownLeavesNothing(t *testing.T) {
 	if pid := cluster.RunningPID(dir); pid != 0 {
 		t.Errorf("supervisor pid %d still running after down", pid)
 	}
+	// down is idempotent: again on the stopped cluster, it succeeds.
+	if out, err := exec.CommandContext(ctx, localcluster, "down", "--dir", dir).CombinedOutput(); err != nil {
+		t.Errorf("second localcluster down: %v\n%s", err, out)
+	}
 }
 
 // goBuild builds pkg of the module in modDir into out.
