@@ -25,13 +25,13 @@ var ErrNotRunning = errors.New("not running")
 
 const stopTimeout = 15 * time.Second
 
-// registeredLine is what the kubelet logs (at --vmodule=dra_plugin_manager=3)
+// registeredLine is what a line of the kubelet's log holds (at --vmodule=dra_plugin_manager=3)
 // once it has registered a DRA plugin. Its plugin manager does that on its
 // next reconcile (every second) after the registration socket appears; a pod
 // whose claims the kubelet tries to prepare before that fails, and the
 // kubelet retries it only after a long backoff (over a minute observed), so
 // a started plugin counts only once its kubelet has logged this.
-const registeredLine = `"Registered DRA plugin" driverName="` + DriverName + `"`
+var registeredLine = []string{`"Registered DRA plugin"`, `driverName="` + DriverName + `"`}
 
 // ReadyInfo is the content of DIR/ready, written once the cluster is usable.
 // PIDs are those at start; DIR/run/NAME.pid always has the current ones.
@@ -268,7 +268,7 @@ func (c *Cluster) StartPlugin(node string) error {
 func (c *Cluster) waitPluginRegistered(ctx context.Context, node string, offset int64) error {
 	logPath := c.logPath("kubelet-" + node)
 	err := c.poll(ctx, time.Minute, func() (bool, error) {
-		return logHasSince(logPath, offset, registeredLine), nil
+		return logHasLineSince(logPath, offset, registeredLine...), nil
 	}, "kubelet-"+node, "plugin-"+node)
 	if err != nil {
 		return fmt.Errorf("wait for the kubelet of %s to register its plugin: %w", node, err)
@@ -276,9 +276,9 @@ func (c *Cluster) waitPluginRegistered(ctx context.Context, node string, offset 
 	return nil
 }
 
-// logHasSince reports whether the file at path holds s after its first
-// offset bytes.
-func logHasSince(path string, offset int64, s string) bool {
+// logHasLineSince reports whether a line of the file at path, after its
+// first offset bytes, holds every one of parts.
+func logHasLineSince(path string, offset int64, parts ...string) bool {
 	f, err := os.Open(path)
 	if err != nil {
 		return false
@@ -288,7 +288,15 @@ func logHasSince(path string, offset int64, s string) bool {
 		return false
 	}
 	data, err := io.ReadAll(f)
-	return err == nil && strings.Contains(string(data), s)
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Cluster) launchPlugin(node string) error {
