@@ -5,12 +5,14 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -412,5 +414,59 @@ func TestParseListening(t *testing.T) {
 func TestUnescapeOctal(t *testing.T) {
 	if got := unescapeOctal(`/tmp/a\040b\134c`); got != `/tmp/a b\c` {
 		t.Errorf("unescapeOctal = %q", got)
+	}
+}
+
+// The scan of TestClusterDownLeavesNothing sees a process that runs in the
+// directory, a unix socket bound in it and, as root, a mount under it; and
+// none of them once they are gone.
+func TestScanLeftoversSeesWhatItLooksFor(t *testing.T) {
+	dir := t.TempDir()
+	child := exec.Command("sleep", "600")
+	child.Dir = dir
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer child.Process.Kill()
+	l, err := net.Listen("unix", filepath.Join(dir, "s.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	mnt := filepath.Join(dir, "mnt")
+	mounted := false
+	if os.Geteuid() == 0 {
+		if err := os.Mkdir(mnt, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+			t.Logf("cannot mount here (%v); the mount check goes untested", err)
+		} else {
+			mounted = true
+			defer syscall.Unmount(mnt, syscall.MNT_DETACH)
+		}
+	}
+
+	got := scanLeftovers(t, dir, nil)
+	if !slices.ContainsFunc(got.procs, func(p leftProc) bool { return p.pid == child.Process.Pid }) {
+		t.Errorf("scan missed pid %d running in %s: %v", child.Process.Pid, dir, got.procs)
+	}
+	if !slices.Contains(got.sockets, filepath.Join(dir, "s.sock")) {
+		t.Errorf("scan missed the socket: %v", got.sockets)
+	}
+	if mounted && !slices.Contains(got.mounts, mnt) {
+		t.Errorf("scan missed the mount %s: %v", mnt, got.mounts)
+	}
+
+	child.Process.Kill()
+	child.Wait()
+	l.Close()
+	if mounted {
+		if err := syscall.Unmount(mnt, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := scanLeftovers(t, dir, nil); len(got.procs)+len(got.sockets)+len(got.mounts) > 0 {
+		t.Errorf("scan after everything ended: %+v", got)
 	}
 }

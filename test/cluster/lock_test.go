@@ -42,7 +42,7 @@ func lockLocalClusters(t *testing.T) {
 	t.Cleanup(func() { f.Close() })
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); errors.Is(err, syscall.EWOULDBLOCK) {
 		holder, _ := os.ReadFile(path)
-		t.Logf("another local cluster runs (%s); waiting for its lock %s", strings.TrimSpace(string(holder)), path)
+		t.Logf("another local cluster holds %s (last taken by: %s); waiting for it", path, strings.TrimSpace(string(holder)))
 		start := time.Now()
 		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 			t.Fatalf("lock %s: %v", path, err)
