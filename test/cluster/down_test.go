@@ -31,8 +31,8 @@ realNodes: 2
 // TestClusterDownLeavesNothing proves the README's "`make demo-down` stops
 // it and leaves no process or mount behind": it starts a cluster with
 // `localcluster up` and the arguments demo/local.sh gives it (the gputopo
-// plugin and controller, the admission manifests), records what the cluster
-// holds, runs `localcluster down`, and checks that nothing of it is left:
+// plugin and controller, the admission manifests), runs a pod with a claim
+// on each real node, records what the cluster holds, runs `localcluster down`, and checks that nothing of it is left:
 // no process, no mount (here or in the kubelets' namespaces), no open unix
 // socket and no listening TCP port.
 func TestClusterDownLeavesNothing(t *testing.T) {
@@ -84,6 +84,20 @@ func TestClusterDownLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A running pod with a claim on each real node, as after `make demo`:
+	// prepared claims, and the kubelet's volume mounts for the pod.
+	attached, err := cluster.Attach(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := attached.Client()
+	createDRAObjects(ctx, t, client)
+	for _, n := range ready.Nodes {
+		if n.Real {
+			waitRunning(ctx, t, client, createPod(ctx, t, client, n.Name, "p-"+n.Name))
+		}
+	}
+
 	// What the cluster holds, found the way the checks after down look.
 	before := scanLeftovers(t, dir, private)
 	wantProcs := map[int]string{ready.SupervisorPID: "supervisor"}
@@ -101,6 +115,10 @@ func TestClusterDownLeavesNothing(t *testing.T) {
 				t.Fatalf("mount namespace of %s: %v", name, err)
 			}
 			kubeletNS = append(kubeletNS, ns)
+			// The pod's volumes are mounted in the kubelet's namespace only.
+			if mounts := mountsUnder(t, fmt.Sprintf("/proc/%d/mountinfo", pid), dir); len(mounts) == 0 {
+				t.Errorf("%s has no mount under the cluster dir while its pod runs", name)
+			}
 		}
 	}
 	for _, want := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "controller"} {
@@ -283,15 +301,7 @@ func scanLeftovers(t *testing.T, dir string, private []string) leftovers {
 			l.procs = append(l.procs, leftProc{pid: pid, why: why})
 		}
 	}
-	mountinfo, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(mountinfo), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && under(unescapeOctal(f[4])) {
-			l.mounts = append(l.mounts, unescapeOctal(f[4]))
-		}
-	}
+	l.mounts = mountsUnder(t, "/proc/self/mountinfo", dir)
 	unix, err := os.ReadFile("/proc/net/unix")
 	if err != nil {
 		t.Fatal(err)
@@ -303,6 +313,22 @@ func scanLeftovers(t *testing.T, dir string, private []string) leftovers {
 		}
 	}
 	return l
+}
+
+// mountsUnder returns the mount points under dir that a mountinfo file lists.
+func mountsUnder(t *testing.T, mountinfo, dir string) []string {
+	t.Helper()
+	data, err := os.ReadFile(mountinfo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mounts []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(unescapeOctal(f[4]), dir+"/") {
+			mounts = append(mounts, unescapeOctal(f[4]))
+		}
+	}
+	return mounts
 }
 
 // unescapeOctal undoes mountinfo's \NNN escapes.
