@@ -13,8 +13,8 @@ import (
 
 // needClusterBinaries returns $GPUTOPO_K8S_BIN, where `localcluster build`
 // put the Kubernetes binaries, and takes the machine-wide local-cluster lock
-// for the rest of the test; it skips the test when GPUTOPO_K8S_BIN is unset
-// (`make unit`), so only `make e2e` starts clusters.
+// for the rest of the test. It skips the test when GPUTOPO_K8S_BIN is unset
+// or empty (`make unit`), so only `make e2e` starts clusters.
 func needClusterBinaries(t *testing.T) string {
 	t.Helper()
 	binDir := os.Getenv("GPUTOPO_K8S_BIN")
@@ -22,7 +22,7 @@ func needClusterBinaries(t *testing.T) string {
 		t.Skip("GPUTOPO_K8S_BIN not set")
 	}
 	if _, err := os.Stat(filepath.Join(binDir, "kubelet")); err != nil {
-		t.Skipf("no Kubernetes binaries in GPUTOPO_K8S_BIN: %v", err)
+		t.Fatalf("GPUTOPO_K8S_BIN is set, but has no Kubernetes binaries (localcluster build): %v", err)
 	}
 	lockLocalClusters(t)
 	return binDir
