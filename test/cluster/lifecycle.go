@@ -25,12 +25,13 @@ var ErrNotRunning = errors.New("not running")
 
 const stopTimeout = 15 * time.Second
 
-// registeredLine is what a line of the kubelet's log holds (at --vmodule=dra_plugin_manager=3)
-// once it has registered a DRA plugin. Its plugin manager does that on its
-// next reconcile (every second) after the registration socket appears; a pod
-// whose claims the kubelet tries to prepare before that fails, and the
-// kubelet retries it only after a long backoff (over a minute observed), so
-// a started plugin counts only once its kubelet has logged this.
+// registeredLine is what a line of the kubelet's log holds (at
+// --vmodule=dra_plugin_manager=3) once it has registered the gputopo plugin.
+// Its plugin manager does that on its next reconcile (every second) after
+// the registration socket appears; a pod whose claims the kubelet tries to
+// prepare before that fails, and the kubelet retries it only after a long
+// backoff (over a minute observed), so a started plugin counts only once its
+// kubelet has logged this.
 var registeredLine = []string{`"Registered DRA plugin"`, `driverName="` + DriverName + `"`}
 
 // ReadyInfo is the content of DIR/ready, written once the cluster is usable.
