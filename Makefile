@@ -42,15 +42,21 @@ k8s-binaries: $(LOCALCLUSTER)
 test: lint unit e2e chart
 
 # pkg/clustertopo is a module of its own, so test/cluster can use it
-# without taking the root module's dependencies.
+# without taking the root module's dependencies. No cluster starts here:
+# test/cluster's cluster tests run only with GPUTOPO_K8S_BIN set (e2e).
 unit:
 	$(GO) test ./...
 	cd pkg/clustertopo && $(GO) test ./...
-	cd test/cluster && $(GO) test ./...
+	cd test/cluster && GPUTOPO_K8S_BIN= $(GO) test ./...
 	cd test/bench && $(GO) test ./...
 
+# First the local cluster itself (test/cluster's TestCluster*: a cluster
+# from Start, and `localcluster up` then `down` leaving nothing behind),
+# then the end-to-end suite on it. Every test that starts a cluster holds
+# the local-cluster lock ($${TMPDIR:-/tmp}/gputopo-e2e.lock) while it runs.
 e2e: build k8s-binaries
 	mkdir -p _output
+	k8s_bin=$$($(LOCALCLUSTER) bin-dir) && cd test/cluster && GPUTOPO_K8S_BIN=$$k8s_bin GPUTOPO_BIN=$(BIN) $(GO) test -count=1 -timeout 30m -run '^TestCluster' -v . 2>&1 | tee $(CURDIR)/_output/cluster.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
 	cd test/e2e && GPUTOPO_BIN=$(BIN) $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./... 2>&1 | tee $(CURDIR)/_output/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
 
 # The Helm chart: lint and template checks, then an install into the local

@@ -6,7 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // controllerProc is the process name of the gputopo controller.
@@ -83,10 +87,91 @@ func (c *Cluster) applyManifests(ctx context.Context) error {
 			return fmt.Errorf("apply %s: %w: %s", m, err, out)
 		}
 	}
-	if len(c.cfg.Manifests) > 0 {
-		// Admission policies take effect asynchronously; give the
-		// apiserver's policy informer a moment.
-		time.Sleep(2 * time.Second)
+	if len(c.cfg.Manifests) == 0 {
+		return nil
+	}
+	if err := c.waitPoliciesInForce(ctx); err != nil {
+		return fmt.Errorf("wait for the admission policies of %s to take effect: %w", strings.Join(c.cfg.Manifests, ", "), err)
+	}
+	return nil
+}
+
+// Probe policies, created after the manifests: the API server's policy
+// sources compile what their informers hold, and an informer sees objects of
+// one kind in the order they were created, so once a probe policy acts, every
+// policy and binding of its kind created before it does too.
+const (
+	probeValidating = "gputopo-localcluster-probe-validating"
+	probeMutating   = "gputopo-localcluster-probe-mutating"
+	probeLabel      = "gputopo.dev/localcluster-probe"
+	probePolicies   = `apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: ` + probeValidating + `}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules: [{apiGroups: [""], apiVersions: ["v1"], operations: ["CREATE"], resources: ["configmaps"]}]
+  matchConditions: [{name: probe, expression: 'object.metadata.name == "` + probeValidating + `"'}]
+  validations: [{expression: "false", message: "` + probeValidating + `"}]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: ` + probeValidating + `}
+spec: {policyName: ` + probeValidating + `, validationActions: [Deny]}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingAdmissionPolicy
+metadata: {name: ` + probeMutating + `}
+spec:
+  failurePolicy: Fail
+  reinvocationPolicy: Never
+  matchConstraints:
+    resourceRules: [{apiGroups: [""], apiVersions: ["v1"], operations: ["CREATE"], resources: ["configmaps"]}]
+  matchConditions: [{name: probe, expression: 'object.metadata.name == "` + probeMutating + `"'}]
+  mutations:
+  - patchType: ApplyConfiguration
+    applyConfiguration:
+      expression: 'Object{metadata: Object.metadata{labels: {"` + probeLabel + `": "mutated"}}}'
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingAdmissionPolicyBinding
+metadata: {name: ` + probeMutating + `}
+spec: {policyName: ` + probeMutating + `}
+`
+)
+
+// waitPoliciesInForce creates the probe policies, waits until dry-run
+// ConfigMaps show both acting, and deletes them again.
+func (c *Cluster) waitPoliciesInForce(ctx context.Context) error {
+	if err := c.kubectlStdin(ctx, probePolicies, "apply", "--server-side", "-f", "-"); err != nil {
+		return fmt.Errorf("create probe policies: %w", err)
+	}
+	cms := c.client.CoreV1().ConfigMaps(metav1.NamespaceDefault)
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	err := c.poll(ctx, time.Minute, func() (bool, error) {
+		_, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: probeValidating}}, dryRun)
+		if err == nil || !strings.Contains(err.Error(), probeValidating) {
+			return false, nil
+		}
+		cm, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: probeMutating}}, dryRun)
+		return err == nil && cm.Labels[probeLabel] == "mutated", nil
+	}, "kube-apiserver")
+	if err != nil {
+		return fmt.Errorf("wait for probe policies to act: %w", err)
+	}
+	// They match only ConfigMaps of their own names: no need to wait until
+	// they are gone.
+	if err := c.kubectlStdin(ctx, probePolicies, "delete", "-f", "-"); err != nil {
+		return fmt.Errorf("delete probe policies: %w", err)
+	}
+	return nil
+}
+
+func (c *Cluster) kubectlStdin(ctx context.Context, stdin string, args ...string) error {
+	cmd := exec.CommandContext(ctx, c.bin("kubectl"), append([]string{"--kubeconfig", c.Kubeconfig()}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
 	}
 	return nil
 }

@@ -20,15 +20,9 @@ import (
 )
 
 // TestCluster starts 1 real + 1 fake node with the stub plugin. It needs the
-// binaries of `localcluster build` in $GPUTOPO_K8S_BIN.
+// binaries of `localcluster build` in $GPUTOPO_K8S_BIN (`make e2e` sets it).
 func TestCluster(t *testing.T) {
-	binDir := os.Getenv("GPUTOPO_K8S_BIN")
-	if binDir == "" {
-		t.Skip("GPUTOPO_K8S_BIN not set")
-	}
-	if _, err := os.Stat(filepath.Join(binDir, "kubelet")); err != nil {
-		t.Skipf("no Kubernetes binaries in GPUTOPO_K8S_BIN: %v", err)
-	}
+	binDir := needClusterBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -24,11 +25,14 @@ var ErrNotRunning = errors.New("not running")
 
 const stopTimeout = 15 * time.Second
 
-// registrationDelay covers the kubelet's plugin manager, which registers a
-// new plugin socket on its next reconcile (every second). A pod whose claims
-// the kubelet tries to prepare before that fails, and the kubelet retries it
-// only after a long backoff (over a minute observed).
-const registrationDelay = 1500 * time.Millisecond
+// registeredLine is what a line of the kubelet's log holds (at
+// --vmodule=dra_plugin_manager=3) once it has registered the gputopo plugin.
+// Its plugin manager does that on its next reconcile (every second) after
+// the registration socket appears; a pod whose claims the kubelet tries to
+// prepare before that fails, and the kubelet retries it only after a long
+// backoff (over a minute observed), so a started plugin counts only once its
+// kubelet has logged this.
+var registeredLine = []string{`"Registered DRA plugin"`, `driverName="` + DriverName + `"`}
 
 // ReadyInfo is the content of DIR/ready, written once the cluster is usable.
 // PIDs are those at start; DIR/run/NAME.pid always has the current ones.
@@ -200,10 +204,13 @@ func (c *Cluster) waitNodes(ctx context.Context) error {
 			if err := c.waitPluginSockets(ctx, name); err != nil {
 				return fmt.Errorf("wait for the plugin of %s to listen: %w", name, err)
 			}
+			// The kubelet's log is new with the cluster: any registration counts.
+			if err := c.waitPluginRegistered(ctx, name, 0); err != nil {
+				return err
+			}
 		}
 	}
-	time.Sleep(registrationDelay)
-	c.progress("every node has ResourceSlices; plugins listen")
+	c.progress("every node has ResourceSlices; plugins listen and are registered")
 	return nil
 }
 
@@ -242,6 +249,10 @@ func (c *Cluster) StartPlugin(node string) error {
 			return fmt.Errorf("start plugin of %s: already running as pid %d", node, p.pid)
 		}
 	}
+	var logged int64
+	if fi, err := os.Stat(c.logPath("kubelet-" + node)); err == nil {
+		logged = fi.Size()
+	}
 	if err := c.launchPlugin(node); err != nil {
 		return err
 	}
@@ -250,8 +261,43 @@ func (c *Cluster) StartPlugin(node string) error {
 	if err := c.waitPluginSockets(ctx, node); err != nil {
 		return fmt.Errorf("start plugin of %s: %w", node, err)
 	}
-	time.Sleep(registrationDelay)
+	return c.waitPluginRegistered(ctx, node, logged)
+}
+
+// waitPluginRegistered waits until the kubelet of node has logged, after
+// offset bytes of its log, that it registered the plugin.
+func (c *Cluster) waitPluginRegistered(ctx context.Context, node string, offset int64) error {
+	logPath := c.logPath("kubelet-" + node)
+	err := c.poll(ctx, time.Minute, func() (bool, error) {
+		return logHasLineSince(logPath, offset, registeredLine...), nil
+	}, "kubelet-"+node, "plugin-"+node)
+	if err != nil {
+		return fmt.Errorf("wait for the kubelet of %s to register its plugin: %w", node, err)
+	}
 	return nil
+}
+
+// logHasLineSince reports whether a line of the file at path, after its
+// first offset bytes, holds every one of parts.
+func logHasLineSince(path string, offset int64, parts ...string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return false
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Cluster) launchPlugin(node string) error {

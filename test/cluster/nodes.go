@@ -86,6 +86,8 @@ func (c *Cluster) startRealNode(ctx context.Context, n *nodeState) error {
 		"--root-dir=" + root,
 		"--cert-dir=" + filepath.Join(root, "pki"),
 		"--hostname-override=" + name,
+		// Logs "Registered DRA plugin", which StartPlugin waits for.
+		"--vmodule=dra_plugin_manager=3",
 		"--node-labels=" + LabelString(n.spec.AllLabels()),
 	}
 	if err := c.launchOpts("kubelet-"+name, procOpts{workDir: workDir}, argv...); err != nil {

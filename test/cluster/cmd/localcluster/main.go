@@ -34,6 +34,7 @@ var subcommands = []subcommand{
 	{"down", "", "stop the cluster in --dir; idempotent", setupDown},
 	{"plugin", "start|stop|kill|restart", "drive the gputopo kubelet plugin of one real node", setupPlugin},
 	{"fakecri", "", "serve the fake container runtime on a unix socket", setupFakeCRI},
+	{"bin-dir", "", "print where build puts the Kubernetes binaries (env GPUTOPO_K8S_BIN)", setupBinDir},
 }
 
 // usage lists every subcommand with its flags, generated from the flag
@@ -221,6 +222,13 @@ func setupDown(fs *flag.FlagSet) func(context.Context, []string) error {
 			return errors.New("--dir is required")
 		}
 		return cluster.Down(*dir)
+	}
+}
+
+func setupBinDir(*flag.FlagSet) func(context.Context, []string) error {
+	return func(context.Context, []string) error {
+		_, err := fmt.Println(cluster.DefaultBinDir())
+		return err
 	}
 }
 
