@@ -87,6 +87,9 @@ func TestIllegalCatches(t *testing.T) {
 		{"held by another claim", []resourcev1.ResourceClaim{claim("ours", n0+"/gpu-2"), claim("other", n0+"/gpu-2")}, "held by 2 claims"},
 		{"outside the leaf and on a tainted node", []resourcev1.ResourceClaim{claim("ours", n1+"/gpu-1")}, "nodeSelector"},
 		{"not published", []resourcev1.ResourceClaim{claim("ours", n0+"/gpu-99")}, "not a published device"},
+		{"another driver's device of another leaf", []resourcev1.ResourceClaim{claim("ours", n0+"/gpu-1", "nic-"+shape.otherLeaf+"/nic-0")}, "does not serve"},
+		{"another driver's device of another node", []resourcev1.ResourceClaim{claim("ours", n0+"/gpu-1", "nic-"+n1+"/nic-0")}, "does not serve"},
+		{"another driver's device held twice", []resourcev1.ResourceClaim{claim("ours", n0+"/gpu-1", "nic-all/nic-0"), claim("other", n0+"/gpu-2", "nic-all/nic-0")}, "held by 2 claims"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := illegal(c, shape, inv, tc.claims, ours)

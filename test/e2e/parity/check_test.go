@@ -8,6 +8,7 @@ import (
 
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	gputopology "github.com/gputopo/gputopo/pkg/topology"
 )
@@ -17,13 +18,16 @@ const milliGPU resourcev1.QualifiedName = "milliGPU"
 
 // device is one published GPU as the checks need it.
 type device struct {
-	node   string
+	driver string
+	node   string                   // the node of a node-local device, else ""
+	leaf   string                   // the leaf a device is limited to by its slice's nodeSelector, else ""
 	multi  bool                     // allowMultipleAllocations: a shared GPU
 	milli  int64                    // its milliGPU capacity (shared GPUs)
 	taints []resourcev1.DeviceTaint // taints in the slice itself
 }
 
-// inventory is every gputopo device, by "node/device".
+// inventory is every published device, by "pool/device" (the suite's
+// pools have distinct names across drivers).
 type inventory map[string]device
 
 func loadInventory(ctx context.Context) (inventory, error) {
@@ -32,19 +36,27 @@ func loadInventory(ctx context.Context) (inventory, error) {
 		return nil, fmt.Errorf("list ResourceSlices: %w", err)
 	}
 	out := inventory{}
+	gpus := 0
 	for _, s := range list.Items {
-		if s.Spec.Driver != gputopology.DriverName {
-			continue
+		node, leaf := ptr.Deref(s.Spec.NodeName, ""), ""
+		if node == "" && s.Spec.Driver == gputopology.DriverName {
+			node = s.Spec.Pool.Name // gputopo's pool is its node
+		}
+		if s.Spec.NodeSelector != nil {
+			leaf = shape.otherLeaf // the only slices with a nodeSelector are the other driver's leaf pool
 		}
 		for _, d := range s.Spec.Devices {
-			dev := device{node: s.Spec.Pool.Name, multi: d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations, taints: d.Taints}
+			if s.Spec.Driver == gputopology.DriverName {
+				gpus++
+			}
+			dev := device{driver: s.Spec.Driver, node: node, leaf: leaf, multi: ptr.Deref(d.AllowMultipleAllocations, false), taints: d.Taints}
 			if c, ok := d.Capacity[milliGPU]; ok {
 				dev.milli = c.Value.Value()
 			}
 			out[s.Spec.Pool.Name+"/"+d.Name] = dev
 		}
 	}
-	if len(out) == 0 {
+	if gpus == 0 {
 		return nil, fmt.Errorf("no ResourceSlice of %s", gputopology.DriverName)
 	}
 	return out, nil
@@ -65,9 +77,6 @@ func usage(claims []resourcev1.ResourceClaim) map[string][]use {
 			continue
 		}
 		for _, r := range c.Status.Allocation.Devices.Results {
-			if r.Driver != gputopology.DriverName {
-				continue
-			}
 			u := use{claim: c.Namespace + "/" + c.Name, milli: -1, admin: r.AdminAccess != nil && *r.AdminAccess}
 			if q, ok := r.ConsumedCapacity[milliGPU]; ok {
 				u.milli = q.Value()
@@ -84,10 +93,23 @@ func usage(claims []resourcev1.ResourceClaim) map[string][]use {
 // cluster: a device with a NoSchedule taint the claim does not tolerate, a
 // device on a node the pods may not use (outside the nodeSelector's leaf,
 // or tainted against them), a device another claim holds as well (beyond
-// a shared GPU's capacity), or a device that was never published.
+// a shared GPU's capacity), a device of another driver that the claim's
+// node cannot reach, or a device that was never published.
 func illegal(c *caseSpec, cs *clusterShape, inv inventory, all []resourcev1.ResourceClaim, ours map[string]bool) []string {
 	var out []string
 	uses := usage(all)
+	// The node of each of our claims: where its GPUs are.
+	claimNode := map[string]string{}
+	for _, cl := range all {
+		if !ours[cl.Namespace+"/"+cl.Name] || cl.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range cl.Status.Allocation.Devices.Results {
+			if d, ok := inv[r.Pool+"/"+r.Device]; ok && d.driver == gputopology.DriverName {
+				claimNode[cl.Namespace+"/"+cl.Name] = d.node
+			}
+		}
+	}
 	keys := make([]string, 0, len(uses))
 	for k := range uses {
 		keys = append(keys, k)
@@ -102,6 +124,15 @@ func illegal(c *caseSpec, cs *clusterShape, inv inventory, all []resourcev1.Reso
 		d, ok := inv[key]
 		if !ok {
 			out = append(out, fmt.Sprintf("%s: not a published device", key))
+			continue
+		}
+		for _, u := range us {
+			if n := claimNode[u.claim]; ours[u.claim] && n != "" && (d.node != "" && d.node != n || d.leaf != "" && cs.leafOf[n] != d.leaf) {
+				out = append(out, fmt.Sprintf("%s: in claim %s with GPUs on %s, which the device's slice does not serve", key, u.claim, n))
+			}
+		}
+		if d.driver != gputopology.DriverName {
+			out = append(out, held(key, d, us)...)
 			continue
 		}
 		if !c.TolerateDeviceTaints {
@@ -122,28 +153,34 @@ func illegal(c *caseSpec, cs *clusterShape, inv inventory, all []resourcev1.Reso
 		if c.TaintedNode == d.node && !c.TolerateNodeTaint {
 			out = append(out, fmt.Sprintf("%s: on node %s, tainted NoSchedule against the pods", key, d.node))
 		}
-		// Holds by claims without admin access must fit the device.
-		var holders []string
-		var milli int64
-		for _, u := range us {
-			if u.admin {
-				continue
-			}
-			holders = append(holders, u.claim)
-			if u.milli < 0 {
-				milli += d.milli // a claim that asks no share takes the whole GPU
-			} else {
-				milli += u.milli
-			}
-		}
-		switch {
-		case !d.multi && len(holders) > 1:
-			out = append(out, fmt.Sprintf("%s: held by %d claims %v", key, len(holders), holders))
-		case d.multi && milli > d.milli:
-			out = append(out, fmt.Sprintf("%s: shared GPU held beyond its %d milliGPU (%d) by %v", key, d.milli, milli, holders))
-		}
+		out = append(out, held(key, d, us)...)
 	}
 	return out
+}
+
+// held checks that the claims without admin access that hold a device fit
+// it: one claim, or shares within a shared GPU's capacity.
+func held(key string, d device, us []use) []string {
+	var holders []string
+	var milli int64
+	for _, u := range us {
+		if u.admin {
+			continue
+		}
+		holders = append(holders, u.claim)
+		if u.milli < 0 {
+			milli += d.milli // a claim that asks no share takes the whole GPU
+		} else {
+			milli += u.milli
+		}
+	}
+	switch {
+	case !d.multi && len(holders) > 1:
+		return []string{fmt.Sprintf("%s: held by %d claims %v", key, len(holders), holders)}
+	case d.multi && milli > d.milli:
+		return []string{fmt.Sprintf("%s: shared GPU held beyond its %d milliGPU (%d) by %v", key, d.milli, milli, holders)}
+	}
+	return nil
 }
 
 // outcome is what one side did with a case.

@@ -21,7 +21,22 @@ const (
 	shapeAdmin   = "admin-access"      // adminAccess: true, in a namespace that allows it
 	shapeMissing = "missing-attribute" // asks for an attribute no device has: refused by both
 	shapeShare   = "gpu-share"         // a share of a shared GPU (consumable capacity)
+	shapeOther   = "other-driver"      // one GPU and one device of another driver (cluster-wide, per leaf or per node)
+	shapeExtRes  = "extended-resource" // limits: gputopo.dev/gpu, a DRA extended resource (no claim in the pod)
 )
+
+// The other driver: its DeviceClass, the attribute that says where its
+// devices are, and the scopes it publishes (see setupOtherDriver).
+const (
+	otherDriver   = "nic.example.com"
+	otherScope    = "scope"
+	extendedName  = "gputopo.dev/gpu" // the extended resource of extendedClass
+	extendedClass = "gpu-extended.gputopo.dev"
+)
+
+// otherScopes: a pool for every node (allNodes), a pool for the nodes of
+// one leaf (nodeSelector), and a pool on each node (nodeName).
+var otherScopes = []string{"all", "leaf", "node"}
 
 // Keys of the taints the generator puts on devices and nodes.
 const (
@@ -48,6 +63,9 @@ type caseSpec struct {
 	Shared bool
 	// Admin: the claim's requests have adminAccess.
 	Admin bool
+	// Extended: GPUs per pod through the extended resource instead of a
+	// claim.
+	Extended int
 
 	// State.
 	Holders              []holder
@@ -76,6 +94,9 @@ func (c *caseSpec) String() string {
 	fmt.Fprintf(&b, "seed %d case %d: %s", c.Seed, c.Index, c.Shape)
 	if c.Variant != "" {
 		fmt.Fprintf(&b, " (%s)", c.Variant)
+	}
+	if c.Extended > 0 {
+		fmt.Fprintf(&b, " (%s: %d)", extendedName, c.Extended)
 	}
 	fmt.Fprintf(&b, ", %d pod(s) in %s", c.Pods, c.Namespace)
 	for _, h := range c.Holders {
@@ -115,6 +136,10 @@ type clusterShape struct {
 	adminNamespace string
 	// templates are demo/specs/claims by name.
 	templates map[string]*resourcev1.ResourceClaimTemplate
+	// otherDriver: the other driver's devices are published;
+	// extended: the API server serves DeviceClass.extendedResourceName.
+	otherDriver, extended bool
+	otherLeaf             string // the leaf whose nodes the other driver's "leaf" pool serves
 }
 
 // shapes lists the shapes the cluster can run: gpu-share only where a
@@ -123,6 +148,12 @@ func (cs *clusterShape) shapes() []string {
 	out := []string{shapeNode8, shapeQuad, shapeOne, shapeShared, shapeAdmin, shapeMissing}
 	if len(cs.shared) > 0 {
 		out = append(out, shapeShare)
+	}
+	if cs.otherDriver {
+		out = append(out, shapeOther)
+	}
+	if cs.extended {
+		out = append(out, shapeExtRes)
 	}
 	return out
 }
@@ -181,6 +212,16 @@ func generate(cs *clusterShape, seed uint64, index int) *caseSpec {
 	case shapeShare:
 		c.Variant = []string{"gpu-share-quarter", "gpu-share-half"}[r.IntN(2)]
 		c.Claim = cs.claimOf(c.Variant)
+	case shapeOther:
+		c.Variant = otherScopes[r.IntN(len(otherScopes))]
+		c.Claim = cs.claimOf(shapeOne)
+		c.Claim.Devices.Requests = append(c.Claim.Devices.Requests, resourcev1.DeviceRequest{Name: "nic", Exactly: &resourcev1.ExactDeviceRequest{
+			DeviceClassName: otherDriver, Count: 1,
+			Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{
+				Expression: fmt.Sprintf(`device.attributes[%q].%s == %q`, otherDriver, otherScope, c.Variant)}}},
+		}})
+	case shapeExtRes:
+		c.Extended = []int{1, 4, 8}[r.IntN(3)]
 	}
 
 	// GPUs held by other claims: up to two holders on distinct nodes, each
@@ -208,7 +249,7 @@ func generate(cs *clusterShape, seed uint64, index int) *caseSpec {
 			c.TaintRules = append(c.TaintRules, rule)
 		}
 	}
-	if len(c.TaintRules) > 0 {
+	if len(c.TaintRules) > 0 && c.Extended == 0 { // an extended resource has no tolerations
 		c.TolerateDeviceTaints = r.IntN(2) == 0
 		if c.TolerateDeviceTaints {
 			for i := range c.Claim.Devices.Requests {

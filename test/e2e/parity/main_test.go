@@ -5,15 +5,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"testing"
 	"time"
 
-	"testing"
-
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	gputopology "github.com/gputopo/gputopo/pkg/topology"
 	cluster "github.com/gputopo/gputopo/test/cluster"
@@ -54,6 +55,12 @@ func TestMain(m *testing.M) {
 		}
 		var err error
 		if shape, err = loadClusterShape(ctx); err != nil {
+			return err
+		}
+		if err := setupOtherDriver(ctx, shape); err != nil {
+			return err
+		}
+		if shape.extended, err = setupExtendedResource(ctx); err != nil {
 			return err
 		}
 		inv, err = loadInventory(ctx)
@@ -115,4 +122,68 @@ func loadClusterShape(ctx context.Context) (*clusterShape, error) {
 		}
 	}
 	return cs, nil
+}
+
+// setupOtherDriver publishes devices of another driver, which has no
+// kubelet plugin: two in a pool every node can use (allNodes), two in a
+// pool for the nodes of the last leaf (nodeSelector), and one on each node
+// (nodeName), each with the attribute scope saying which; and a
+// DeviceClass for them.
+func setupOtherDriver(ctx context.Context, cs *clusterShape) error {
+	class := &resourcev1.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: otherDriver},
+		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{
+			Expression: fmt.Sprintf("device.driver == %q", otherDriver)}}}},
+	}
+	if _, err := client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create DeviceClass %s: %w", otherDriver, err)
+	}
+	devices := func(scope string, n int) []resourcev1.Device {
+		var out []resourcev1.Device
+		for i := range n {
+			out = append(out, resourcev1.Device{Name: fmt.Sprintf("nic-%d", i), Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
+				otherScope: {StringValue: ptr.To(scope)}}})
+		}
+		return out
+	}
+	leaf := cs.leaves[len(cs.leaves)-1]
+	slices := []resourcev1.ResourceSliceSpec{
+		{Pool: resourcev1.ResourcePool{Name: "nic-all"}, AllNodes: ptr.To(true), Devices: devices("all", 2)},
+		{Pool: resourcev1.ResourcePool{Name: "nic-" + leaf}, Devices: devices("leaf", 2),
+			NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
+				Key: cluster.LabelLeaf, Operator: corev1.NodeSelectorOpIn, Values: []string{leaf}}}}}}},
+	}
+	for _, n := range cs.nodes {
+		slices = append(slices, resourcev1.ResourceSliceSpec{Pool: resourcev1.ResourcePool{Name: "nic-" + n}, NodeName: ptr.To(n), Devices: devices("node", 1)})
+	}
+	for _, spec := range slices {
+		spec.Driver = otherDriver
+		spec.Pool.ResourceSliceCount = 1
+		s := &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: otherDriver + "-" + spec.Pool.Name}, Spec: spec}
+		if _, err := client.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create ResourceSlice %s: %w", s.Name, err)
+		}
+	}
+	cs.otherDriver = true
+	cs.otherLeaf = leaf
+	return nil
+}
+
+// setupExtendedResource creates a DeviceClass of gputopo's GPUs that pods
+// ask for as the extended resource gputopo.dev/gpu. It reports false when
+// the API server drops the field (DRAExtendedResource off).
+func setupExtendedResource(ctx context.Context) (bool, error) {
+	class := &resourcev1.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: extendedClass},
+		Spec: resourcev1.DeviceClassSpec{
+			Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{
+				Expression: fmt.Sprintf("device.driver == %q", gputopology.DriverName)}}},
+			ExtendedResourceName: ptr.To(extendedName),
+		},
+	}
+	got, err := client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{})
+	if err != nil {
+		return false, fmt.Errorf("create DeviceClass %s: %w", extendedClass, err)
+	}
+	return got.Spec.ExtendedResourceName != nil, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
@@ -151,7 +153,7 @@ func setupState(ctx context.Context, c *caseSpec) (teardown func(context.Context
 			return fail(err)
 		}
 	}
-	if !c.Shared {
+	if !c.Shared && c.Extended == 0 {
 		tmpl := &resourcev1.ResourceClaimTemplate{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.Namespace},
 			Spec:       resourcev1.ResourceClaimTemplateSpec{Spec: *c.Claim.DeepCopy()},
@@ -272,6 +274,11 @@ func newJob(c *caseSpec, name string, optIn bool, shared string) *batchv1.Job {
 			Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: claimName}}}}},
 		ResourceClaims: []corev1.PodResourceClaim{podClaim},
 	}
+	if c.Extended > 0 {
+		n := resource.MustParse(strconv.Itoa(c.Extended))
+		spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{extendedName: n}, Requests: corev1.ResourceList{extendedName: n}}
+		spec.ResourceClaims = nil
+	}
 	if c.TolerateNodeTaint {
 		spec.Tolerations = []corev1.Toleration{{Key: nodeTaintKey, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
 	}
@@ -325,7 +332,7 @@ func openForeignGates(ctx context.Context, c *caseSpec, job string, optIn bool) 
 			return false
 		}
 		for _, p := range pods {
-			if !c.Shared && len(p.Status.ResourceClaimStatuses) == 0 {
+			if !c.Shared && c.Extended == 0 && len(p.Status.ResourceClaimStatuses) == 0 {
 				state = "pod " + p.Name + " has no claim yet"
 				return false
 			}
@@ -433,6 +440,33 @@ func refusalOf(pods []corev1.Pod, optIn bool) string {
 	return ""
 }
 
+// podClaims returns the claims of a pod that exist: its claim from the
+// case's template and the claim kube-scheduler made for its extended
+// resource.
+func podClaims(ctx context.Context, p *corev1.Pod) ([]resourcev1.ResourceClaim, error) {
+	var names []string
+	for _, s := range p.Status.ResourceClaimStatuses {
+		if s.ResourceClaimName != nil {
+			names = append(names, *s.ResourceClaimName)
+		}
+	}
+	if s := p.Status.ExtendedResourceClaimStatus; s != nil {
+		names = append(names, s.ResourceClaimName)
+	}
+	var out []resourcev1.ResourceClaim
+	for _, name := range names {
+		cl, err := client.ResourceV1().ResourceClaims(p.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("get claim %s of pod %s: %w", name, p.Name, err)
+		}
+		out = append(out, *cl)
+	}
+	return out, nil
+}
+
 // runClaims returns the claims of the Job's pods (and the shared claim).
 func runClaims(ctx context.Context, ns string, pods []corev1.Pod, shared bool, sharedName string) ([]resourcev1.ResourceClaim, error) {
 	var out []resourcev1.ResourceClaim
@@ -444,14 +478,11 @@ func runClaims(ctx context.Context, ns string, pods []corev1.Pod, shared bool, s
 		return append(out, *cl), nil
 	}
 	for i := range pods {
-		cl, err := framework.PodClaim(ctx, client, &pods[i], claimName)
+		cls, err := podClaims(ctx, &pods[i])
 		if err != nil {
-			if apierrors.IsNotFound(err) {
-				continue
-			}
-			return nil, fmt.Errorf("claim of pod %s: %w", pods[i].Name, err)
+			return nil, err
 		}
-		out = append(out, *cl)
+		out = append(out, cls...)
 	}
 	return out, nil
 }
@@ -463,17 +494,7 @@ func collect(ctx context.Context, c *caseSpec, job, shared string, o *outcome) e
 	if err != nil {
 		return err
 	}
-	var claims []resourcev1.ResourceClaim
-	if shared != "" {
-		claims, err = runClaims(ctx, c.Namespace, pods, true, shared)
-	} else {
-		// A pod whose claim is not created yet has none to record.
-		for i := range pods {
-			if cl, err := framework.PodClaim(ctx, client, &pods[i], claimName); err == nil {
-				claims = append(claims, *cl)
-			}
-		}
-	}
+	claims, err := runClaims(ctx, c.Namespace, pods, shared != "", shared)
 	if err != nil {
 		return err
 	}
