@@ -45,7 +45,10 @@ func TestMain(m *testing.M) {
 		Topology:   filepath.Join("testdata", "topology.yaml"),
 		Namespace:  namespace,
 		Controller: true,
-		Manifests:  []string{filepath.Join("deployments", "admission")},
+		// -v=4 logs the controller's plans and refusals, which a
+		// disagreement's report needs.
+		ControllerArgs: []string{"-v=4"},
+		Manifests:      []string{filepath.Join("deployments", "admission")},
 	}, func(s *framework.Suite) error {
 		suite, lc, client = s, s.Cluster, s.Client
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -238,8 +238,10 @@ func runSide(ctx context.Context, c *caseSpec, sd side, other *outcome) (outcome
 		}
 		o.Illegal = append(o.Illegal, faults...)
 	}
+	// A refusal against the other side's placement must hold longer, but
+	// not on a shape known to disagree: that wait would only slow the run.
 	confirm := confirmRefusal
-	if other != nil && other.Placed {
+	if _, isKnown := known(c); other != nil && other.Placed && !isKnown {
 		confirm = confirmAgainst
 	}
 	placed, detail, err := observe(ctx, c, job, sd.optIn, confirm)
