@@ -62,7 +62,7 @@ PARITY_SEED  ?= 1
 parity: build k8s-binaries
 	mkdir -p _output
 	cd test/e2e && GPUTOPO_BIN=$(BIN) GPUTOPO_PARITY_CASES=$(PARITY_CASES) GPUTOPO_PARITY_SEED=$(PARITY_SEED) \
-	  $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestParityShort' ./parity 2>&1 | tee $(CURDIR)/_output/parity.log | grep -E '^(--- |PASS|FAIL|ok|panic|parity:)|DISAGREE|^(shape|gpu-|shared-|admin-|missing-)'; exit $${PIPESTATUS[0]}
+	  $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestParityShort' ./parity 2>&1 | tee $(CURDIR)/_output/parity.log | grep -E '^(--- |PASS|FAIL|ok|panic|parity:)|DISAGREE|^(shape|gpu-|shared-|admin-|missing-|other-|extended-)'; exit $${PIPESTATUS[0]}
 
 # The Helm chart: lint and template checks, then an install into the local
 # cluster with the plugin and controller running on the chart's RBAC.
