@@ -71,8 +71,12 @@ func TestIllegalCatches(t *testing.T) {
 		cl.Status.Allocation = &resourcev1.AllocationResult{}
 		for _, d := range devices {
 			pool, dev, _ := strings.Cut(d, "/")
+			driver := inv[d].driver
+			if driver == "" {
+				driver = gputopology.DriverName // a device that was never published
+			}
 			cl.Status.Allocation.Devices.Results = append(cl.Status.Allocation.Devices.Results,
-				resourcev1.DeviceRequestAllocationResult{Request: "gpus", Driver: gputopology.DriverName, Pool: pool, Device: dev})
+				resourcev1.DeviceRequestAllocationResult{Request: "gpus", Driver: driver, Pool: pool, Device: dev})
 		}
 		return cl
 	}
