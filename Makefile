@@ -19,7 +19,7 @@ E2E_TIMEOUT ?= 60m
 # loaded into memory.
 BUILD_FLAGS ?= -tags=grpcnotrace -ldflags='-s -w'
 
-.PHONY: all build test unit e2e chart lint demo demo-loop demo-down bench bench-scale k8s-binaries image verify-chart verify-chart-cluster lint-dockerfile clean
+.PHONY: all build test unit e2e parity chart lint demo demo-loop demo-down bench bench-scale k8s-binaries image verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
@@ -58,6 +58,17 @@ e2e: build k8s-binaries
 	mkdir -p _output
 	k8s_bin=$$($(LOCALCLUSTER) bin-dir) && cd test/cluster && GPUTOPO_K8S_BIN=$$k8s_bin GPUTOPO_BIN=$(BIN) $(GO) test -count=1 -timeout 30m -run '^TestCluster' -v . 2>&1 | tee $(CURDIR)/_output/cluster.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
 	cd test/e2e && GPUTOPO_BIN=$(BIN) $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./... 2>&1 | tee $(CURDIR)/_output/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
+
+# The differential test against kube-scheduler (test/e2e/parity): PARITY_CASES
+# generated cases (seed PARITY_SEED), each run through kube-scheduler alone
+# and opted in to gputopo on one local cluster; prints how many agree, by
+# shape. `make e2e` runs 30 of them. Not part of `make test`.
+PARITY_CASES ?= 300
+PARITY_SEED  ?= 1
+parity: build k8s-binaries
+	mkdir -p _output
+	cd test/e2e && GPUTOPO_BIN=$(BIN) GPUTOPO_PARITY_CASES=$(PARITY_CASES) GPUTOPO_PARITY_SEED=$(PARITY_SEED) \
+	  $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestParityShort' ./parity 2>&1 | tee $(CURDIR)/_output/parity.log | grep -E '^(--- |PASS|FAIL|ok|panic|parity:)|DISAGREE|^(shape|gpu-|shared-|admin-|missing-|other-|extended-)'; exit $${PIPESTATUS[0]}
 
 # The Helm chart: lint and template checks, then an install into the local
 # cluster with the plugin and controller running on the chart's RBAC.

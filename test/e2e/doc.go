@@ -20,8 +20,11 @@
 // plugins' logs; GPUTOPO_E2E_KEEP=1 keeps it after a pass too.
 //
 // The controller's suite is test/e2e/placement, with its own cluster of 32
-// nodes; what both share (starting the cluster, polling, the plugin's state
-// on a node) is in test/e2e/framework. `go test ./...` runs both; a lock
-// file ($TMPDIR/gputopo-e2e.lock) makes the second wait for the first
-// cluster to stop, and `make e2e` runs the packages one at a time (-p 1).
+// nodes; test/e2e/parity compares the controller with kube-scheduler on
+// generated cases, on a cluster of 4 fake nodes (`make parity` runs more
+// of them). What the suites share (starting the cluster, polling, the
+// plugin's state on a node) is in test/e2e/framework. `go test ./...` runs
+// them all; a lock file ($TMPDIR/gputopo-e2e.lock) makes each wait for the
+// cluster before it to stop, and `make e2e` runs the packages one at a
+// time (-p 1).
 package e2e

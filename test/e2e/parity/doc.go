@@ -1,0 +1,18 @@
+// Package parity is a differential test of gputopo's controller against
+// kube-scheduler. A seeded generator makes cases, each a cluster state
+// (DeviceTaintRules with and without a toleration in the claim, a node
+// taint with and without one in the pods, a nodeSelector on a leaf, GPUs
+// held by claims kube-scheduler allocated, another controller's scheduling
+// gate, several namespaces) and a workload (a Job of 1 to 4 pods with
+// whole-node, NVLink-quad, one-GPU, shared-GPU, admin-access or
+// unsatisfiable claims, or one user claim all its pods share). Each case
+// runs twice on one cluster from the same state, through kube-scheduler
+// alone and opted in to gputopo (gputopo.dev/placement: auto); both must
+// place it or both refuse it, and neither may use a device the state
+// rules out.
+//
+// `go test` runs 30 cases of seed 1 (TestParityShort); `make parity` runs
+// 300 and prints the agreement by shape. GPUTOPO_PARITY_CASES,
+// GPUTOPO_PARITY_SEED and GPUTOPO_PARITY_ONLY (case indexes) choose the
+// cases; a disagreement prints the values that run it again.
+package parity
