@@ -118,7 +118,9 @@ func DeviceID(driver, pool, device string) structured.DeviceID {
 func AddResults(allocated Allocated, results ...resourceapi.AllocationResult) {
 	for _, r := range results {
 		for _, d := range r.Devices.Results {
-			allocated.Insert(structured.MakeDeviceID(d.Driver, d.Pool, d.Device))
+			if Holds(&d) {
+				allocated.Insert(structured.MakeDeviceID(d.Driver, d.Pool, d.Device))
+			}
 		}
 	}
 }

@@ -29,12 +29,18 @@ type Share struct {
 	Consumed map[resourceapi.QualifiedName]resource.Quantity
 }
 
+// Holds reports whether the result takes its device (or its share) from
+// other claims: admin access holds nothing, as the scheduler counts it.
+func Holds(d *resourceapi.DeviceRequestAllocationResult) bool {
+	return d.AdminAccess == nil || !*d.AdminAccess
+}
+
 // Shares lists the shares among results.
 func Shares(results ...resourceapi.AllocationResult) []Share {
 	var out []Share
 	for _, r := range results {
 		for _, d := range r.Devices.Results {
-			if d.ShareID != nil {
+			if d.ShareID != nil && Holds(&d) {
 				out = append(out, Share{Device: structured.MakeDeviceID(d.Driver, d.Pool, d.Device), ShareID: string(*d.ShareID), Consumed: d.ConsumedCapacity})
 			}
 		}
@@ -58,7 +64,7 @@ func (s State) Remove(results ...resourceapi.AllocationResult) {
 func each(results []resourceapi.AllocationResult, whole func(structured.DeviceID), share func(Share)) {
 	for _, r := range results {
 		for _, d := range r.Devices.Results {
-			if d.AdminAccess != nil && *d.AdminAccess {
+			if !Holds(&d) {
 				continue
 			}
 			id := structured.MakeDeviceID(d.Driver, d.Pool, d.Device)

@@ -54,3 +54,21 @@ func TestState(t *testing.T) {
 		t.Errorf("after Remove (-want +got):\n%s", diff)
 	}
 }
+
+// An admin-access result holds nothing, shared device or not, wherever
+// results are turned into what is in use.
+func TestAdminAccessHoldsNothing(t *testing.T) {
+	admin := resourceapi.DeviceRequestAllocationResult{Request: "r", Driver: "d", Pool: "p", Device: "gpu-0", AdminAccess: ptr.To(true), ShareID: ptr.To(types.UID("s"))}
+	res := resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{admin}}}
+	if devicefit.Holds(&admin) {
+		t.Error("Holds: admin access holds its device")
+	}
+	if got := devicefit.Shares(res); len(got) != 0 {
+		t.Errorf("Shares: %v, want none", got)
+	}
+	allocated := devicefit.Allocated{}
+	devicefit.AddResults(allocated, res)
+	if allocated.Len() != 0 {
+		t.Errorf("AddResults: %v, want nothing allocated", allocated)
+	}
+}

@@ -267,7 +267,7 @@ func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
 				if !ok || int(ref.node) != n {
 					return fitResult{}, fmt.Errorf("allocator picked device %s/%s/%s, which is not on node %s", d.Driver, d.Pool, d.Device, nd.name)
 				}
-				if ptr.Deref(d.AdminAccess, false) {
+				if !devicefit.Holds(&d) {
 					continue // admin access takes the device from no one
 				}
 				r.pos = append(r.pos, int(ref.pos))

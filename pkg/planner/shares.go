@@ -109,7 +109,7 @@ func (f *fitter) state(n int, used bitset, more []resourceapi.AllocationResult) 
 	}
 	for _, r := range more {
 		for _, d := range r.Devices.Results {
-			if d.ShareID == nil {
+			if d.ShareID == nil && devicefit.Holds(&d) {
 				a.Insert(structured.MakeDeviceID(d.Driver, d.Pool, d.Device))
 			}
 		}

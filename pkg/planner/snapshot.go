@@ -117,7 +117,7 @@ func (p *Plan) Reservation() Reservation {
 		node := p.Assignments[pod]
 		for _, res := range results {
 			for _, d := range res.Devices.Results {
-				if d.ShareID == nil {
+				if d.ShareID == nil && devicefit.Holds(&d) {
 					r.Devices[node] = append(r.Devices[node], structured.MakeDeviceID(d.Driver, d.Pool, d.Device))
 				}
 			}

@@ -37,9 +37,6 @@ var knownDisagreements = map[string]string{
 	shapeOther + "/leaf": "the controller cannot allocate a device of another driver from a slice with a nodeSelector " +
 		"(and counts the other driver's request as a GPU: \"no node can hold 1 pod (2 GPUs each)\"); kube-scheduler can",
 	shapeOther + "/all": "the controller cannot allocate a device of another driver from an allNodes slice; kube-scheduler can",
-	shapeAdmin + "/" + shapeNode8: "the controller counts GPUs that a claim with admin access holds as taken, for the group's other pods " +
-		"and from other claims, so two admin-access whole-node pods that kube-scheduler puts on one node (admin access takes no device) " +
-		"are refused: \"no leaf can hold 2 pods (8 GPUs each)\"",
 }
 
 // known returns why the case's shape is a known disagreement, if it is.
