@@ -61,10 +61,10 @@ func (c *Controller) podClaims(p *v1.Pod) ([]*resourceapi.ResourceClaim, error) 
 }
 
 // settledFor reports whether the claim needs nothing more from group
-// key: it is allocated, for key or by someone else (the scheduler, for a
-// pod that shares it).
-func settledFor(claim *resourceapi.ResourceClaim, key string) bool {
-	return claim.Status.Allocation != nil && (ownedBy(claim, key) || !ownedBy(claim, ""))
+// key: it is allocated, for key, or by someone the controller may not
+// take it back from (the scheduler, or another group whose pod uses it).
+func (c *Controller) settledFor(claim *resourceapi.ResourceClaim, key string) bool {
+	return claim.Status.Allocation != nil && (ownedBy(claim, key) || !c.releasable(claim))
 }
 
 // ownedBy reports whether the controller allocated the claim for group
@@ -167,11 +167,14 @@ func (c *Controller) gateOpened(uid types.UID) bool {
 }
 
 // releaseClaim clears an allocation the controller made and no pod uses
-// yet. A claim that changed meanwhile (the scheduler reserved it) is left
-// alone: errReserved.
-func (c *Controller) releaseClaim(ctx context.Context, claim *resourceapi.ResourceClaim) error {
+// yet, and reports whether the claim is unallocated now. A claim that
+// changed meanwhile (the scheduler reserved it) is left alone.
+func (c *Controller) releaseClaim(ctx context.Context, claim *resourceapi.ResourceClaim) (bool, error) {
+	if claim.Status.Allocation == nil {
+		return true, nil
+	}
 	if !c.releasable(claim) {
-		return nil
+		return false, nil
 	}
 	cl := claim.DeepCopy()
 	cl.Status.Allocation = nil
@@ -179,22 +182,22 @@ func (c *Controller) releaseClaim(ctx context.Context, claim *resourceapi.Resour
 	updated, err := c.cfg.Client.ResourceV1().ResourceClaims(cl.Namespace).UpdateStatus(ctx, cl, metav1.UpdateOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil
+		return true, nil
 	case apierrors.IsConflict(err):
 		fresh, gerr := c.cfg.Client.ResourceV1().ResourceClaims(cl.Namespace).Get(ctx, cl.Name, metav1.GetOptions{})
 		if gerr != nil {
-			return fmt.Errorf("release claim %s/%s: %w", cl.Namespace, cl.Name, gerr)
+			return false, fmt.Errorf("release claim %s/%s: %w", cl.Namespace, cl.Name, gerr)
 		}
-		if !c.releasable(fresh) {
+		if fresh.Status.Allocation != nil && !c.releasable(fresh) {
 			c.index.update(fresh)
-			return nil
+			return false, nil
 		}
 		return c.releaseClaim(ctx, fresh)
 	case err != nil:
-		return fmt.Errorf("release claim %s/%s: %w", cl.Namespace, cl.Name, err)
+		return false, fmt.Errorf("release claim %s/%s: %w", cl.Namespace, cl.Name, err)
 	}
 	c.index.update(updated)
-	return nil
+	return true, nil
 }
 
 // allocationNode is the node an allocation binds its pod to, "" when it

@@ -396,3 +396,50 @@ func boundPair(t *testing.T) *harness {
 	h.bind("pair-1")
 	return h
 }
+
+// A claim one group allocated and runs with holds a second group's pod
+// that uses it too to its node: the second group is placed there once,
+// and its syncs after that write nothing.
+func TestClaimAnotherGroupRunsWithHoldsThePod(t *testing.T) {
+	h := newHarness(t, job("a", 1), job("b", 1))
+	h.userClaim("team", "gpu-1")
+	h.addPod(usingClaim("a", 0, "team"))
+	h.place("default/job/a")
+	c := h.claim("team")
+	node := allocationNode(c.Status.Allocation)
+	if node == "" {
+		t.Fatal("the shared claim is not allocated for a")
+	}
+	// a-0 binds; the scheduler keeps the claim reserved for it.
+	p := h.pod("a-0")
+	p.Spec.NodeName = node
+	if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+
+	b := jobPod("b", 0, "gpu-1", nil)
+	b.Spec.ResourceClaims = append(b.Spec.ResourceClaims, v1.PodResourceClaim{Name: "shared", ResourceClaimName: ptr.To("team")})
+	h.addPod(b)
+	h.place("default/job/b")
+	if got := h.allocatedNode("b-0"); got != node {
+		t.Errorf("b-0's own claim allocated on %q, want %s, where the claim it shares with a-0 is", got, node)
+	}
+	if hasGate(h.pod("b-0")) {
+		t.Error("b-0 still gated")
+	}
+	if c := h.claim("team"); allocationNode(c.Status.Allocation) != node || c.Annotations[placement.AnnotationAllocatedBy] != "default/job/a" {
+		t.Errorf("the shared claim changed: on %q, allocated by %q", allocationNode(c.Status.Allocation), c.Annotations[placement.AnnotationAllocatedBy])
+	}
+	writes := 0
+	h.client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetVerb() != "get" && a.GetVerb() != "list" && a.GetVerb() != "watch" {
+			writes++
+		}
+		return false, nil, nil
+	})
+	h.sync("default/job/b")
+	if writes != 0 {
+		t.Errorf("%d writes by syncs of a placed group, want none", writes)
+	}
+}

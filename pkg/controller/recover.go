@@ -333,18 +333,28 @@ func (c *Controller) noteRelease(ctx context.Context, m *member, reason, detail 
 	return c.annotate(ctx, m.pod, ann)
 }
 
-// releaseMember clears the allocations the controller made for the pod.
+// releaseMember clears the allocations the controller made for the pod
+// and may take back. Claims it may not (the scheduler's, or another
+// group's whose pod uses them) stay allocated, and the pod stays held to
+// their node.
 func (c *Controller) releaseMember(ctx context.Context, m *member) error {
+	m.node = ""
 	for i, cl := range m.claims {
-		if err := c.releaseClaim(ctx, cl); err != nil {
+		released, err := c.releaseClaim(ctx, cl)
+		if err != nil {
 			return err
+		}
+		if !released {
+			if m.node == "" {
+				m.node = allocationNode(cl.Status.Allocation)
+			}
+			continue
 		}
 		cp := cl.DeepCopy()
 		cp.Status.Allocation = nil
 		cp.Status.ReservedFor = nil
 		m.claims[i] = cp
 	}
-	m.node = ""
 	return nil
 }
 

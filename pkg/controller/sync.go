@@ -136,7 +136,7 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 		}
 		ours := len(claims) > 0
 		for _, cl := range claims {
-			ours = ours && settledFor(cl, key)
+			ours = ours && c.settledFor(cl, key)
 			if m.node == "" {
 				m.node = allocationNode(cl.Status.Allocation)
 			}
@@ -431,7 +431,7 @@ func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan)
 	var written []*resourceapi.ResourceClaim
 	undo := func(cause error) error {
 		for _, cl := range written {
-			if err := c.releaseClaim(ctx, cl); err != nil {
+			if _, err := c.releaseClaim(ctx, cl); err != nil {
 				klog.FromContext(ctx).Error(err, "Releasing a claim of an abandoned plan failed; the next sync retries", "claim", klog.KObj(cl))
 			}
 		}
