@@ -94,12 +94,9 @@ func (c *Controller) resolveConflicts(ctx context.Context, g *group) error {
 // release to the scheduler.
 func (c *Controller) releaseForeign(ctx context.Context, g *group) error {
 	for _, m := range g.foreign {
-		for _, cl := range m.claims {
-			if cl.Status.Allocation != nil && ownedBy(cl, "") {
-				if err := c.releaseWithReason(ctx, g, m, ReleaseForeignGate, g.foreignMessage()); err != nil {
-					return err
-				}
-				break
+		if m.holdsOwn() {
+			if err := c.releaseWithReason(ctx, g, m, ReleaseForeignGate, g.foreignMessage()); err != nil {
+				return err
 			}
 		}
 	}

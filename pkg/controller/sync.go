@@ -55,6 +55,12 @@ type member struct {
 	node string
 }
 
+// holdsOwn reports whether some claim of the pod holds an allocation the
+// controller made, for any group.
+func (m *member) holdsOwn() bool {
+	return slices.ContainsFunc(m.claims, func(cl *resourceapi.ResourceClaim) bool { return cl.Status.Allocation != nil && ownedBy(cl, "") })
+}
+
 // allocated reports whether every claim of the pod is allocated.
 func (m *member) allocated() bool {
 	for _, cl := range m.claims {
@@ -270,7 +276,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		// group (the pods were orphaned by their Job, or their group
 		// annotation changed) are taken back too.
 		for _, m := range g.toPlace {
-			if slices.ContainsFunc(m.claims, func(cl *resourceapi.ResourceClaim) bool { return cl.Status.Allocation != nil && ownedBy(cl, "") }) {
+			if m.holdsOwn() {
 				if err := c.releaseMember(ctx, m); err != nil {
 					return done, err
 				}
@@ -507,12 +513,17 @@ func (g *group) created() time.Time {
 	return time.Time{}
 }
 
+// lists are the group's member lists, those that still wait first.
+func (g *group) lists() [][]*member {
+	return [][]*member{g.toPlace, g.held, g.waiting, g.foreign, g.steered, g.bound}
+}
+
 // priority is the highest pod priority of the group, as the priority
 // admission plugin resolved it from the pods' PriorityClass.
 func (g *group) priority() int32 {
 	var p int32
 	first := true
-	for _, l := range [][]*member{g.toPlace, g.held, g.waiting, g.foreign, g.steered, g.bound} {
+	for _, l := range g.lists() {
 		for _, m := range l {
 			if v := ptr.Deref(m.pod.Spec.Priority, 0); first || v > p {
 				p, first = v, false
@@ -523,7 +534,7 @@ func (g *group) priority() int32 {
 }
 
 func (g *group) anyPod() *v1.Pod {
-	for _, l := range [][]*member{g.toPlace, g.held, g.waiting, g.foreign, g.steered, g.bound} {
+	for _, l := range g.lists() {
 		if len(l) > 0 {
 			return l[0].pod
 		}
