@@ -272,11 +272,12 @@ func (st *state) levels() []level {
 // keep their places.
 func (st *state) widerLevels(levels []level, fixed *candidate) []level {
 	var out []level
+	size := len(fixed.nodes())
 	for _, lv := range levels {
 		out = append(out, level{label: lv.label, named: lv.named, cands: func() []*candidate {
 			var keep []*candidate
 			for _, c := range lv.cands() {
-				if c.key != fixed.key && len(c.nodes()) > len(fixed.nodes()) && st.holdsPinned(c) {
+				if c.key != fixed.key && len(c.nodes()) > size && st.holdsPinned(c) {
 					keep = append(keep, c)
 				}
 			}
