@@ -59,9 +59,11 @@ type Config struct {
 	// BindTimeout is how long a pod whose gate opened may take to bind
 	// before its claims are taken back and it is planned again.
 	BindTimeout time.Duration
-	// SettleDelay is how long the gates stay closed after the claims were
-	// written, so that an allocation the scheduler had in flight arrives
-	// and a clash is seen before any pod is admitted.
+	// SettleDelay optionally keeps the gates closed this long after the
+	// claims were written and seen. By default (0) they open at once: a
+	// clash with an allocation the scheduler had in flight is resolved
+	// after the gates open, the pod that has not started giving way
+	// (decide.go, clashes).
 	SettleDelay time.Duration
 	// ReserveAfter is how long the oldest group that does not fit waits
 	// before it reserves the domain closest to fitting it, which groups
@@ -139,9 +141,6 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.BindTimeout == 0 {
 		cfg.BindTimeout = 60 * time.Second
-	}
-	if cfg.SettleDelay == 0 {
-		cfg.SettleDelay = 250 * time.Millisecond
 	}
 	if cfg.ReserveAfter == 0 {
 		cfg.ReserveAfter = cfg.RetryInterval

@@ -215,6 +215,17 @@ func (h *harness) sync(key string) {
 	}
 }
 
+// allocate syncs the group once: its plan is written into its claims,
+// and its gates stay closed until the next sync.
+func (h *harness) allocate(key string) {
+	h.t.Helper()
+	h.settle()
+	if _, err := h.c.sync(h.ctx, key); err != nil {
+		h.t.Fatalf("sync %s: %v", key, err)
+	}
+	h.settle()
+}
+
 // place syncs the group, waits out the settle delay and syncs it again,
 // so its gates open.
 func (h *harness) place(key string) {

@@ -45,7 +45,7 @@ func NewOptions() *Options {
 		LeaderElectionIdentity:  identity,
 		RetryInterval:           30 * time.Second,
 		BindTimeout:             60 * time.Second,
-		SettleDelay:             250 * time.Millisecond,
+		SettleDelay:             0,
 		ReserveAfter:            30 * time.Second,
 		ReservationTimeout:      5 * time.Minute,
 		KubeAPIQPS:              50,
@@ -64,7 +64,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.LeaderElectionIdentity, "leader-election-identity", o.LeaderElectionIdentity, "This replica's name in the Lease (default $POD_NAME, else the host name).")
 	fs.DurationVar(&o.RetryInterval, "retry-interval", o.RetryInterval, "How often groups that did not fit are planned again; a group's retries back off up to this.")
 	fs.DurationVar(&o.BindTimeout, "bind-timeout", o.BindTimeout, "How long a pod whose gate opened may take to bind before a NotBound Warning event reports it (the scheduler takes back the claims of a pod it cannot place, and the controller plans it again).")
-	fs.DurationVar(&o.SettleDelay, "settle-delay", o.SettleDelay, "How long gates stay closed after a group's claims are written, so allocations the scheduler had in flight are seen first.")
+	fs.DurationVar(&o.SettleDelay, "settle-delay", o.SettleDelay, "How long gates stay closed after a group's claims are written and seen; 0 (the default) opens them at once. A clash with an allocation kube-scheduler had in flight is resolved either way: the pod that has not started gives way.")
 	fs.DurationVar(&o.ReserveAfter, "reserve-after", o.ReserveAfter, "How long the first waiting group (by pod priority, then namespaces in turn, oldest first) waits before it reserves the nodes it needs in the domain closest to fitting it, which groups that are not running may not use until it is placed.")
 	fs.DurationVar(&o.ReservationTimeout, "reservation-timeout", o.ReservationTimeout, "How long a reservation lasts unplaced; then the next waiting group may reserve, and this one may again after as long.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server; placing a pod costs about two.")
@@ -91,8 +91,8 @@ func (o *Options) Validate() error {
 	if o.BindTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--bind-timeout must be positive, got %s", o.BindTimeout))
 	}
-	if o.SettleDelay <= 0 {
-		errs = append(errs, fmt.Errorf("--settle-delay must be positive, got %s", o.SettleDelay))
+	if o.SettleDelay < 0 {
+		errs = append(errs, fmt.Errorf("--settle-delay must not be negative, got %s", o.SettleDelay))
 	}
 	if o.ReserveAfter <= 0 {
 		errs = append(errs, fmt.Errorf("--reserve-after must be positive, got %s", o.ReserveAfter))

@@ -18,7 +18,7 @@ func TestOptionsValidate(t *testing.T) {
 				o.BindTimeout, o.SettleDelay, o.ReserveAfter = 0, -time.Millisecond, 0
 				o.LabelMapping.ConfigMap = "no-namespace"
 			},
-			want: []string{"--retry-interval must be positive", "--bind-timeout must be positive", "--settle-delay must be positive",
+			want: []string{"--retry-interval must be positive", "--bind-timeout must be positive", "--settle-delay must not be negative",
 				"--reserve-after must be positive",
 				"--kube-api-qps and --kube-api-burst must be positive",
 				"--leader-elect needs", "--label-mapping=\"no-namespace\": want NAMESPACE/NAME"},

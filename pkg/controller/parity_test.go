@@ -129,7 +129,7 @@ func TestForeignGatedPodReleasesWhatItHolds(t *testing.T) {
 	// held it gives its devices back.
 	h := newHarness(t, job("queued", 1))
 	h.addPod(jobPod("queued", 0, "gpu-1", nil))
-	h.sync("default/job/queued")
+	h.allocate("default/job/queued")
 	if h.allocatedNode("queued-0") == "" {
 		t.Fatal("queued-0 not allocated")
 	}
@@ -163,7 +163,7 @@ func (h *harness) queued() map[string]bool {
 func TestOrphanedPodIsPlannedUnderItsNewKey(t *testing.T) {
 	h := newHarness(t, job("orph", 1))
 	h.addPod(jobPod("orph", 0, "gpu-1", nil))
-	h.sync("default/job/orph")
+	h.allocate("default/job/orph")
 	if h.claim("orph-0-gpus").Annotations[placement.AnnotationAllocatedBy] != "default/job/orph" {
 		t.Fatal("orph-0's claim not allocated for its Job")
 	}

@@ -140,10 +140,7 @@ func placeOnePodJob(t *testing.T, name, template string) *harness {
 	h := newHarness(t, job(name, 1))
 	h.addPod(jobPod(name, 0, template, nil))
 	h.settle()
-	if _, err := h.c.sync(h.ctx, "default/job/"+name); err != nil {
-		t.Fatal(err)
-	}
-	h.settle()
+	h.allocate("default/job/" + name)
 	return h
 }
 
@@ -169,6 +166,72 @@ func TestClashBeforeGatesOpenIsReplanned(t *testing.T) {
 	}
 	if r := h.pod("pair-0").Annotations[placement.AnnotationReleased]; r != "1;"+ReleaseConflict {
 		t.Errorf("released annotation %q, want 1;%s", r, ReleaseConflict)
+	}
+}
+
+// racer creates a pod of a ReplicaSet, bound to node and not started,
+// whose claim the scheduler allocated with the given devices: an
+// allocation it had in flight when the controller wrote the same devices.
+func (h *harness) racer(node string, devices []string) *v1.Pod {
+	h.t.Helper()
+	var names []string
+	for _, d := range devices {
+		names = append(names, d[strings.LastIndex(d, "/")+1:])
+	}
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "racer", Namespace: "default", UID: "racer",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs", UID: "rs", Controller: ptr.To(true)}}},
+		Spec: v1.PodSpec{NodeName: node, Containers: []v1.Container{{Name: "c", Image: "img"}}}}
+	h.create(p)
+	cl := foreignClaim("racer", node, names...)
+	cl.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: p.Name, UID: p.UID}}
+	h.create(cl)
+	h.settle()
+	return p
+}
+
+func (h *harness) gone(pod string) bool {
+	_, err := h.client.CoreV1().Pods("default").Get(h.ctx, pod, metav1.GetOptions{})
+	return apierrors.IsNotFound(err)
+}
+
+// The gates open as soon as the claims are seen; a device the scheduler
+// had in flight may land after that. The pod that has not started gives
+// way: here the Job's pod, whose gate is open, is deleted for its Job to
+// replace, and the other pod keeps its device.
+func TestClashAfterGatesOpenTheUnstartedPodGivesWay(t *testing.T) {
+	h := placeOnePodJob(t, "pair", "gpu-4-nvlink")
+	h.place("default/job/pair")
+	if hasGate(h.pod("pair-0")) {
+		t.Fatal("gate still closed after the claims were seen")
+	}
+	h.racer(h.allocatedNode("pair-0"), h.devicesOf("pair-0"))
+	h.sync("default/job/pair")
+	if !h.gone("pair-0") {
+		t.Error("pair-0 was not deleted although its device is in another claim and it has not started")
+	}
+	if h.gone("racer") {
+		t.Error("the other pod was deleted too")
+	}
+}
+
+// A Job's pod that runs keeps its device; the other claim's pod that has
+// not started is deleted for its ReplicaSet to replace.
+func TestClashWithARunningPodTheOtherGivesWay(t *testing.T) {
+	h := placeOnePodJob(t, "pair", "gpu-4-nvlink")
+	h.place("default/job/pair")
+	h.bind("pair-0")
+	p := h.pod("pair-0")
+	p.Status.Phase = v1.PodRunning
+	if _, err := h.client.CoreV1().Pods("default").UpdateStatus(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.racer(h.allocatedNode("pair-0"), h.devicesOf("pair-0"))
+	h.sync("default/job/pair")
+	if h.gone("pair-0") {
+		t.Error("the running pod was deleted")
+	}
+	if !h.gone("racer") {
+		t.Error("the pod that has not started was not deleted although a running pod holds its device")
 	}
 }
 
@@ -566,7 +629,7 @@ func TestClaimOfAPodWhoseGateWasJustOpenedIsNotReleasable(t *testing.T) {
 	h := newHarness(t, job("one", 1))
 	h.addPod(jobPod("one", 0, "gpu-8-node", nil))
 	h.settle()
-	h.sync("default/job/one")
+	h.allocate("default/job/one")
 	claim, err := h.c.claims.ResourceClaims("default").Get("one-0-gpus")
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -38,110 +37,6 @@ const (
 	ReleaseDomainFull = placement.ReleaseDomainFull
 )
 
-// resolveConflicts takes back the group's claims that share a device with
-// another claim. The scheduler may have been allocating a device in memory
-// when the controller wrote the same device into a claim; the pod that is
-// not admitted yet yields. A pod already admitted whose device another
-// admitted claim holds cannot start (the kubelet plugin refuses the
-// device), so it is deleted and its workload replaces it.
-func (c *Controller) resolveConflicts(ctx context.Context, g *group) error {
-	check := func(ms []*member, bound bool) ([]*member, error) {
-		var keep []*member
-		for _, m := range ms {
-			clash := ""
-			for _, cl := range m.claims {
-				for dev, holders := range c.index.sharers(cl.UID) {
-					clash = fmt.Sprintf("device %s of claim %s is also allocated to %s", dev, cl.Name, strings.Join(holders, ", "))
-				}
-			}
-			if clash == "" {
-				keep = append(keep, m)
-				continue
-			}
-			c.cfg.Metrics.Conflicts.Inc()
-			if !bound && c.canRelease(m) {
-				if err := c.releaseWithReason(ctx, g, m, ReleaseConflict, clash); err != nil {
-					return nil, err
-				}
-				g.toPlace = append(g.toPlace, m)
-				continue
-			}
-			if bound && m.pod.Status.Phase != v1.PodRunning {
-				c.recorder.Eventf(m.pod, v1.EventTypeWarning, ReasonDeviceConflict, "%s; deleting the pod so its workload replaces it", clash)
-				if err := c.deletePod(ctx, m.pod); err != nil {
-					return nil, err
-				}
-				continue
-			}
-			keep = append(keep, m)
-		}
-		return keep, nil
-	}
-	var err error
-	if g.held, err = check(g.held, false); err != nil {
-		return err
-	}
-	if g.steered, err = check(g.steered, false); err != nil {
-		return err
-	}
-	g.bound, err = check(g.bound, true)
-	return err
-}
-
-// releaseForeign takes back any allocation the controller made for pods
-// that another controller's gate holds: it allocates a pod's claims only
-// once its own gate is the last one, and holds nothing for pods it cannot
-// release to the scheduler.
-func (c *Controller) releaseForeign(ctx context.Context, g *group) error {
-	for _, m := range g.foreign {
-		if m.holdsOwn() {
-			if err := c.releaseWithReason(ctx, g, m, ReleaseForeignGate, g.foreignMessage()); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// foreignMessage says which other gates hold the group's pods.
-func (g *group) foreignMessage() string {
-	seen := map[string]bool{}
-	var gates []string
-	for _, m := range g.foreign {
-		for _, name := range foreignGates(m.pod) {
-			if !seen[name] {
-				seen[name] = true
-				gates = append(gates, name)
-			}
-		}
-	}
-	return fmt.Sprintf("%d of the group's pods are held by scheduling gate %s of another controller; gputopo plans the group once its own gate %s is the last one",
-		len(g.foreign), strings.Join(gates, ", "), placement.SchedulingGate)
-}
-
-// unpinHeld takes back the claims of the group's gated pods so they are
-// planned again with the pods that need a place; it reports whether it
-// moved any.
-func (c *Controller) unpinHeld(ctx context.Context, g *group) (bool, error) {
-	var keep, moved []*member
-	for _, m := range g.held {
-		if c.canRelease(m) {
-			moved = append(moved, m)
-		} else {
-			keep = append(keep, m)
-		}
-	}
-	for _, m := range moved {
-		if err := c.releaseWithReason(ctx, g, m, ReleaseDomainFull, "the group's domain cannot hold its pods that need a place; planning the pods that have not started again with them"); err != nil {
-			return false, err
-		}
-	}
-	g.held = keep
-	g.toPlace = append(g.toPlace, moved...)
-	rankMembers(g.toPlace)
-	return len(moved) > 0, nil
-}
-
 // canRelease reports whether all of the pod's claims that the controller
 // allocated are unreserved. Claims others allocated stay as they are.
 func (c *Controller) canRelease(m *member) bool {
@@ -153,80 +48,20 @@ func (c *Controller) canRelease(m *member) bool {
 	return true
 }
 
-// recover re-plans pods that can no longer bind where their claims are:
-// their node is gone, NotReady or tainted against them, or they were not
-// bound within the bind timeout. Bound pods whose node is deleted are left
-// to the pod garbage collector; they pin nothing meanwhile.
-func (c *Controller) recover(ctx context.Context, g *group) error {
-	var keep []*member
-	for _, m := range g.steered {
-		reason, detail := c.stuck(m)
-		if reason == "" || !c.canRelease(m) {
-			if reason != "" {
-				// The scheduler takes the allocation back (its PostFilter)
-				// and the pod is planned again, or it moves the pod itself
-				// within the domain affinity; see again after a while.
-				klog.FromContext(ctx).V(2).Info("Steered pod cannot bind where its claims are; the scheduler takes them back", "pod", klog.KObj(m.pod), "reason", reason, "detail", detail)
-				if reason == ReleaseTimeout {
-					c.recorder.Eventf(m.pod, v1.EventTypeWarning, ReasonNotBound, "%s; its claims stay until the scheduler takes them back", detail)
-				}
-				c.queue.AddAfter(g.key, c.cfg.BindTimeout)
-			}
-			keep = append(keep, m)
-			continue
-		}
-		if err := c.releaseWithReason(ctx, g, m, reason, detail); err != nil {
-			return err
-		}
-		g.toPlace = append(g.toPlace, m)
-	}
-	g.steered = keep
-	keep = nil
-	for _, m := range g.bound {
-		if _, err := c.nodes.Get(m.node); !apierrors.IsNotFound(err) {
-			keep = append(keep, m)
-			continue
-		}
-		if _, err := c.cfg.Client.CoreV1().Nodes().Get(ctx, m.node, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-			keep = append(keep, m)
-			continue
-		}
-		// The pod garbage collector removes it once the node has stayed
-		// gone for its quarantine, as it does for every pod of a deleted
-		// node (the node may come back, its kubelet still running the
-		// pod); the pod's deletion re-plans the group.
-		if c.noteOnce(m.pod.UID) {
-			c.recorder.Eventf(m.pod, v1.EventTypeWarning, ReasonNodeLost, "node %s was deleted; the pod garbage collector removes the pod, and its workload's replacement is planned into domain %s", m.node, m.pod.Annotations[placement.AnnotationDomain])
-			c.cfg.Metrics.Released.WithLabelValues(ReleaseNodeGone).Inc()
-		}
-	}
-	g.bound = keep
-	for _, m := range g.bound {
-		if err := c.noteMove(ctx, m); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // noteMove records a pod the scheduler bound somewhere other than the
 // node the controller planned: when the planned node was lost, the
 // scheduler takes back the allocation of a claim reserved only for that
 // pod and allocates it again by itself, within the pod's domain affinity.
 // The pod's gputopo.dev/node follows, with a Moved event and metric.
-func (c *Controller) noteMove(ctx context.Context, m *member) error {
-	planned := m.pod.Annotations[placement.AnnotationNode]
-	if planned == "" || planned == m.pod.Spec.NodeName {
-		return nil
-	}
+func (c *Controller) noteMove(ctx context.Context, pod *v1.Pod, planned string) error {
 	why := "node " + planned + " could not take it"
-	if reason, detail := c.stuck(&member{pod: m.pod, node: planned}); reason != "" && reason != ReleaseTimeout {
+	if reason, detail := c.stuck(&member{pod: pod, node: planned}); reason != "" && reason != ReleaseTimeout {
 		why = detail
 	}
-	c.recorder.Eventf(m.pod, v1.EventTypeNormal, ReasonMoved, "bound to node %s instead of the planned %s (%s); the scheduler allocated its claims again in domain %s",
-		m.pod.Spec.NodeName, planned, why, m.pod.Annotations[placement.AnnotationDomain])
+	c.recorder.Eventf(pod, v1.EventTypeNormal, ReasonMoved, "bound to node %s instead of the planned %s (%s); the scheduler allocated its claims again in domain %s",
+		pod.Spec.NodeName, planned, why, pod.Annotations[placement.AnnotationDomain])
 	c.cfg.Metrics.Released.WithLabelValues(ReasonMoved).Inc()
-	return c.annotate(ctx, m.pod, map[string]any{placement.AnnotationNode: m.pod.Spec.NodeName})
+	return c.annotate(ctx, pod, map[string]any{placement.AnnotationNode: pod.Spec.NodeName})
 }
 
 // stuck says why a steered pod cannot bind where its claims are, or "".

@@ -13,6 +13,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
@@ -207,97 +208,189 @@ const (
 
 func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	start := time.Now() // a plan's duration includes reading the group
+	o, err := c.observe(ctx, key)
+	if err != nil {
+		return done, err
+	}
+	d := decide(o, c.cfg.BindTimeout)
+	return c.act(ctx, o, d, start)
+}
+
+// observe reads the group and what the decision needs to know of each of
+// its members.
+func (c *Controller) observe(ctx context.Context, key string) (*observation, error) {
 	g, err := c.loadGroup(key)
 	if err != nil {
-		return done, err
+		return nil, err
 	}
-	if g.gone || g.members() == 0 {
-		c.forgetGroup(key)
-		return done, nil
+	o := &observation{g: g, facts: map[*member]facts{}}
+	if g.gone || g.members() == 0 || g.lagging {
+		return o, nil
 	}
-	if g.lagging {
-		// The claim's event requeues the group.
-		klog.FromContext(ctx).V(4).Info("Waiting for the informer to show the controller's own claim writes")
-		return done, nil
+	o.req, o.reqErr = placement.Parse(g.anyPod().Annotations)
+	for _, l := range g.lists() {
+		for _, m := range l {
+			o.facts[m] = c.factsOf(ctx, m)
+		}
 	}
-	first := g.anyPod()
-	req, err := placement.Parse(first.Annotations)
+	for _, m := range g.steered {
+		f := o.facts[m]
+		f.stuck, f.stuckDetail = c.stuck(m)
+		o.facts[m] = f
+	}
+	c.mu.Lock()
+	o.gatesIn = time.Until(c.settle[key])
+	c.mu.Unlock()
+	for _, m := range g.held {
+		for _, cl := range m.claims {
+			if o.unseen == "" && !c.index.seen(cl.UID, cl.ResourceVersion) {
+				o.unseen = cl.Namespace + "/" + cl.Name
+			}
+		}
+	}
+	return o, nil
+}
+
+// factsOf observes one member of a group.
+func (c *Controller) factsOf(ctx context.Context, m *member) facts {
+	f := facts{releasable: c.canRelease(m)}
+	for _, cl := range m.claims {
+		for dev, holders := range c.index.sharers(cl.UID) {
+			f.clash = fmt.Sprintf("device %s of claim %s is also allocated to %s", dev, cl.Name, strings.Join(holders, ", "))
+			for _, h := range holders {
+				f.others = append(f.others, c.consumers(h)...)
+			}
+		}
+	}
+	if m.pod.Spec.NodeName != "" {
+		f.nodeGone = c.nodeGone(ctx, m.node)
+	}
+	return f
+}
+
+// consumers returns the pods the claim namespace/name is reserved for.
+func (c *Controller) consumers(key string) []*v1.Pod {
+	ns, name, _ := strings.Cut(key, "/")
+	cl, err := c.claims.ResourceClaims(ns).Get(name)
 	if err != nil {
-		c.refuse(ctx, g, OutcomeInvalid, ReasonInvalidPlacement, err.Error())
+		return nil
+	}
+	var out []*v1.Pod
+	for _, r := range cl.Status.ReservedFor {
+		if p, err := c.pods.Pods(ns).Get(r.Name); err == nil && p.UID == r.UID {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// nodeGone reports whether the node is deleted, as the API server says:
+// the lister may not show a node created a moment ago.
+func (c *Controller) nodeGone(ctx context.Context, name string) bool {
+	if _, err := c.nodes.Get(name); !apierrors.IsNotFound(err) {
+		return false
+	}
+	_, err := c.cfg.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	return apierrors.IsNotFound(err)
+}
+
+// act makes the decision's writes, then plans the group if the decision
+// says so.
+func (c *Controller) act(ctx context.Context, o *observation, d decision, start time.Time) (result, error) {
+	g := d.g
+	switch d.next {
+	case nextForget:
+		c.forgetGroup(g.key)
 		return done, nil
+	case nextNothing:
+		if g.lagging {
+			klog.FromContext(ctx).V(4).Info("Waiting for the informer to show the controller's own claim writes")
+		}
+		if o.unseen != "" {
+			klog.FromContext(ctx).V(4).Info("Gates stay closed until the index shows the claim", "claim", o.unseen)
+		}
+	case nextRefuse:
+		c.refuse(ctx, g, d.pods, d.outcome, d.reason, d.message)
+		return d.res, nil
 	}
-	if g.broken != nil {
-		c.refuse(ctx, g, OutcomeInvalid, ReasonInvalidClaim, g.broken.Error())
-		return backoff, nil
+	for _, a := range d.actions {
+		if err := c.do(ctx, g, a); err != nil {
+			return done, err
+		}
 	}
+	if d.requeue > 0 {
+		c.queue.AddAfter(g.key, d.requeue)
+	}
+	switch d.next {
+	case nextStatus:
+		if d.outcome != "" {
+			c.cfg.Metrics.Decisions.WithLabelValues(d.outcome).Inc()
+		}
+		return done, c.setStatus(ctx, d.pods, d.reason, d.message)
+	case nextNothing:
+		return done, nil
+	case nextSettled:
+		c.setPending(g.key, false, waiting{})
+		return done, nil
+	case nextWaitGates:
+		c.releaseAfter(g.key, o.gatesIn)
+		return done, nil
+	case nextOpenGates:
+		return done, c.openGates(ctx, g)
+	}
+	return c.place(ctx, o, d, start)
+}
 
-	// Claims that share a device with another claim, or pods that can no
-	// longer bind where their claims are, are taken back first.
-	if err := c.resolveConflicts(ctx, g); err != nil {
-		return done, err
+// do makes one action's writes.
+func (c *Controller) do(ctx context.Context, g *group, a action) error {
+	switch a.kind {
+	case actRelease:
+		return c.releaseWithReason(ctx, g, a.m, a.reason, a.detail)
+	case actRestart:
+		return c.releaseMember(ctx, a.m)
+	case actDelete:
+		c.cfg.Metrics.Conflicts.Inc()
+		c.recorder.Event(a.pod, v1.EventTypeWarning, ReasonDeviceConflict, truncate(a.detail))
+		return c.deletePod(ctx, a.pod)
+	case actNodeLost:
+		// The pod garbage collector removes it once the node has stayed
+		// gone for its quarantine, as it does for every pod of a deleted
+		// node (the node may come back, its kubelet still running the
+		// pod); the pod's deletion re-plans the group.
+		if c.noteOnce(a.pod.UID) {
+			c.recorder.Eventf(a.pod, v1.EventTypeWarning, ReasonNodeLost, "node %s was deleted; the pod garbage collector removes the pod, and its workload's replacement is planned into domain %s", a.detail, a.pod.Annotations[placement.AnnotationDomain])
+			c.cfg.Metrics.Released.WithLabelValues(ReleaseNodeGone).Inc()
+		}
+	case actNotBound:
+		klog.FromContext(ctx).V(2).Info("Steered pod cannot bind where its claims are; the scheduler takes them back", "pod", klog.KObj(a.pod), "reason", a.reason, "detail", a.detail)
+		if a.reason == ReleaseTimeout {
+			c.recorder.Eventf(a.pod, v1.EventTypeWarning, ReasonNotBound, "%s; its claims stay until the scheduler takes them back", a.detail)
+		}
+	case actMoved:
+		return c.noteMove(ctx, a.pod, a.detail)
 	}
-	if err := c.recover(ctx, g); err != nil {
-		return done, err
-	}
-	if err := c.releaseForeign(ctx, g); err != nil {
-		return done, err
-	}
+	return nil
+}
 
-	if len(g.toPlace) == 0 {
-		if len(g.foreign) > 0 {
-			return done, c.setStatus(ctx, g.pods(g.foreign), placement.StatusWaitingForGates, g.foreignMessage())
-		}
-		if len(g.waiting) > 0 {
-			return done, c.setStatus(ctx, g.gatedWaiting(), placement.StatusWaitingForPods, "waiting for the pods' ResourceClaims to be created")
-		}
-		return done, c.release(ctx, g)
-	}
-
-	// A group none of whose pods runs yet is planned as a whole. Claims an
-	// interrupted earlier attempt allocated are taken back first, so the
-	// plan is all or nothing.
-	fresh := len(g.bound) == 0 && len(g.steered) == 0
-	if fresh {
-		if len(g.foreign) > 0 {
-			c.cfg.Metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
-			return done, c.setStatus(ctx, append(g.pods(g.foreign), append(g.pods(g.toPlace), g.pods(g.held)...)...), placement.StatusWaitingForGates, g.foreignMessage())
-		}
-		if g.members() < g.size || len(g.waiting) > 0 {
-			c.cfg.Metrics.Decisions.WithLabelValues(OutcomeWaiting).Inc()
-			msg := fmt.Sprintf("waiting for all %d pods of the group and their ResourceClaims to exist", g.size)
-			return done, c.setStatus(ctx, append(g.pods(g.toPlace), g.pods(g.held)...), placement.StatusWaitingForPods, msg)
-		}
-		for _, m := range g.held {
-			if err := c.releaseMember(ctx, m); err != nil {
-				return done, err
-			}
-		}
-		// Claims the controller allocated for these pods under another
-		// group (the pods were orphaned by their Job, or their group
-		// annotation changed) are taken back too.
-		for _, m := range g.toPlace {
-			if m.holdsOwn() {
-				if err := c.releaseMember(ctx, m); err != nil {
-					return done, err
-				}
-			}
-		}
-		g.toPlace = append(g.held, g.toPlace...)
-		g.held = nil
-		rankMembers(g.toPlace)
-	}
-
+// place plans the group's pods that need a place and writes the plan into
+// their claims; the gates open on a later sync, once the claim index shows
+// the writes.
+func (c *Controller) place(ctx context.Context, o *observation, d decision, start time.Time) (result, error) {
+	g, req, key := d.g, o.req, d.g.key
 	plan, treeTime, err := c.planGroup(ctx, g, req)
 	var unsched *planner.Unschedulable
-	if errors.As(err, &unsched) && !fresh && len(g.held) > 0 {
+	if errors.As(err, &unsched) && !d.fresh && len(g.held) > 0 {
 		// The group's domain cannot hold its new pods around those that
 		// keep their places: the pods that have not started move with
 		// them, and the group is planned again.
-		moved, err := c.unpinHeld(ctx, g)
-		if err != nil {
-			return done, err
+		acts, moved := unpin(o, g)
+		for _, a := range acts {
+			if err := c.do(ctx, g, a); err != nil {
+				return done, err
+			}
 		}
-		if moved {
+		if len(acts) > 0 {
+			g = moved
 			var again time.Duration
 			plan, again, err = c.planGroup(ctx, g, req)
 			treeTime += again
@@ -309,10 +402,10 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	switch {
 	case errors.As(err, &unsched):
 		c.setPending(key, true, waiting{created: g.created(), priority: g.priority()})
-		c.refuse(ctx, g, OutcomeUnschedulable, ReasonUnschedulable, unsched.Error())
+		c.refuse(ctx, g, append(g.pods(g.toPlace), g.gatedWaiting()...), OutcomeUnschedulable, ReasonUnschedulable, unsched.Error())
 		return backoff, nil
 	case errors.As(err, &broken), errors.As(err, &invalid):
-		c.refuse(ctx, g, OutcomeInvalid, ReasonInvalidClaim, err.Error())
+		c.refuse(ctx, g, append(g.pods(g.toPlace), g.gatedWaiting()...), OutcomeInvalid, ReasonInvalidClaim, err.Error())
 		return backoff, nil
 	case err != nil:
 		return done, err
@@ -338,8 +431,8 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 		msg += ": " + strings.Join(plan.Reasons, "; ")
 	}
 	c.recorder.Event(g.subject, v1.EventTypeNormal, ReasonPlaced, truncate(msg))
-	// The gates open once the informer shows the allocations and a short
-	// settle time has let allocations the scheduler had in flight arrive.
+	// The gates open once the claim index shows the allocations (and
+	// after SettleDelay, when one is set).
 	c.mu.Lock()
 	c.settle[key] = time.Now().Add(c.cfg.SettleDelay)
 	c.mu.Unlock()
@@ -459,29 +552,10 @@ func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan)
 	return nil
 }
 
-// release opens the gates of held pods once their allocations are
-// settled: the informer shows them and no other claim holds their devices.
-func (c *Controller) release(ctx context.Context, g *group) error {
-	if len(g.held) == 0 {
-		c.setPending(g.key, false, waiting{})
-		return nil
-	}
-	c.mu.Lock()
-	wait := time.Until(c.settle[g.key])
-	c.mu.Unlock()
-	if wait > 0 {
-		c.releaseAfter(g.key, wait)
-		return nil
-	}
-	for _, m := range g.held {
-		for _, cl := range m.claims {
-			if !c.index.seen(cl.UID, cl.ResourceVersion) {
-				// The claim's event requeues the group.
-				klog.FromContext(ctx).V(4).Info("Gates stay closed until the index shows the claim", "claim", klog.KObj(cl))
-				return nil
-			}
-		}
-	}
+// openGates opens the gates of the group's held pods, whose claims the
+// claim index shows as the controller wrote them, and narrows their node
+// affinity to the group's domain.
+func (c *Controller) openGates(ctx context.Context, g *group) error {
 	req := c.groupRequirement(ctx, g)
 	for _, m := range g.held {
 		if err := c.ungate(ctx, m, req); err != nil {
@@ -497,10 +571,10 @@ func (c *Controller) release(ctx context.Context, g *group) error {
 
 // refuse records why the group waits: an event, an annotation on every
 // pod that still waits, a metric.
-func (c *Controller) refuse(ctx context.Context, g *group, outcome, reason, msg string) {
+func (c *Controller) refuse(ctx context.Context, g *group, pods []*v1.Pod, outcome, reason, msg string) {
 	c.cfg.Metrics.Decisions.WithLabelValues(outcome).Inc()
 	c.recorder.Event(g.subject, v1.EventTypeWarning, reason, truncate(msg))
-	if err := c.setStatus(ctx, append(g.pods(g.toPlace), g.gatedWaiting()...), reason, msg); err != nil {
+	if err := c.setStatus(ctx, pods, reason, msg); err != nil {
 		klog.FromContext(ctx).Error(err, "Recording why the group waits failed")
 	}
 }

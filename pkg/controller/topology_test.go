@@ -30,8 +30,9 @@ func TestTopologyWorkPerEventDoesNotGrowWithNodes(t *testing.T) {
 			"GPU tainted in a slice": {NodesRead: 1, NodesBuilt: 1},
 			// The first plan takes the snapshot from every claim and pod.
 			"plan of a 2-pod Job": {Snapshot: planner.TrackerWork{Builds: 1}},
-			// The next one applies what changed: the 16 GPUs of the first.
-			"plan of a second 2-pod Job": {Snapshot: planner.TrackerWork{Devices: 16}},
+			// The next one applies what changed: the 16 GPUs of the first,
+			// and the requests of its 2 pods on their nodes, their gates open.
+			"plan of a second 2-pod Job": {Snapshot: planner.TrackerWork{Devices: 16, Nodes: 2}},
 			"node added":                 {NodesRead: 1, NodesBuilt: 1},
 			"node moved to another leaf": {NodesRead: 1, NodesBuilt: 1},
 			"node removed":               {NodesRemoved: 1},
