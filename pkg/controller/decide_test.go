@@ -108,8 +108,11 @@ func TestDecide(t *testing.T) {
 			want:  got{Next: nextForget, Lists: [4][]string{nil, {"a"}}},
 		},
 		"an index ahead of the informer waits for the claim's event": {
-			build: func(g *group, _ map[*member]facts) { g.lagging = true; g.toPlace = []*member{dm("a", "gated", "pending")} },
-			want:  got{Next: nextNothing, Lists: [4][]string{{"a"}}},
+			build: func(g *group, _ map[*member]facts) {
+				g.lagging = true
+				g.toPlace = []*member{dm("a", "gated", "pending")}
+			},
+			want: got{Next: nextNothing, Lists: [4][]string{{"a"}}},
 		},
 		"an invalid request is refused on the pods that wait": {
 			build: func(g *group, _ map[*member]facts) { g.toPlace = []*member{dm("a", "gated", "pending")} },
@@ -117,8 +120,11 @@ func TestDecide(t *testing.T) {
 			want:  got{Next: nextRefuse, Reason: ReasonInvalidPlacement, Outcome: OutcomeInvalid, Pods: []string{"a"}, Res: done, Lists: [4][]string{{"a"}}},
 		},
 		"a claim that cannot be read is refused and backs off": {
-			build: func(g *group, _ map[*member]facts) { g.broken = errors.New("bad"); g.toPlace = []*member{dm("a", "gated", "pending")} },
-			want:  got{Next: nextRefuse, Reason: ReasonInvalidClaim, Outcome: OutcomeInvalid, Pods: []string{"a"}, Res: backoff, Lists: [4][]string{{"a"}}},
+			build: func(g *group, _ map[*member]facts) {
+				g.broken = errors.New("bad")
+				g.toPlace = []*member{dm("a", "gated", "pending")}
+			},
+			want: got{Next: nextRefuse, Reason: ReasonInvalidClaim, Outcome: OutcomeInvalid, Pods: []string{"a"}, Res: backoff, Lists: [4][]string{{"a"}}},
 		},
 		"a clash before the gates open: the pod gives its claims back and the group is planned again": {
 			build: func(g *group, f map[*member]facts) {
@@ -215,9 +221,11 @@ func TestDecide(t *testing.T) {
 			want: got{Next: nextStatus, Reason: placement.StatusWaitingForPods, Pods: []string{"b"}, Lists: [4][]string{nil, {"a"}}},
 		},
 		"a fresh group waits for all its pods": {
-			size:  3,
-			build: func(g *group, _ map[*member]facts) { g.toPlace = []*member{dm("a", "gated", "pending"), dm("b", "gated", "pending")} },
-			want:  got{Next: nextStatus, Fresh: true, Reason: placement.StatusWaitingForPods, Outcome: OutcomeWaiting, Pods: []string{"a", "b"}, Lists: [4][]string{{"a", "b"}}},
+			size: 3,
+			build: func(g *group, _ map[*member]facts) {
+				g.toPlace = []*member{dm("a", "gated", "pending"), dm("b", "gated", "pending")}
+			},
+			want: got{Next: nextStatus, Fresh: true, Reason: placement.StatusWaitingForPods, Outcome: OutcomeWaiting, Pods: []string{"a", "b"}, Lists: [4][]string{{"a", "b"}}},
 		},
 		"a fresh group with a pod another gate holds waits for the gates, holding nothing": {
 			build: func(g *group, _ map[*member]facts) {
