@@ -44,7 +44,7 @@ func memberDomain(m *member) string {
 			return d
 		}
 	}
-	return ""
+	return m.domain
 }
 
 // domainRequirement is "kubernetes.io/hostname In <the domain's nodes>",

@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
+	"k8s.io/dynamic-resource-allocation/deviceclass/extendedresourcecache"
 	"k8s.io/dynamic-resource-allocation/resourceslice/tracker"
 	"k8s.io/klog/v2"
 
@@ -93,6 +94,9 @@ type Controller struct {
 	claims       resourcelisters.ResourceClaimLister
 	tmpls        resourcelisters.ResourceClaimTemplateLister
 	classes      resourcelisters.DeviceClassLister
+	// extClasses maps DRA extended resource names to their DeviceClass,
+	// as kube-scheduler maps them (extended.go).
+	extClasses *extendedresourcecache.ExtendedResourceCache
 	queue        workqueue.TypedRateLimitingInterface[string]
 	// releases holds placed groups whose gates are due to open; the
 	// worker serves it before each key of queue, so opening gates never
@@ -116,6 +120,7 @@ type Controller struct {
 	settle  map[string]time.Time    // groups whose gates stay closed until then
 	opened  map[types.UID]time.Time // when this process opened a pod's gate
 	noted   map[types.UID]bool      // pods whose lost node was reported
+	planned map[types.UID]plannedPod // gated pods with DRA extended resources, where they were planned
 	usage   planner.NodeUsage       // what the pods on each node request
 	// tracker keeps the plans' snapshot up to date from the claim index
 	// and usage; usageDirty names the nodes whose usage changed since.
@@ -180,6 +185,7 @@ func New(cfg Config) (*Controller, error) {
 		settle:   map[string]time.Time{},
 		opened:   map[types.UID]time.Time{},
 		noted:    map[types.UID]bool{},
+		planned:  map[types.UID]plannedPod{},
 		usage:    planner.NodeUsage{},
 
 		usageDirty:   map[string]bool{},
@@ -187,6 +193,8 @@ func New(cfg Config) (*Controller, error) {
 		expired:      map[string]time.Time{},
 	}
 	c.planner = planner.New(devicefit.NewEvaluator(classLister{c.classes}))
+	c.extClasses = extendedresourcecache.NewExtendedResourceCache(klog.Background(),
+		cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.requeuePending() }, UpdateFunc: func(_, _ any) { c.requeuePending() }})
 
 	handlers := []struct {
 		inf cache.SharedIndexInformer
@@ -197,7 +205,9 @@ func New(cfg Config) (*Controller, error) {
 		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaim, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
 		{f.Batch().V1().Jobs().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onJob, UpdateFunc: func(_, o any) { c.onJob(o) }, DeleteFunc: c.onJob}},
 		{f.Resource().V1().ResourceClaimTemplates().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.requeuePending() }}},
-		{f.Resource().V1().DeviceClasses().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.requeuePending() }, UpdateFunc: func(_, _ any) { c.requeuePending() }}},
+		// Class events requeue waiting groups once the cache has mapped
+		// the class's extended resource.
+		{f.Resource().V1().DeviceClasses().Informer(), c.extClasses},
 	}
 	for _, h := range handlers {
 		reg, err := h.inf.AddEventHandler(h.h)
@@ -341,6 +351,7 @@ func (c *Controller) onPodDelete(obj any) {
 	c.mu.Lock()
 	delete(c.opened, pod.UID)
 	delete(c.noted, pod.UID)
+	delete(c.planned, pod.UID)
 	c.mu.Unlock()
 	c.countPod(pod, nil)
 	c.onPod(pod)

@@ -285,7 +285,7 @@ func (d *decision) recover(o *observation, bindTimeout time.Duration) {
 		switch {
 		case f.stuck == "":
 			keep = append(keep, m)
-		case f.releasable:
+		case f.releasable && m.holdsOwn():
 			d.actions = append(d.actions, action{kind: actRelease, pod: m.pod, m: m, reason: f.stuck, detail: f.stuckDetail})
 			g.toPlace = append(g.toPlace, m)
 		default:

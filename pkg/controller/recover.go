@@ -170,7 +170,8 @@ func (c *Controller) noteRelease(ctx context.Context, m *member, reason, detail 
 // group's whose pod uses them) stay allocated, and the pod stays held to
 // their node.
 func (c *Controller) releaseMember(ctx context.Context, m *member) error {
-	m.node = ""
+	m.node, m.domain = "", ""
+	c.forgetPlanned(m.pod.UID)
 	for i, cl := range m.claims {
 		released, err := c.releaseClaim(ctx, cl)
 		if err != nil {

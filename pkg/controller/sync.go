@@ -54,6 +54,12 @@ type member struct {
 	claims []*resourceapi.ResourceClaim
 	// node is where the pod is bound or where its claims are allocated.
 	node string
+	// ext is the claim kube-scheduler will create for the pod's DRA
+	// extended resources (extNames), which only the planner sees; domain
+	// is where the pod was planned when no claim of its records it.
+	ext      *resourceapi.ResourceClaim
+	extNames []v1.ResourceName
+	domain   string
 }
 
 // holdsOwn reports whether some claim of the pod holds an allocation the
@@ -141,11 +147,19 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 		for _, cl := range claims {
 			g.lagging = g.lagging || c.index.ahead(cl.UID, cl.ResourceVersion)
 		}
-		ours := len(claims) > 0
+		m.ext, m.extNames = extendedClaim(p, c.extClasses)
+		ours := len(claims) > 0 || m.ext != nil
 		for _, cl := range claims {
 			ours = ours && c.settledFor(cl, key)
 			if m.node == "" {
 				m.node = allocationNode(cl.Status.Allocation)
+			}
+		}
+		if m.ext != nil {
+			pl, ok := c.plannedAt(p.UID)
+			ours = ours && ok && hasGate(p)
+			if ok && m.node == "" {
+				m.node, m.domain = pl.node, pl.domain
 			}
 		}
 		switch {
@@ -538,8 +552,15 @@ func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan)
 	}
 	for _, u := range g.units {
 		results := plan.Allocations[u.name()]
-		if len(results) != len(u.claims) {
-			return undo(fmt.Errorf("plan for pod %s has %d allocations for %d claims", u.name(), len(results), len(u.claims)))
+		if len(results) != len(u.claims)+len(u.exts()) {
+			return undo(fmt.Errorf("plan for pod %s has %d allocations for %d claims", u.name(), len(results), len(u.claims)+len(u.exts())))
+		}
+		// kube-scheduler allocates the devices of DRA extended resources
+		// itself (extended.go): only where the pod goes is kept.
+		for _, m := range u.members {
+			if m.ext != nil {
+				c.notePlanned(m.pod.UID, plannedPod{node: plan.Assignments[u.name()], domain: domain})
+			}
 		}
 		for i, claim := range u.claims {
 			stored, err := c.writeAllocation(ctx, u.consumers(claim), claim, g.key, domain, results[i])

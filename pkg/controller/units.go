@@ -118,7 +118,31 @@ func (u *unit) pod() planner.Pod {
 	for _, sel := range u.fixed {
 		p.NodeAffinity = andRequired(p.NodeAffinity, sel)
 	}
+	// Devices asked for as DRA extended resources are planned as the
+	// claim kube-scheduler will create, and not counted against the
+	// node's allocatable, which does not offer them (extended.go).
+	p.Claims = append(slices.Clone(p.Claims), u.exts()...)
+	for _, m := range u.members {
+		if len(m.extNames) > 0 {
+			p.Requests = p.Requests.DeepCopy()
+			for _, name := range m.extNames {
+				delete(p.Requests, name)
+			}
+		}
+	}
 	return p
+}
+
+// exts are the in-memory claims of the unit's DRA extended resources, in
+// member order; the plan's allocations of a unit list them after claims.
+func (u *unit) exts() []*resourceapi.ResourceClaim {
+	var out []*resourceapi.ResourceClaim
+	for _, m := range u.members {
+		if m.ext != nil {
+			out = append(out, m.ext)
+		}
+	}
+	return out
 }
 
 // andRequired is aff with its required node selector narrowed to the
