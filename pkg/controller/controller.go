@@ -34,8 +34,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
-	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/dynamic-resource-allocation/deviceclass/extendedresourcecache"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/dynamic-resource-allocation/resourceslice/tracker"
 	"k8s.io/klog/v2"
 
@@ -97,7 +97,7 @@ type Controller struct {
 	// extClasses maps DRA extended resource names to their DeviceClass,
 	// as kube-scheduler maps them (extended.go).
 	extClasses *extendedresourcecache.ExtendedResourceCache
-	queue        workqueue.TypedRateLimitingInterface[string]
+	queue      workqueue.TypedRateLimitingInterface[string]
 	// releases holds placed groups whose gates are due to open; the
 	// worker serves it before each key of queue, so opening gates never
 	// waits behind a backlog of groups still to be planned.
@@ -116,12 +116,12 @@ type Controller struct {
 	// nodes, slices or the label mapping change.
 	cluster *planner.Cluster
 	topo    topoState
-	pending map[string]waiting      // groups that did not fit
-	settle  map[string]time.Time    // groups whose gates stay closed until then
-	opened  map[types.UID]time.Time // when this process opened a pod's gate
-	noted   map[types.UID]bool      // pods whose lost node was reported
+	pending map[string]waiting       // groups that did not fit
+	settle  map[string]time.Time     // groups whose gates stay closed until then
+	opened  map[types.UID]time.Time  // when this process opened a pod's gate
+	noted   map[types.UID]bool       // pods whose lost node was reported
 	planned map[types.UID]plannedPod // gated pods with DRA extended resources, where they were planned
-	usage   planner.NodeUsage       // what the pods on each node request
+	usage   planner.NodeUsage        // what the pods on each node request
 	// tracker keeps the plans' snapshot up to date from the claim index
 	// and usage; usageDirty names the nodes whose usage changed since.
 	tracker    *planner.Tracker
