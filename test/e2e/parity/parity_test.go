@@ -31,9 +31,6 @@ const (
 // apart in the table, but does not fail the test; every other one does.
 // Remove an entry once the controller is fixed.
 var knownDisagreements = map[string]string{
-	shapeExtRes: "the controller counts " + extendedName + " against the nodes' allocatable, which has none, " +
-		"so it refuses every pod that asks for the DRA extended resource (status: \"4 nodes ruled out for the job's pods: 4 without enough " + extendedName + "\"); " +
-		"kube-scheduler allocates it from the DeviceClass that names it",
 	shapeOther + "/leaf": "the controller cannot allocate a device of another driver from a slice with a nodeSelector " +
 		"(and counts the other driver's request as a GPU: \"no node can hold 1 pod (2 GPUs each)\"); kube-scheduler can",
 	shapeOther + "/all": "the controller cannot allocate a device of another driver from an allNodes slice; kube-scheduler can",
