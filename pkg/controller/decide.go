@@ -47,8 +47,9 @@ type facts struct {
 	// releasable: every allocation the controller made for the pod may be
 	// taken back (every pod it is reserved for is still behind the gate).
 	releasable bool
-	// stuck says why a steered pod cannot bind where its claims are
-	// (a Release* reason), with a detail for the message.
+	// stuck says why a steered or held pod cannot bind where its claims
+	// are (a Release* reason), with a detail for the message; for a held
+	// pod only its node's state counts.
 	stuck, stuckDetail string
 	// nodeGone: a bound pod's node is deleted.
 	nodeGone bool
@@ -295,6 +296,18 @@ func (d *decision) recover(o *observation, bindTimeout time.Duration) {
 		}
 	}
 	g.steered = keep
+	// A gated pod whose node failed before its gate opened is planned
+	// again rather than sent to a node it cannot bind to.
+	keep = nil
+	for _, m := range g.held {
+		if f := o.facts[m]; f.stuck != "" && f.releasable {
+			d.actions = append(d.actions, action{kind: actRelease, pod: m.pod, m: m, reason: f.stuck, detail: f.stuckDetail})
+			g.toPlace = append(g.toPlace, m)
+			continue
+		}
+		keep = append(keep, m)
+	}
+	g.held = keep
 	keep = nil
 	for _, m := range g.bound {
 		if o.facts[m].nodeGone {

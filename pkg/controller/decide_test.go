@@ -175,6 +175,15 @@ func TestDecide(t *testing.T) {
 			},
 			want: got{Actions: []string{"release a " + ReleaseNodeNotReady}, Next: nextPlan, Lists: [4][]string{{"a"}, nil, nil, {"b"}}},
 		},
+		"a gated pod whose node failed is planned again before its gate opens": {
+			build: func(g *group, f map[*member]facts) {
+				m, b := dm("a", "gated", "own"), dm("b", "gated", "own")
+				g.held = []*member{m, b}
+				f[m] = facts{stuck: ReleaseNodeGone, releasable: true}
+				f[b] = facts{releasable: true}
+			},
+			want: got{Actions: []string{"release a " + ReleaseNodeGone, "restart b"}, Next: nextPlan, Fresh: true, Lists: [4][]string{{"a", "b"}}},
+		},
 		"a steered pod the scheduler owns now is looked at again after the bind timeout": {
 			build: func(g *group, f map[*member]facts) {
 				m := dm("a", "own")

@@ -66,6 +66,22 @@ func (c *Controller) noteMove(ctx context.Context, pod *v1.Pod, planned string) 
 
 // stuck says why a steered pod cannot bind where its claims are, or "".
 func (c *Controller) stuck(m *member) (reason, detail string) {
+	if reason, detail := c.nodeTrouble(m); reason != "" {
+		return reason, detail
+	}
+	if m.node == "" {
+		return "", ""
+	}
+	since := c.ungatedAt(m.pod)
+	if wait := time.Since(since); wait > c.cfg.BindTimeout {
+		return ReleaseTimeout, fmt.Sprintf("not bound to node %s %s after its gate opened (timeout %s)", m.node, wait.Truncate(time.Millisecond), c.cfg.BindTimeout)
+	}
+	return "", ""
+}
+
+// nodeTrouble says why the pod cannot bind to the node its claims are
+// allocated on (deleted, NotReady, tainted against it, cordoned), or "".
+func (c *Controller) nodeTrouble(m *member) (reason, detail string) {
 	if m.node == "" {
 		return "", ""
 	}
@@ -85,10 +101,6 @@ func (c *Controller) stuck(m *member) (reason, detail string) {
 		if node.Spec.Unschedulable {
 			return ReleaseNodeTainted, fmt.Sprintf("node %s is cordoned", m.node)
 		}
-	}
-	since := c.ungatedAt(m.pod)
-	if wait := time.Since(since); wait > c.cfg.BindTimeout {
-		return ReleaseTimeout, fmt.Sprintf("not bound to node %s %s after its gate opened (timeout %s)", m.node, wait.Truncate(time.Millisecond), c.cfg.BindTimeout)
 	}
 	return "", ""
 }

@@ -252,6 +252,11 @@ func (c *Controller) observe(ctx context.Context, key string) (*observation, err
 		f.stuck, f.stuckDetail = c.stuck(m)
 		o.facts[m] = f
 	}
+	for _, m := range g.held {
+		f := o.facts[m]
+		f.stuck, f.stuckDetail = c.nodeTrouble(m)
+		o.facts[m] = f
+	}
 	c.mu.Lock()
 	o.gatesIn = time.Until(c.settle[key])
 	c.mu.Unlock()

@@ -18,7 +18,11 @@ const controllerProc = "controller"
 
 // StartController starts the gputopo controller against the cluster and
 // waits until its metrics endpoint answers.
-func (c *Cluster) StartController() error {
+func (c *Cluster) StartController() error { return c.StartControllerWith() }
+
+// StartControllerWith starts the controller as StartController does, with
+// extra flags after the cluster's ControllerArgs.
+func (c *Cluster) StartControllerWith(extra ...string) error {
 	if c.cfg.ControllerBin == "" {
 		return fmt.Errorf("start controller: the cluster has no controller binary")
 	}
@@ -36,6 +40,7 @@ func (c *Cluster) StartController() error {
 		"--leader-election-namespace=kube-system",
 		"--leader-election-identity=localcluster",
 	}, c.cfg.ControllerArgs...)
+	argv = append(argv, extra...)
 	if err := c.launchOpts(controllerProc, procOpts{workDir: c.dir}, argv...); err != nil {
 		return err
 	}

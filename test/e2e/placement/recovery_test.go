@@ -27,8 +27,15 @@ func TestRecoveryTime(t *testing.T) {
 	leaf := fakeLeaf(t)
 	var steered, bound []time.Duration
 	for i := range recoveryRounds {
-		steered = append(steered, loseNode(t, fmt.Sprintf("rec-steered-%d", i), leaf, false))
 		bound = append(bound, loseNode(t, fmt.Sprintf("rec-bound-%d", i), leaf, true))
+	}
+	// The gates open as soon as the claims are seen, and a fake node binds
+	// at once: the node is lost before the pod binds only while the gates
+	// are held closed a little (--settle-delay), as on a busy scheduler.
+	restartController(t, "--settle-delay=3s")
+	defer restartController(t)
+	for i := range recoveryRounds {
+		steered = append(steered, loseNode(t, fmt.Sprintf("rec-steered-%d", i), leaf, false))
 	}
 	t.Logf("planned node deleted before its pod bound → group bound again in %s: %s", leaf, durations(steered))
 	t.Logf("node of a bound pod deleted → replacement bound in %s: %s", leaf, durations(bound))
@@ -172,4 +179,15 @@ func waitNodeReady(t *testing.T, node string) {
 		}
 		return false, fmt.Sprintf("taints %v, conditions %v", n.Spec.Taints, n.Status.Conditions)
 	})
+}
+
+// restartController restarts the suite's controller with extra flags.
+func restartController(t *testing.T, extra ...string) {
+	t.Helper()
+	if err := lc.StopController(); err != nil {
+		t.Fatalf("stop controller: %v", err)
+	}
+	if err := lc.StartControllerWith(extra...); err != nil {
+		t.Fatalf("start controller with %v: %v", extra, err)
+	}
 }
