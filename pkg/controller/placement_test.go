@@ -644,3 +644,34 @@ func TestClaimOfAPodWhoseGateWasJustOpenedIsNotReleasable(t *testing.T) {
 		t.Error("the claim of a pod whose gate was just opened is releasable")
 	}
 }
+
+// A pod kept waiting says so in its gputopo.dev/Placed condition, False
+// with the reason, and True once its gate opens; a pod placed once its
+// claims exist gets no condition.
+func TestPlacedConditionFollowsTheWait(t *testing.T) {
+	h := newHarness(t, job("wide", 2), foreignClaim("busy", "n0", gpus(8)...), foreignClaim("busy2", "n2", gpus(8)...), job("quick", 1))
+	for i := range 2 {
+		h.addPod(jobPod("wide", i, "gpu-8-node", map[string]string{placement.AnnotationPlacement: string(placement.PlacementSameLeaf)}))
+	}
+	h.addPod(jobPod("quick", 0, "gpu-1", nil))
+	h.place("default/job/quick")
+	if c := placedCondition(h.pod("quick-0")); c != nil {
+		t.Errorf("a pod placed at once got condition %+v", c)
+	}
+	h.place("default/job/wide")
+	c := placedCondition(h.pod("wide-0"))
+	if c == nil || c.Status != v1.ConditionFalse || c.Reason != ReasonUnschedulable || !strings.Contains(c.Message, "leaf") || c.LastTransitionTime.IsZero() {
+		t.Fatalf("condition of a waiting pod: %+v", c)
+	}
+	for _, name := range []string{"busy", "busy2"} {
+		if err := h.client.ResourceV1().ResourceClaims("default").Delete(h.ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.settle()
+	h.place("default/job/wide")
+	c = placedCondition(h.pod("wide-0"))
+	if hasGate(h.pod("wide-0")) || c == nil || c.Status != v1.ConditionTrue || c.Reason != ReasonPlaced || !strings.Contains(c.Message, "placed in leaf:") {
+		t.Errorf("condition of a placed pod: %+v (gated %v)", c, hasGate(h.pod("wide-0")))
+	}
+}

@@ -238,7 +238,9 @@ func (c *Controller) annotate(ctx context.Context, p *v1.Pod, ann map[string]any
 	return nil
 }
 
-// setStatus writes why the pods wait on those whose annotation differs.
+// setStatus writes why the pods wait on those whose annotation differs,
+// and, unless they only wait for their group's pods and claims to exist,
+// the same in their gputopo.dev/Placed condition.
 func (c *Controller) setStatus(ctx context.Context, pods []*v1.Pod, reason, message string) error {
 	msg := placement.Status{Reason: reason, Message: message}.Format()
 	for _, p := range pods {
@@ -248,6 +250,43 @@ func (c *Controller) setStatus(ctx context.Context, pods []*v1.Pod, reason, mess
 		if err := c.annotate(ctx, p, map[string]any{placement.AnnotationStatus: msg}); err != nil {
 			return err
 		}
+		if reason == placement.StatusWaitingForPods {
+			// Claims are created a moment after their pods: too short
+			// a wait for a status write of its own.
+			continue
+		}
+		if err := c.setCondition(ctx, p, v1.ConditionFalse, reason, message); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// placedCondition returns the pod's gputopo.dev/Placed condition, or nil.
+func placedCondition(p *v1.Pod) *v1.PodCondition {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == placement.ConditionPlaced {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// setCondition sets the pod's gputopo.dev/Placed condition; its
+// transition time moves only when its status does.
+func (c *Controller) setCondition(ctx context.Context, p *v1.Pod, status v1.ConditionStatus, reason, message string) error {
+	now := metav1.Now()
+	cond := map[string]any{"type": placement.ConditionPlaced, "status": status, "reason": reason, "message": truncate(message), "lastProbeTime": nil}
+	if old := placedCondition(p); old == nil || old.Status != status {
+		cond["lastTransitionTime"] = now
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
+	if err != nil {
+		return err
+	}
+	_, err = c.cfg.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("set condition %s of pod %s: %w", placement.ConditionPlaced, p.Name, err)
 	}
 	return nil
 }
@@ -276,6 +315,12 @@ func (c *Controller) ungate(ctx context.Context, m *member, req *v1.NodeSelector
 	}
 	if _, err := c.cfg.Client.CoreV1().Pods(m.pod.Namespace).Patch(ctx, m.pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove scheduling gate of pod %s: %w", m.pod.Name, err)
+	}
+	if cond := placedCondition(m.pod); cond != nil && cond.Status != v1.ConditionTrue {
+		// A pod that waited says it no longer does.
+		if err := c.setCondition(ctx, m.pod, v1.ConditionTrue, ReasonPlaced, fmt.Sprintf("placed in %s on node %s", domain, m.node)); err != nil {
+			return err
+		}
 	}
 	c.mu.Lock()
 	c.opened[m.pod.UID] = time.Now()

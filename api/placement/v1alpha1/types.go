@@ -58,6 +58,12 @@ const (
 	// SchedulingGate keeps an opted-in pod out of the scheduler until the
 	// controller has planned its whole group and allocated its claims.
 	SchedulingGate = Prefix + "topology"
+
+	// ConditionPlaced is the pod condition the controller keeps on a pod
+	// it had to keep waiting: False with the reason and message of
+	// AnnotationStatus while it waits, True (reason Placed) once its gate
+	// opens. `kubectl describe pod` and queue controllers read it.
+	ConditionPlaced = Prefix + "Placed"
 )
 
 // UserAnnotations are the annotations a user sets on a pod template and
