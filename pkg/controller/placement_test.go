@@ -14,6 +14,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
@@ -667,8 +668,8 @@ func TestPlacedConditionFollowsTheWait(t *testing.T) {
 		if err := h.client.ResourceV1().ResourceClaims("default").Delete(h.ctx, name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		h.eventually("the claim index to drop "+name, func() bool { return !h.c.index.seen(types.UID("claim-"+name), "0") })
 	}
-	h.settle()
 	h.place("default/job/wide")
 	c = placedCondition(h.pod("wide-0"))
 	if hasGate(h.pod("wide-0")) || c == nil || c.Status != v1.ConditionTrue || c.Reason != ReasonPlaced || !strings.Contains(c.Message, "placed in leaf:") {
