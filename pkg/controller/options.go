@@ -48,8 +48,8 @@ func NewOptions() *Options {
 		SettleDelay:             0,
 		ReserveAfter:            30 * time.Second,
 		ReservationTimeout:      5 * time.Minute,
-		KubeAPIQPS:              50,
-		KubeAPIBurst:            100,
+		KubeAPIQPS:              300,
+		KubeAPIBurst:            600,
 		LabelMapping:            labelmapping.NewOptions(),
 	}
 }
@@ -67,7 +67,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.SettleDelay, "settle-delay", o.SettleDelay, "How long gates stay closed after a group's claims are written and seen; 0 (the default) opens them at once. A clash with an allocation kube-scheduler had in flight is resolved either way: the pod that has not started gives way.")
 	fs.DurationVar(&o.ReserveAfter, "reserve-after", o.ReserveAfter, "How long the first waiting group (by pod priority, then namespaces in turn, oldest first) waits before it reserves the nodes it needs in the domain closest to fitting it, which groups that are not running may not use until it is placed.")
 	fs.DurationVar(&o.ReservationTimeout, "reservation-timeout", o.ReservationTimeout, "How long a reservation lasts unplaced; then the next waiting group may reserve, and this one may again after as long.")
-	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server; placing a pod costs about two.")
+	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server. Placing a pod costs about three writes (its claim's finalizer and allocation, its gate), so the default keeps a burst of 1,000 Jobs from waiting on this limit; the API server's priority and fairness still protects it.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the API server, so a large group is pinned and released at once.")
 	fs.BoolVar(&o.KubeAPICompression, "kube-api-compression", o.KubeAPICompression, "Ask the API server for gzip-compressed responses. Off by default: the controller watches every ResourceSlice, pod and claim, and compressing them costs the API server and the controller CPU for bytes that stay inside the cluster.")
 	o.LabelMapping.AddFlags(fs)
