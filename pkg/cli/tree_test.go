@@ -63,8 +63,8 @@ func newFixture(t *testing.T) fixture {
 		allocated("ml", "solo-gpus", "solo", "b1", "gpu-0"),
 	}
 	f.pods = []v1.Pod{
-		{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "train-0", Labels: map[string]string{"batch.kubernetes.io/job-name": "train"}}},
-		{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "solo"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "train-0", Labels: map[string]string{"batch.kubernetes.io/job-name": "train"}}, Spec: v1.PodSpec{NodeName: "a1"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "solo"}, Spec: v1.PodSpec{NodeName: "b1"}},
 	}
 	return f
 }
