@@ -220,7 +220,9 @@ func newFitCheck(p *v1.Pod, own []*resourceapi.ResourceClaim, cs *ClusterState) 
 	}
 	for i := range cs.Claims {
 		c := &cs.Claims[i]
-		if c.Status.Allocation == nil || slices.ContainsFunc(own, func(o *resourceapi.ResourceClaim) bool { return o.UID == c.UID && o.Name == c.Name && o.Namespace == c.Namespace }) {
+		if c.Status.Allocation == nil || slices.ContainsFunc(own, func(o *resourceapi.ResourceClaim) bool {
+			return o.UID == c.UID && o.Name == c.Name && o.Namespace == c.Namespace
+		}) {
 			continue
 		}
 		f.state.Add(*c.Status.Allocation)
@@ -326,7 +328,13 @@ func diagnose(ctx context.Context, p *v1.Pod, byName map[string]*resourceapi.Res
 		one := []*resourceapi.ResourceClaim{c}
 		empty, _, err := f.fits(ctx, f.slices, devicefit.NewState(), one, f.nodes)
 		if err != nil {
-			out = append(out, fmt.Sprintf("claim %s cannot be allocated: %v", c.Name, err))
+			// A selector that reads an attribute a device lacks fails in
+			// CEL rather than not matching.
+			if u := f.unknownAttributes(c, "claim "+c.Name+" cannot be allocated on any node"); len(u) > 0 {
+				out = append(out, u...)
+			} else {
+				out = append(out, fmt.Sprintf("claim %s cannot be allocated: %v", c.Name, err))
+			}
 			blocked = true
 			continue
 		}
@@ -387,31 +395,13 @@ func (f *fitCheck) noDevice(ctx context.Context, c *resourceapi.ResourceClaim) [
 	head := fmt.Sprintf("claim %s fits on none of the %s even with every device free", c.Name, plural(len(f.nodes), "node with devices"))
 	var out []string
 	exprs := f.selectors(c)
-	known := map[string]bool{}
 	shared := false
 	for _, s := range f.cs.Slices {
 		for _, d := range s.Spec.Devices {
-			for name := range d.Attributes {
-				known[qualify(s.Spec.Driver, string(name))] = true
-			}
-			for name := range d.Capacity {
-				known[qualify(s.Spec.Driver, string(name))] = true
-			}
 			shared = shared || d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations
 		}
 	}
-	var unknown []string
-	for _, e := range exprs {
-		for _, m := range attrRE.FindAllStringSubmatch(e, -1) {
-			name := qualify(m[1], m[2]+m[3])
-			if !known[name] && !slices.Contains(unknown, name) {
-				unknown = append(unknown, name)
-			}
-		}
-	}
-	for _, u := range unknown {
-		out = append(out, fmt.Sprintf("%s: its selector names the attribute %s, which no device has: check its spelling against the attributes gputopo publishes (README, Device attributes)", head, u))
-	}
+	out = append(out, f.unknownAttributes(c, head)...)
 	if asksShare(c) && !shared {
 		out = append(out, fmt.Sprintf("%s: it asks for a share of a GPU (capacity %s), and no GPU is published for sharing: label a node %s=all, or start the kubelet plugin with --shared-gpus=all (chart: kubeletPlugin.sharedGPUs)",
 			head, strings.Join(shareNames(c), ", "), topology.LabelSharedGPUs))
@@ -439,6 +429,34 @@ func (f *fitCheck) noDevice(ctx context.Context, c *resourceapi.ResourceClaim) [
 		return []string{fmt.Sprintf("%s: no device matches its selectors (%s) together with its count and constraints: compare them with the devices' attributes (kubectl get resourceslices -o yaml)", head, strings.Join(exprs, "; "))}
 	}
 	return []string{head + ": its requests ask for more devices than any node has (or of a class no device belongs to)"}
+}
+
+// unknownAttributes names each attribute or capacity the claim's
+// selectors read that no device has.
+func (f *fitCheck) unknownAttributes(c *resourceapi.ResourceClaim, head string) []string {
+	known := map[string]bool{}
+	for _, s := range f.cs.Slices {
+		for _, d := range s.Spec.Devices {
+			for name := range d.Attributes {
+				known[qualify(s.Spec.Driver, string(name))] = true
+			}
+			for name := range d.Capacity {
+				known[qualify(s.Spec.Driver, string(name))] = true
+			}
+		}
+	}
+	var out, seen []string
+	for _, e := range f.selectors(c) {
+		for _, m := range attrRE.FindAllStringSubmatch(e, -1) {
+			name := qualify(m[1], m[2]+m[3])
+			if known[name] || slices.Contains(seen, name) {
+				continue
+			}
+			seen = append(seen, name)
+			out = append(out, fmt.Sprintf("%s: its selector names the attribute %s, which no device has: check its spelling against the attributes gputopo publishes (README, Device attributes)", head, name))
+		}
+	}
+	return out
 }
 
 func (f *fitCheck) deviceTaints(driver, pool, device string) []resourceapi.DeviceTaint {

@@ -1,8 +1,8 @@
 package cli
 
 import (
-	"fmt"
 	"context"
+	"fmt"
 	"io"
 	"maps"
 	"slices"
@@ -255,9 +255,9 @@ func allocationNode(a *resourceapi.AllocationResult) string {
 func RenderExplanation(w io.Writer, e Explanation, o TreeOptions) error {
 	pal := palette(o.Color)
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: %d pods\n", pal.bold(e.Group), len(e.Pods))
+	fmt.Fprintf(&b, "%s: %s\n", pal.bold(e.Group), plural(len(e.Pods), "pod"))
 	if len(e.Pods) == 0 {
-		b.WriteString("  no pods found: is the Job running, and does its pod template carry gputopo.dev/placement?\n")
+		b.WriteString("  no pods found: is the Job running (kubectl describe job shows why it creates none)?\n")
 	}
 	for _, p := range e.Pods {
 		node := p.Node
