@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"regexp"
@@ -40,6 +41,8 @@ type ClusterState struct {
 	Classes    []resourceapi.DeviceClass
 	TaintRules []resourceapi.DeviceTaintRule
 	Templates  []resourceapi.ResourceClaimTemplate // the pods' namespace
+
+	check *fitCheck // built for the first pod that needs it
 }
 
 // podEvents are the events about one pod, oldest first.
@@ -169,7 +172,6 @@ func claimsOf(p *v1.Pod, byName map[string]*resourceapi.ResourceClaim) []*resour
 
 // fitCheck evaluates a pod's claims against the live devices.
 type fitCheck struct {
-	pod     *v1.Pod
 	cs      *ClusterState
 	eval    *devicefit.Evaluator
 	slices  []*resourceapi.ResourceSlice // taint rules applied
@@ -177,10 +179,28 @@ type fitCheck struct {
 	state   devicefit.State
 	nodes   []*v1.Node // nodes with devices
 	ruleFor map[string]string
+	// memo holds the answers of fits: the pods of a Job ask the same.
+	memo map[string]fitAnswer
 }
 
-func newFitCheck(p *v1.Pod, own []*resourceapi.ResourceClaim, cs *ClusterState) *fitCheck {
-	f := &fitCheck{pod: p, cs: cs, state: devicefit.NewState(), ruleFor: map[string]string{}}
+type fitAnswer struct {
+	nodes []*v1.Node
+	res   [][]resourceapi.AllocationResult
+	err   error
+}
+
+// fitCheckFor is the cluster's fit check, built once. Its state holds
+// every allocated claim, the pod's own too: a pod's allocated claim
+// holds its devices against its other claims.
+func fitCheckFor(cs *ClusterState) *fitCheck {
+	if cs.check == nil {
+		cs.check = newFitCheck(cs)
+	}
+	return cs.check
+}
+
+func newFitCheck(cs *ClusterState) *fitCheck {
+	f := &fitCheck{cs: cs, state: devicefit.NewState(), ruleFor: map[string]string{}, memo: map[string]fitAnswer{}}
 	classes := make([]*resourceapi.DeviceClass, len(cs.Classes))
 	for i := range cs.Classes {
 		classes[i] = &cs.Classes[i]
@@ -220,9 +240,7 @@ func newFitCheck(p *v1.Pod, own []*resourceapi.ResourceClaim, cs *ClusterState) 
 	}
 	for i := range cs.Claims {
 		c := &cs.Claims[i]
-		if c.Status.Allocation == nil || slices.ContainsFunc(own, func(o *resourceapi.ResourceClaim) bool {
-			return o.UID == c.UID && o.Name == c.Name && o.Namespace == c.Namespace
-		}) {
+		if c.Status.Allocation == nil {
 			continue
 		}
 		f.state.Add(*c.Status.Allocation)
@@ -248,6 +266,38 @@ func taintString(t resourceapi.DeviceTaint) string {
 
 // fits lists the nodes where claims fit together on top of state.
 func (f *fitCheck) fits(ctx context.Context, sl []*resourceapi.ResourceSlice, state devicefit.State, claims []*resourceapi.ResourceClaim, among []*v1.Node) ([]*v1.Node, [][]resourceapi.AllocationResult, error) {
+	key, err := f.key(sl, state, claims, among)
+	if err != nil {
+		return nil, nil, err
+	}
+	if a, ok := f.memo[key]; ok {
+		return a.nodes, a.res, a.err
+	}
+	nodes, res, err := f.fitsOn(ctx, sl, state, claims, among)
+	f.memo[key] = fitAnswer{nodes, res, err}
+	return nodes, res, err
+}
+
+// key says what fits asks: which devices, on top of what, the claims'
+// specs (not their names) and the nodes.
+func (f *fitCheck) key(sl []*resourceapi.ResourceSlice, state devicefit.State, claims []*resourceapi.ResourceClaim, among []*v1.Node) (string, error) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%t %t\n", len(sl) > 0 && len(f.bare) > 0 && sl[0] == f.bare[0], state.Devices.Len() == 0 && state.ShareIDs.Len() == 0)
+	for _, c := range claims {
+		spec, err := json.Marshal(c.Spec)
+		if err != nil {
+			return "", err
+		}
+		b.Write(spec)
+		b.WriteByte('\n')
+	}
+	for _, n := range among {
+		b.WriteString(n.Name + " ")
+	}
+	return b.String(), nil
+}
+
+func (f *fitCheck) fitsOn(ctx context.Context, sl []*resourceapi.ResourceSlice, state devicefit.State, claims []*resourceapi.ResourceClaim, among []*v1.Node) ([]*v1.Node, [][]resourceapi.AllocationResult, error) {
 	var out []*v1.Node
 	var res [][]resourceapi.AllocationResult
 	for _, n := range among {
@@ -304,7 +354,7 @@ func diagnose(ctx context.Context, p *v1.Pod, byName map[string]*resourceapi.Res
 			pending = append(pending, c)
 		}
 	}
-	f := newFitCheck(p, own, cs)
+	f := fitCheckFor(cs)
 	var out []string
 	if len(pending) > 0 && len(f.nodes) == 0 {
 		return []string{"no node publishes devices (ResourceSlices): install gputopo, or wait for its kubelet plugins to start"}

@@ -224,3 +224,27 @@ func TestExplainBoundNotStarting(t *testing.T) {
 	}
 	wantLines(t, text, "why: DeviceConflict: device gpu-0 of claim p-gpus is also in claim q-gpus")
 }
+
+func TestExplainEveryPendingPodOfAJobNamesItsOwnClaim(t *testing.T) {
+	w := newWaitCase(t)
+	w.fromTemplate(t, "gpu-share-half", nil)
+	w.pod.Labels = map[string]string{"batch.kubernetes.io/job-name": "sweep"}
+	q := w.pod.DeepCopy()
+	q.Name = "q"
+	q.Status.ResourceClaimStatuses = []v1.PodResourceClaimStatus{{Name: "gpus", ResourceClaimName: ptr.To("q-gpus")}}
+	qc := w.objs[len(w.objs)-1].(*resourceapi.ResourceClaim).DeepCopy()
+	qc.Name, qc.UID = "q-gpus", "q-gpus-uid"
+	c := w.f.client(append([]runtime.Object{&w.pod, q, qc}, w.objs...)...)
+	e, err := cli.FetchExplanation(context.Background(), c, "ml", false, cli.Target{Kind: placement.GroupKindJob, Name: "sweep"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(e.Pods) != 2 {
+		t.Fatalf("explain found %d pods, want 2", len(e.Pods))
+	}
+	for _, p := range e.Pods {
+		if len(p.Problems) != 1 || !strings.HasPrefix(p.Problems[0], "claim "+p.Name+"-gpus fits on none") {
+			t.Errorf("pod %s: problems %q, want one about claim %s-gpus", p.Name, p.Problems, p.Name)
+		}
+	}
+}
