@@ -105,6 +105,13 @@ to which Job) or unhealthy. -o dot writes a Graphviz graph, -o svg a picture.`,
 of pods or one pod, the node of each pod, why pods still wait, which rung of
 a firstAvailable claim each pod got, and the controller's decisions.
 
+For a pod that gputopo does not hold (no gputopo.dev/placement), it says
+what keeps it waiting: a missing ResourceClaim or ResourceClaimTemplate, a
+claim that no device of any node matches (and the attribute its selector
+misspells, a share while no GPU is shared, device taints), GPUs all taken,
+nodes tainted or NotReady, the scheduler's message, other scheduling gates,
+or what keeps a bound pod from starting.
+
 It takes ` + cli.TargetForms + `.`,
 		Example: examples(inv,
 			"explain train -n ml", "the Job train in namespace ml (else the group or pod train)",

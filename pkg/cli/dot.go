@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"hash/fnv"
 	"html"
 	"io"
 	"slices"
@@ -31,17 +32,25 @@ func holderColors(views []NodeView) (names []string, colors map[string]string) {
 		}
 	}
 	slices.SortFunc(names, natCmp)
-	for i, n := range names {
-		colors[n] = holderPalette[i%len(holderPalette)]
+	for _, n := range names {
+		colors[n] = holderColor(n)
 	}
 	return names, colors
+}
+
+// holderColor is the colour of a holder (namespace/name), from a hash of
+// its name: the same in every picture, whichever other Jobs hold GPUs.
+func holderColor(name string) string {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return holderPalette[h.Sum32()%uint32(len(holderPalette))]
 }
 
 func gpuFill(g GPU, colors map[string]string) string {
 	switch g.State {
 	case StateUnhealthy:
 		return colorUnhealthy
-	case StateAllocated:
+	case StateAllocated, StateShared:
 		return colors[g.Holder]
 	}
 	return colorFree
@@ -49,7 +58,10 @@ func gpuFill(g GPU, colors map[string]string) string {
 
 func gpuTitle(g GPU) string {
 	s := fmt.Sprintf("%s: %s", g.Name, g.State)
-	if g.Holder != "" {
+	switch {
+	case len(g.SharedBy) > 0:
+		s += fmt.Sprintf(" by %s, %d/%d milliGPU free", strings.Join(g.SharedBy, ", "), g.FreeMilliGPU(), g.MilliGPU)
+	case g.Holder != "":
 		s += " by " + g.Holder
 	}
 	if g.Reason != "" {

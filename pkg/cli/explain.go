@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"maps"
@@ -29,11 +30,19 @@ type Explanation struct {
 
 // PodPlan is one pod of the group.
 type PodPlan struct {
-	Name  string `json:"name"`
-	State string `json:"state"` // placed, or waiting (gated)
+	Name string `json:"name"`
+	// State is placed (bound to a node), starting (bound, not running
+	// yet), waiting (gated) (a scheduling gate holds it) or pending (the
+	// scheduler has not placed it).
+	State string `json:"state"`
 	Node  string `json:"node,omitempty"`
-	// Why the pod still waits, from the controller.
+	// Why the pod still waits: the controller's status for a pod its gate
+	// holds, the other gates that hold it, what keeps a bound pod from
+	// starting, or the scheduler's message.
 	Why string `json:"why,omitempty"`
+	// Problems say what is wrong with a pod that waits and what to do,
+	// found from its claims, events and the cluster's devices.
+	Problems []string `json:"problems,omitempty"`
 	// Released says how often the controller took the pod's claims back
 	// to plan it again, and why the last time (gputopo.dev/released).
 	Released string      `json:"released,omitempty"`
@@ -62,9 +71,24 @@ type Decision struct {
 	Message string    `json:"message"`
 }
 
+// Pod states.
+const (
+	StatePlaced   = "placed"
+	StateStarting = "starting"
+	StateGated    = "waiting (gated)"
+	StatePending  = "pending"
+)
+
 // BuildExplanation reads the controller's annotations on the pods, the
 // allocation of their claims and the controller's events.
 func BuildExplanation(group string, pods []v1.Pod, claims []resourceapi.ResourceClaim, events []v1.Event) Explanation {
+	return BuildExplanationIn(context.Background(), group, pods, claims, events, nil)
+}
+
+// BuildExplanationIn is BuildExplanation that also says why pods wait
+// that no gputopo gate holds, or whose claims are missing, from the
+// cluster's state cs (nil: only from the pods' events).
+func BuildExplanationIn(ctx context.Context, group string, pods []v1.Pod, claims []resourceapi.ResourceClaim, events []v1.Event, cs *ClusterState) Explanation {
 	e := Explanation{Group: group, Pods: []PodPlan{}}
 	pods = slices.Clone(pods)
 	slices.SortFunc(pods, func(a, c v1.Pod) int { return natCmp(a.Name, c.Name) })
@@ -74,11 +98,9 @@ func BuildExplanation(group string, pods []v1.Pod, claims []resourceapi.Resource
 	}
 	domains := map[string]bool{}
 	for _, p := range pods {
-		pp := PodPlan{Name: p.Name, State: "placed", Node: p.Spec.NodeName}
-		if slices.ContainsFunc(p.Spec.SchedulingGates, func(g v1.PodSchedulingGate) bool { return g.Name == placement.SchedulingGate }) {
-			pp.State = "waiting (gated)"
-			pp.Why = p.Annotations[placement.AnnotationStatus]
-		}
+		pp := PodPlan{Name: p.Name, State: StatePlaced, Node: p.Spec.NodeName}
+		evs := podEvents(events, p.Name)
+		explainWait(ctx, &pp, &p, byName, evs, cs)
 		if d := p.Annotations[placement.AnnotationDomain]; d != "" {
 			domains[d] = true
 		}
@@ -109,6 +131,49 @@ func BuildExplanation(group string, pods []v1.Pod, claims []resourceapi.Resource
 
 // podClaimNames lists the pod's ResourceClaims: those it names and those
 // made for it from templates.
+// explainWait fills in why pod p waits, if it does.
+func explainWait(ctx context.Context, pp *PodPlan, p *v1.Pod, byName map[string]*resourceapi.ResourceClaim, evs []v1.Event, cs *ClusterState) {
+	templates := []resourceapi.ResourceClaimTemplate(nil)
+	if cs != nil {
+		templates = cs.Templates
+	}
+	gated := slices.ContainsFunc(p.Spec.SchedulingGates, func(g v1.PodSchedulingGate) bool { return g.Name == placement.SchedulingGate })
+	switch {
+	case p.Spec.NodeName != "":
+		if p.Status.Phase == v1.PodPending {
+			pp.State = StateStarting
+			pp.Why = startingWhy(p, evs)
+		}
+	case gated:
+		pp.State = StateGated
+		pp.Why = p.Annotations[placement.AnnotationStatus]
+		st, err := placement.ParseStatus(pp.Why)
+		if err == nil && st.Reason == placement.StatusWaitingForPods && strings.Contains(st.Message, "ResourceClaims") {
+			if e := lastEvent(evs, EventFailedResourceClaimCreation); e != nil {
+				pp.Why = e.Message
+			}
+			if cs != nil {
+				pp.Problems = missingClaims(p, byName, evs, templates)
+			}
+		}
+	case len(p.Spec.SchedulingGates) > 0:
+		pp.State = StateGated
+		gates := otherGates(p)
+		pp.Why = fmt.Sprintf("held by the scheduling gates %s: the controller that added them (a queue such as Kueue) removes them when it admits the pod", strings.Join(gates, ", "))
+		if cs != nil {
+			pp.Problems = missingClaims(p, byName, evs, templates)
+		}
+	default:
+		pp.State = StatePending
+		pp.Why = schedulerSays(p, evs)
+		if cs != nil {
+			pp.Problems = diagnose(ctx, p, byName, evs, cs)
+		} else if e := lastEvent(evs, EventFailedResourceClaimCreation); e != nil {
+			pp.Problems = []string{e.Message}
+		}
+	}
+}
+
 func podClaimNames(p *v1.Pod) []string {
 	var out []string
 	for _, c := range p.Spec.ResourceClaims {
@@ -190,9 +255,9 @@ func allocationNode(a *resourceapi.AllocationResult) string {
 func RenderExplanation(w io.Writer, e Explanation, o TreeOptions) error {
 	pal := palette(o.Color)
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: %d pods\n", pal.bold(e.Group), len(e.Pods))
+	fmt.Fprintf(&b, "%s: %s\n", pal.bold(e.Group), plural(len(e.Pods), "pod"))
 	if len(e.Pods) == 0 {
-		b.WriteString("  no pods found: is the Job running, and does its pod template carry gputopo.dev/placement?\n")
+		b.WriteString("  no pods found: is the Job running (kubectl describe job shows why it creates none)?\n")
 	}
 	for _, p := range e.Pods {
 		node := p.Node
@@ -208,6 +273,9 @@ func RenderExplanation(w io.Writer, e Explanation, o TreeOptions) error {
 		fmt.Fprintf(&b, "  %-32s %s node=%s\n", p.Name, state, node)
 		if p.Why != "" {
 			fmt.Fprintf(&b, "      why: %s\n", p.Why)
+		}
+		for _, pr := range p.Problems {
+			fmt.Fprintf(&b, "      %s %s\n", pal.allocated("problem:"), pr)
 		}
 		if p.Released != "" {
 			fmt.Fprintf(&b, "      released and planned again: %s\n", p.Released)

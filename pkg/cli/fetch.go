@@ -127,9 +127,86 @@ func FetchExplanation(ctx context.Context, c kubernetes.Interface, ns string, al
 			mine = append(mine, e)
 		}
 	}
-	e := BuildExplanation(ns+"/"+t.Name, pods, claims.Items, mine)
+	var cs *ClusterState
+	if slices.ContainsFunc(pods, func(p v1.Pod) bool { return p.Spec.NodeName == "" }) {
+		if cs, err = fetchClusterState(ctx, c, ns); err != nil {
+			return nil, err
+		}
+	}
+	e := BuildExplanationIn(ctx, ns+"/"+t.Name, pods, claims.Items, mine, cs)
 	e.GroupKind = kind
 	return &e, nil
+}
+
+// fetchClusterState reads what explain needs to say why a pod in ns
+// waits. Without permission to read it, explain says less: nil, no error.
+func fetchClusterState(ctx context.Context, c kubernetes.Interface, ns string) (*ClusterState, error) {
+	cs := &ClusterState{}
+	forbidden := false
+	list := func(what string, do func() error) error {
+		err := do()
+		switch {
+		case apierrors.IsForbidden(err):
+			forbidden = true
+			return nil
+		case err != nil:
+			return apiError(fmt.Errorf("list %s: %w", what, err))
+		}
+		return nil
+	}
+	steps := []struct {
+		what string
+		do   func() error
+	}{
+		{"nodes", func() error {
+			l, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err == nil {
+				cs.Nodes = l.Items
+			}
+			return err
+		}},
+		{"ResourceSlices", func() error {
+			l, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+			if err == nil {
+				cs.Slices = l.Items
+			}
+			return err
+		}},
+		{"ResourceClaims in every namespace", func() error {
+			l, err := c.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+			if err == nil {
+				cs.Claims = l.Items
+			}
+			return err
+		}},
+		{"DeviceClasses", func() error {
+			l, err := c.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{})
+			if err == nil {
+				cs.Classes = l.Items
+			}
+			return err
+		}},
+		{"ResourceClaimTemplates in " + ns, func() error {
+			l, err := c.ResourceV1().ResourceClaimTemplates(ns).List(ctx, metav1.ListOptions{})
+			if err == nil {
+				cs.Templates = l.Items
+			}
+			return err
+		}},
+	}
+	for _, st := range steps {
+		if err := list(st.what, st.do); err != nil {
+			return nil, err
+		}
+	}
+	if forbidden {
+		return nil, nil
+	}
+	// DeviceTaintRules are optional: a cluster may not serve them.
+	if l, err := c.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{}); err == nil {
+		cs.TaintRules = l.Items
+	}
+	return cs, nil
 }
 
 // lookHint is what to check when a target is not found.

@@ -179,7 +179,7 @@ func TestRenderSVG(t *testing.T) {
 	if diff := cmp.Diff(want, titles); diff != "" {
 		t.Errorf("GPU squares and NVLink frames (-want +got):\n%s", diff)
 	}
-	for _, s := range []string{">ml/train</text>", ">ml/solo</text>", ">core-0</text>", ">spine-0</text>", ">leaf-1</text>"} {
+	for _, s := range []string{">ml/train</text>", ">ml/solo</text>", ">core-0</text>", ">spine-0</text>", ">leaf-0 · 12/16 free</text>", ">leaf-1 · 6/8 free</text>"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("SVG lacks %s", s)
 		}

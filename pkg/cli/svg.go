@@ -58,13 +58,14 @@ func RenderSVG(w io.Writer, views []NodeView) error {
 		}
 		var leaves []placed
 		for _, l := range s.leaves {
-			colW := svgSwitchW(orNone(l.name))
+			label := leafLabel(l)
+			colW := svgSwitchW(label)
 			for _, n := range l.nodes {
 				colW = max(colW, svgBusIndent+nodeWidth(n))
 			}
-			lx := x + (colW-svgSwitchW(orNone(l.name)))/2
-			switchBox(&body, lx, float64(leafY), orNone(l.name), "#eef2f8")
-			leafCx := lx + svgSwitchW(orNone(l.name))/2
+			lx := x + (colW-svgSwitchW(label))/2
+			switchBox(&body, lx, float64(leafY), label, "#eef2f8")
+			leafCx := lx + svgSwitchW(label)/2
 			// The leaf's bus: down its column's left side, a tick to each node.
 			busX := x + svgBusIndent/2
 			y := float64(nodeY)
@@ -130,7 +131,17 @@ func RenderSVG(w io.Writer, views []NodeView) error {
 	return err
 }
 
-func svgSwitchW(label string) float64 { return max(84, float64(len(label))*svgCharW+20) }
+// leafLabel is a leaf's name and its free GPUs: "leaf-0 · 12/16 free".
+func leafLabel(l leafGroup) string {
+	free, total := 0, 0
+	for _, n := range l.nodes {
+		free += n.Free()
+		total += len(n.GPUs)
+	}
+	return fmt.Sprintf("%s · %d/%d free", orNone(l.name), free, total)
+}
+
+func svgSwitchW(label string) float64 { return max(84, float64(len([]rune(label)))*svgCharW+20) }
 
 func switchBox(b *strings.Builder, x, y float64, label, fill string) {
 	fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%d" rx="6" fill="%s" class="sw"/>`+"\n", x, y, svgSwitchW(label), svgSwitchH, fill)
@@ -213,8 +224,16 @@ func drawGPU(b *strings.Builder, x, y float64, g GPU, colors map[string]string) 
 	if g.State != StateFree {
 		rim, text = "#333", "#fff"
 	}
+	if g.State == StateShared {
+		fill, text = colorFree, "#222"
+	}
 	fmt.Fprintf(b, `<g><title>%s</title><rect x="%.1f" y="%.1f" width="%d" height="%d" rx="2" fill="%s" stroke="%s" class="gpu"/>`,
 		html.EscapeString(gpuTitle(g)), x, y, svgCell, svgCell, fill, rim)
+	if g.State == StateShared {
+		// Filled from the bottom as far as its shares take it.
+		h := float64(svgCell) * float64(g.UsedMilliGPU) / float64(g.MilliGPU)
+		fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%d" height="%.1f" fill="%s" class="share"/>`, x, y+svgCell-h, svgCell, h, gpuFill(g, colors))
+	}
 	if g.State == StateUnhealthy {
 		fmt.Fprintf(b, `<path d="M%.1f %.1f l%d %d M%.1f %.1f l%d %d" stroke="#fff" stroke-width="2"/>`,
 			x+4, y+4, svgCell-8, svgCell-8, x+svgCell-4, y+4, -(svgCell - 8), svgCell-8)

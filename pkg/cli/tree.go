@@ -25,6 +25,10 @@ type GPUState string
 const (
 	StateFree      GPUState = "free"
 	StateAllocated GPUState = "allocated"
+	// StateShared: a GPU published for sharing that holds shares and
+	// still has milli-GPUs free; one whose shares take it all is
+	// allocated.
+	StateShared GPUState = "shared"
 	// StateUnhealthy wins over allocated: the GPU carries the unhealthy
 	// taint, whoever holds it.
 	StateUnhealthy GPUState = "unhealthy"
@@ -42,7 +46,17 @@ type GPU struct {
 	Holder string `json:"holder,omitempty"`
 	// Reason is the unhealthy taint's value, e.g. XID-79.
 	Reason string `json:"reason,omitempty"`
+	// MilliGPU is the compute of a GPU published for sharing, in
+	// thousandths (1000); 0 for a GPU handed out whole.
+	MilliGPU int64 `json:"milliGPU,omitempty"`
+	// UsedMilliGPU is what the shares of a shared GPU take together.
+	UsedMilliGPU int64 `json:"usedMilliGPU,omitempty"`
+	// SharedBy lists the holders of the GPU's shares.
+	SharedBy []string `json:"sharedBy,omitempty"`
 }
+
+// FreeMilliGPU is what a shared GPU has left, in thousandths of a GPU.
+func (g GPU) FreeMilliGPU() int64 { return max(g.MilliGPU-g.UsedMilliGPU, 0) }
 
 // NodeView is one node with its place in the network and its GPUs.
 type NodeView struct {
@@ -89,6 +103,11 @@ func BuildViews(nodes []v1.Node, resourceSlices []resourceapi.ResourceSlice, cla
 		podByName[pods[i].Namespace+"/"+pods[i].Name] = &pods[i]
 	}
 	holder := map[string]string{} // pool/device → holder
+	type share struct {
+		used    int64 // -1: a share that did not say, which takes it all
+		holders map[string]bool
+	}
+	shares := map[string]*share{} // pool/device → its shares
 	for i := range claims {
 		c := &claims[i]
 		if c.Status.Allocation == nil {
@@ -96,8 +115,24 @@ func BuildViews(nodes []v1.Node, resourceSlices []resourceapi.ResourceSlice, cla
 		}
 		h := claimHolder(c, podByName)
 		for _, r := range c.Status.Allocation.Devices.Results {
-			if r.Driver == topology.DriverName {
-				holder[r.Pool+"/"+r.Device] = h
+			if r.Driver != topology.DriverName {
+				continue
+			}
+			key := r.Pool + "/" + r.Device
+			if r.ShareID == nil {
+				holder[key] = h
+				continue
+			}
+			sh := shares[key]
+			if sh == nil {
+				sh = &share{holders: map[string]bool{}}
+				shares[key] = sh
+			}
+			sh.holders[h] = true
+			if q, ok := r.ConsumedCapacity[topology.CapacityMilliGPU]; ok && sh.used >= 0 {
+				sh.used += q.Value()
+			} else {
+				sh.used = -1
 			}
 		}
 	}
@@ -117,7 +152,21 @@ func BuildViews(nodes []v1.Node, resourceSlices []resourceapi.ResourceSlice, cla
 			if a, ok := d.Attributes[topology.AttrNVLinkBlock4]; ok && a.StringValue != nil {
 				g.NVLinkBlock4 = *a.StringValue
 			}
-			if g.Holder != "" {
+			if q, ok := d.Capacity[topology.CapacityMilliGPU]; ok {
+				g.MilliGPU = q.Value.Value()
+			}
+			if sh := shares[s.Spec.Pool.Name+"/"+d.Name]; sh != nil && g.Holder == "" {
+				g.SharedBy = slices.SortedFunc(maps.Keys(sh.holders), natCmp)
+				g.Holder = g.SharedBy[0]
+				g.UsedMilliGPU = sh.used
+				if sh.used < 0 || g.MilliGPU == 0 {
+					g.UsedMilliGPU = g.MilliGPU
+				}
+			}
+			switch {
+			case g.Holder != "" && g.MilliGPU > 0 && g.FreeMilliGPU() > 0:
+				g.State = StateShared
+			case g.Holder != "":
 				g.State = StateAllocated
 			}
 			for _, t := range d.Taints {
@@ -193,8 +242,14 @@ func RenderTree(w io.Writer, views []NodeView, o TreeOptions) error {
 		free += v.Free()
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "cluster: %d nodes, %d/%d GPUs free   (%s allocated  %s free  %s unhealthy  [..] NVLink domain)\n",
-		len(views), free, total, pal.allocated("■"), pal.free("□"), pal.unhealthy("✗"))
+	shared := ""
+	if slices.ContainsFunc(views, func(v NodeView) bool {
+		return slices.ContainsFunc(v.GPUs, func(g GPU) bool { return g.State == StateShared })
+	}) {
+		shared = "  " + pal.allocated("◐") + " shared, partly used"
+	}
+	fmt.Fprintf(&b, "cluster: %d nodes, %d/%d GPUs free   (%s allocated%s  %s free  %s unhealthy  [..] NVLink domain)\n",
+		len(views), free, total, pal.allocated("■"), shared, pal.free("□"), pal.unhealthy("✗"))
 
 	spines := groupTree(views)
 	for si, s := range spines {
@@ -215,6 +270,9 @@ func RenderTree(w io.Writer, views []NodeView, o TreeOptions) error {
 			for ni, n := range l.nodes {
 				prefix := indent(lastSpine) + indent(lastLeaf) + branch(ni == len(l.nodes)-1)
 				line := fmt.Sprintf("%s %-*s %-18s %d/%d free  %s", prefix, nameWidth(l.nodes), n.Name, n.Profile, n.Free(), len(n.GPUs), cells(n.GPUs, pal))
+				if part := sharedFree(n.GPUs); part != "" {
+					line += "  " + part
+				}
 				if hs := n.Holders(); o.Wide && len(hs) > 0 {
 					line += "  " + pal.dim(strings.Join(hs, " "))
 				}
@@ -279,6 +337,8 @@ func cells(gpus []GPU, pal palette) string {
 			b.WriteString(pal.unhealthy("✗"))
 		case StateAllocated:
 			b.WriteString(pal.allocated("■"))
+		case StateShared:
+			b.WriteString(pal.allocated("◐"))
 		default:
 			b.WriteString(pal.free("□"))
 		}
@@ -287,6 +347,18 @@ func cells(gpus []GPU, pal palette) string {
 		b.WriteString("]")
 	}
 	return b.String()
+}
+
+// sharedFree says what each partly used shared GPU has left:
+// "gpu-2 500m free".
+func sharedFree(gpus []GPU) string {
+	var parts []string
+	for _, g := range gpus {
+		if g.State == StateShared {
+			parts = append(parts, fmt.Sprintf("%s %dm free", g.Name, g.FreeMilliGPU()))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 func nameWidth(nodes []NodeView) int {

@@ -1,13 +1,17 @@
 package cli_test
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/pkg/cli"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
@@ -63,8 +67,8 @@ func newFixture(t *testing.T) fixture {
 		allocated("ml", "solo-gpus", "solo", "b1", "gpu-0"),
 	}
 	f.pods = []v1.Pod{
-		{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "train-0", Labels: map[string]string{"batch.kubernetes.io/job-name": "train"}}},
-		{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "solo"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "train-0", Labels: map[string]string{"batch.kubernetes.io/job-name": "train"}}, Spec: v1.PodSpec{NodeName: "a1"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "solo"}, Spec: v1.PodSpec{NodeName: "b1"}},
 	}
 	return f
 }
@@ -170,5 +174,89 @@ func TestBuildViewsReadsMapping(t *testing.T) {
 	}
 	if diff := cmp.Diff(map[string]string{"a1": "spine-0/rack-9", "a2": "spine-0/", "b1": "spine-0/"}, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+// shareGPU publishes GPU 0 of a2 for sharing and gives it two shares,
+// 250 and 500 milliGPU, of the pods ml/a and ml/b.
+func shareGPU(t *testing.T, f *fixture) {
+	t.Helper()
+	for i := range f.slices {
+		s := &f.slices[i]
+		if s.Spec.Pool.Name != "a2" {
+			continue
+		}
+		d := &s.Spec.Devices[0]
+		d.AllowMultipleAllocations = ptr.To(true)
+		d.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{topology.CapacityMilliGPU: {Value: resource.MustParse("1000")}}
+	}
+	for _, sh := range []struct {
+		pod   string
+		milli string
+	}{{"a", "250"}, {"b", "500"}} {
+		c := allocated("ml", sh.pod+"-gpu", sh.pod, "a2", "gpu-0")
+		r := &c.Status.Allocation.Devices.Results[0]
+		r.ShareID = ptr.To(types.UID("share-" + sh.pod))
+		r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{topology.CapacityMilliGPU: resource.MustParse(sh.milli)}
+		f.claims = append(f.claims, c)
+	}
+}
+
+func TestSharedGPUPartlyUsed(t *testing.T) {
+	f := newFixture(t)
+	shareGPU(t, &f)
+	views := f.views()
+	var g cli.GPU
+	for _, v := range views {
+		if v.Name == "a2" {
+			g = v.GPUs[0]
+		}
+	}
+	want := cli.GPU{Name: "gpu-0", State: cli.StateShared, Holder: "ml/a", MilliGPU: 1000, UsedMilliGPU: 750, SharedBy: []string{"ml/a", "ml/b"},
+		NVLinkDomain: g.NVLinkDomain, NVLinkBlock4: g.NVLinkBlock4}
+	if diff := cmp.Diff(want, g); diff != "" {
+		t.Errorf("a2's shared GPU 0 (-want +got):\n%s", diff)
+	}
+	var tree strings.Builder
+	if err := cli.RenderTree(&tree, views, cli.TreeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"◐ shared, partly used", "│   └── a2 hgx-pcie-pairs     7/8 free  [◐□] [□□] [□□] [□□]  gpu-0 250m free\n"} {
+		if !strings.Contains(tree.String(), s) {
+			t.Errorf("tree lacks %q:\n%s", s, tree.String())
+		}
+	}
+	var svg strings.Builder
+	if err := cli.RenderSVG(&svg, views); err != nil {
+		t.Fatal(err)
+	}
+	// Three quarters of the 16-pixel square filled from the bottom.
+	for _, s := range []string{"gpu-0: shared by ml/a, ml/b, 250/1000 milliGPU free", `height="12.0" fill="`} {
+		if !strings.Contains(svg.String(), s) {
+			t.Errorf("SVG lacks %q", s)
+		}
+	}
+}
+
+// legendColor is the fill of holder's square in an SVG's legend.
+func legendColor(t *testing.T, views []cli.NodeView, holder string) string {
+	t.Helper()
+	var svg strings.Builder
+	if err := cli.RenderSVG(&svg, views); err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`fill="(#[0-9a-f]+)" stroke="#333" class="gpu"/><text [^>]*>` + regexp.QuoteMeta(holder) + `</text>`).FindStringSubmatch(svg.String())
+	if m == nil {
+		t.Fatalf("no legend entry for %s", holder)
+	}
+	return m[1]
+}
+
+func TestHolderColorsDoNotDependOnOtherJobs(t *testing.T) {
+	f := newFixture(t)
+	with := legendColor(t, f.views(), "ml/train")
+	f.claims = f.claims[:1] // ml/solo, before ml/train in name order, gone
+	if without := legendColor(t, f.views(), "ml/train"); with != without {
+		t.Errorf("ml/train is %s next to ml/solo and %s alone: a Job's colour must not depend on the others", with, without)
 	}
 }
