@@ -126,6 +126,8 @@ func TestJobTooBigStaysGated(t *testing.T) {
 				t.Errorf("%s: pod %s has %s=%q, want the reason", when, p.Name, placementapi.AnnotationStatus, status)
 			case p.Annotations[placementapi.AnnotationNode] != "" || pinnedNodes(&p) != nil:
 				t.Errorf("%s: waiting pod %s is pinned: %s=%q, affinity %v", when, p.Name, placementapi.AnnotationNode, p.Annotations[placementapi.AnnotationNode], pinnedNodes(&p))
+			case !placedConditionSays(&p, corev1.ConditionFalse, "Unschedulable", "no leaf can hold 5 pods"):
+				t.Errorf("%s: pod %s has no %s condition False/Unschedulable with the reason: %v", when, p.Name, placementapi.ConditionPlaced, p.Status.Conditions)
 			}
 			if c, err := framework.PodClaim(framework.Ctx(t), client, &p, claimName); err == nil && c.Status.Allocation != nil {
 				t.Errorf("%s: claim %s of waiting pod %s is allocated", when, c.Name, p.Name)
@@ -141,6 +143,9 @@ func TestJobTooBigStaysGated(t *testing.T) {
 		for _, p := range pods {
 			if p.Annotations[placementapi.AnnotationStatus] == "" {
 				return false, "pod " + p.Name + " has no status"
+			}
+			if !placedConditionSays(&p, corev1.ConditionFalse, "Unschedulable", "") {
+				return false, "pod " + p.Name + " has no " + placementapi.ConditionPlaced + " condition"
 			}
 		}
 		return len(pods) == 5, fmt.Sprintf("%d pods", len(pods))
@@ -464,4 +469,15 @@ func leafUtilization(m map[string]float64, spine, leaf string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// placedConditionSays reports whether the pod's gputopo.dev/Placed
+// condition has the status and reason, and its message contains text.
+func placedConditionSays(p *corev1.Pod, status corev1.ConditionStatus, reason, text string) bool {
+	for _, c := range p.Status.Conditions {
+		if string(c.Type) == placementapi.ConditionPlaced {
+			return c.Status == status && c.Reason == reason && strings.Contains(c.Message, text)
+		}
+	}
+	return false
 }
