@@ -23,8 +23,12 @@ BUILD_FLAGS ?= -tags=grpcnotrace -ldflags='-s -w'
 
 all: build
 
+# bin/nvidia-cdi-hook is the NVIDIA Container Toolkit's hook at the version
+# go.mod requires, which the plugin installs onto each GPU node for its
+# CDI specs (hack/build-cdi-hook.sh).
 build:
 	$(GO) build $(BUILD_FLAGS) -o $(BIN)/ ./cmd/...
+	GO=$(GO) hack/build-cdi-hook.sh $(BIN)
 	ln -sf gputopo $(BIN)/kubectl-gputopo
 	ln -sf gputopo $(BIN)/kubectl_complete-gputopo
 

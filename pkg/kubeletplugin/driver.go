@@ -54,6 +54,9 @@ type Config struct {
 	// LabelMapping, when set, replaces Slices.Network whenever the
 	// cluster's label mapping changes.
 	LabelMapping *labelmapping.Watcher
+	// HealthProbeAddress serves the gRPC health probes (ProbeLiveness,
+	// ProbeStartup); empty serves none.
+	HealthProbeAddress string
 }
 
 // DefaultFabricRetry is how often discovery is repeated while GPUs are
