@@ -90,7 +90,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	go d.watchHealth(ctx)
-	go d.refreshFabric(ctx)
+	go d.refreshLoop(ctx)
 	logger.Info("gputopo kubelet plugin running", "node", cfg.NodeName, "driver", topology.DriverName)
 	<-ctx.Done()
 	if cause := context.Cause(ctx); cause != nil && cause != context.Canceled {
