@@ -71,7 +71,10 @@ if [ -n "$busybox" ]; then
 fi
 # What nvidia-smi and the driver's libraries link against.
 for lib in libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libgcc_s.so.1; do
-  src=$(ls "/lib/$triplet/$lib" "/usr/lib/$triplet/$lib" 2>/dev/null | head -n1 || true)
+  src=""
+  for dir in "/lib/$triplet" "/usr/lib/$triplet"; do
+    if [ -e "$dir/$lib" ]; then src="$dir/$lib"; break; fi
+  done
   [ -n "$src" ] || { echo "gpu-check-bundle: /lib/$triplet/$lib not found" >&2; exit 1; }
   cp -L "$src" "$OUT/rootfs/lib/$triplet/$lib"
 done
@@ -81,13 +84,14 @@ echo "/lib/$triplet" >"$OUT/rootfs/etc/ld.so.conf"
 
 cp hack/gpu-check-run.sh "$OUT/run.sh"
 chmod +x "$OUT/run.sh"
-glibc=$(ldd --version | head -n1 | grep -oE '[0-9]+\.[0-9]+$')
+# sed, not head: with pipefail, a writer cut off by head fails the script.
+glibc=$(ldd --version | sed -n '1s/.* \([0-9]*\.[0-9]*\)$/\1/p')
 {
   echo "gputopo $(git describe --tags --always --dirty 2>/dev/null || echo unknown) for linux/$arch"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), glibc $glibc"
-  echo "plugin needs glibc: $(objdump -T "$OUT/bin/gputopo-kubelet-plugin" 2>/dev/null | grep -oE 'GLIBC_[0-9.]+' | sort -uV | tail -n1 || echo unknown)"
-  echo "nvidia-cdi-hook: $("$OUT/bin/nvidia-cdi-hook" --version | head -n1)"
-  echo "runc: $("$OUT/bin/runc" --version 2>/dev/null | head -n1 || echo 'none bundled, or it does not start here')"
+  echo "plugin needs glibc: $(objdump -T "$OUT/bin/gputopo-kubelet-plugin" 2>/dev/null | grep -oE 'GLIBC_[0-9.]+' | sort -uV | sed -n '$p' || echo unknown)"
+  echo "nvidia-cdi-hook: $("$OUT/bin/nvidia-cdi-hook" --version | sed -n 1p)"
+  echo "runc: $("$OUT/bin/runc" --version 2>/dev/null | sed -n 1p || echo 'none bundled, or it does not start here')"
 } >"$OUT/MANIFEST"
 cat "$OUT/MANIFEST"
 echo "gpu-check-bundle: $OUT ($(du -sh "$OUT" | cut -f1)); copy it to a GPU machine and run: sudo $OUT/run.sh"

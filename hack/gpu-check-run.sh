@@ -11,6 +11,8 @@
 #      libraries, nvidia-cdi-hook hooks) and runs nvidia-smi -L inside: it
 #      must list exactly the claim's GPU.
 # Exits 1 on any mismatch, 2 when the machine cannot run the check.
+# (No head in pipelines: with pipefail, a writer it cuts off fails the
+# script.)
 #
 #   sudo ./run.sh [--dry-run] [OUTDIR]      # default OUTDIR: ./out
 #
@@ -93,7 +95,7 @@ if [ -z "$device" ]; then
   fail=1
 elif "${PLUGIN[@]}" --print-cdi-spec="$device" >"$OUT/cdi-spec.json" 2>>"$OUT/plugin.log"; then
   "$HERE/bin/gpucheck" cdi "$OUT/cdi-spec.json" || fail=1
-  uuid=$(grep -oE 'GPU-[0-9a-fA-F-]{36}' "$OUT/cdi-spec.json" | head -n1 || true)
+  uuid=$(grep -m1 -oE 'GPU-[0-9a-fA-F-]{36}' "$OUT/cdi-spec.json" | sed -n 1p || true)
 else
   echo "MISMATCH: --print-cdi-spec=$device failed:"
   tail -n 5 "$OUT/plugin.log"
@@ -120,7 +122,7 @@ else
   rm -rf "$c" && mkdir -p "$c/cdi"
   cp -a "$HERE/rootfs" "$c/rootfs"
   cp "$OUT/cdi-spec.json" "$c/cdi/"
-  id=$(grep -oE '"name": *"[^"]+"' "$OUT/cdi-spec.json" | head -n1 | sed -E 's/.*"([^"]+)"$/\1/')
+  id=$(grep -oE '"name": *"[^"]+"' "$OUT/cdi-spec.json" | sed -nE '1s/.*"([^"]+)"$/\1/p')
   (cd "$c" && "$runc" spec)
   "$HERE/bin/gpucheck" oci -config "$c/config.json" -cdi-dir "$c/cdi" -device "gputopo.dev/gpu=$id" -- nvidia-smi -L
   name="gputopo-gpu-check-$$"
@@ -142,7 +144,7 @@ fi
 
 step "machine"
 echo "GPUs: $(cut -d, -f6 "$OUT/nvidia-smi-query.csv" | sort | uniq -c | sed 's/^ *//' | paste -sd';' -)"
-echo "driver: $(cut -d, -f5 "$OUT/nvidia-smi-query.csv" | head -n1 | tr -d ' ')"
+echo "driver: $(cut -d, -f5 "$OUT/nvidia-smi-query.csv" | sed -n 1p | tr -d ' ')"
 echo "kernel: $(uname -r)"
 echo "bundle: $(head -n1 "$HERE/MANIFEST" 2>/dev/null || echo unknown)"
 echo "outputs: $OUT (record them in docs/hardware.md)"

@@ -55,9 +55,6 @@ type Options struct {
 	TaintEffect         string
 }
 
-// DefaultProbeAddress serves the plugin's gRPC health probes.
-const DefaultProbeAddress = ":51516"
-
 // NewOptions returns the defaults for a node of a real cluster.
 func NewOptions() *Options {
 	return &Options{
@@ -67,7 +64,6 @@ func NewOptions() *Options {
 		PluginsDir:     "/var/lib/kubelet/plugins",
 		CDIRoot:        "/var/run/cdi",
 		MetricsAddress: ":9400",
-		ProbeAddress:   DefaultProbeAddress,
 		LabelMapping:   labelmapping.NewOptions(),
 		DriverRoot:     cdi.DefaultDriverRoot,
 		IgnoredXids:    toUint(nvml.DefaultIgnoredXids()),
@@ -106,7 +102,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PluginsDir, "kubelet-plugins-directory-path", o.PluginsDir, "The kubelet's plugin directory; the plugin keeps its socket and checkpoint in <dir>/"+topology.DriverName+".")
 	fs.StringVar(&o.CDIRoot, "cdi-root", o.CDIRoot, "Directory where CDI specs for prepared claims are written.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Address serving Prometheus metrics on /metrics; empty disables it.")
-	fs.StringVar(&o.ProbeAddress, "health-probe-address", o.ProbeAddress, "Address serving the gRPC health service for the kubelet's probes (services \""+ProbeStartup+"\" and \""+ProbeLiveness+"\": SERVING once the kubelet registered the plugin and its DRA socket answers); empty disables it.")
+	fs.StringVar(&o.ProbeAddress, "health-probe-address", o.ProbeAddress, "Address serving the gRPC health service for the kubelet's probes (services \""+ProbeStartup+"\" and \""+ProbeLiveness+"\": SERVING once the kubelet registered the plugin and its DRA socket answers), e.g. :51516 as the chart sets it; empty (the default, as several plugins may share a test machine) serves none.")
 	o.Profiling.AddFlags(fs)
 	o.LabelMapping.AddFlags(fs)
 	fs.BoolVar(&o.NUMAList, "numa-node-list", o.NUMAList, "Publish resource.kubernetes.io/numaNode as a list (needs the DRAListTypeAttributes feature gate in the cluster).")
