@@ -113,7 +113,9 @@ type Driver struct {
 	// watchWorked is set when the watch reports itself active, so the
 	// next failure starts its retries from the shortest delay again.
 	watchWorked bool
-	pub         publisher
+	// watchRestart ends the running health watch, which then starts again.
+	watchRestart context.CancelFunc
+	pub          publisher
 	// healthChanged is closed and replaced whenever a GPU's health changes,
 	// waking every kubelet health stream.
 	healthChanged chan struct{}

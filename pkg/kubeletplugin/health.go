@@ -44,9 +44,18 @@ func (d *Driver) runHealthWatch(ctx context.Context, events chan<- gpu.HealthEve
 	logger := klog.FromContext(ctx)
 	backoff := d.healthBackoff()
 	for {
-		err := d.cfg.Backend.WatchHealth(ctx, events)
+		watchCtx, restart := context.WithCancel(ctx)
+		d.setWatchRestart(restart)
+		err := d.cfg.Backend.WatchHealth(watchCtx, events)
+		restarted := watchCtx.Err() != nil
+		restart()
 		if ctx.Err() != nil {
 			return
+		}
+		if restarted {
+			// The GPUs changed (restartWatch): watch the new set.
+			logger.V(2).Info("GPU health watch started again for the changed GPUs")
+			continue
 		}
 		if err == nil {
 			err = errors.New("the GPU health watch ended")
@@ -66,6 +75,21 @@ func (d *Driver) runHealthWatch(ctx context.Context, events chan<- gpu.HealthEve
 			return
 		case <-time.After(delay):
 		}
+	}
+}
+
+func (d *Driver) setWatchRestart(restart context.CancelFunc) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.watchRestart = restart
+}
+
+// restartWatchLocked starts the health watch again, on the GPUs as they
+// are now: a GPU switched in or out of MIG mode was reset, and what the
+// watch registered for it is stale.
+func (d *Driver) restartWatchLocked() {
+	if d.watchRestart != nil {
+		d.watchRestart()
 	}
 }
 

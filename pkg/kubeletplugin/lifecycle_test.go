@@ -390,3 +390,44 @@ func withDriverRoot(t *testing.T, profile string, c *Config) (string, *mock.Inte
 	c.DriverEdits = edits
 	return root, lib
 }
+
+// watchedMIG is a migSwitch whose health watch says when it starts.
+type watchedMIG struct {
+	*migSwitch
+	started chan struct{}
+}
+
+func (w *watchedMIG) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent) error {
+	w.started <- struct{}{}
+	<-ctx.Done()
+	return nil
+}
+
+func TestMIGModeChangeRestartsTheHealthWatch(t *testing.T) {
+	var w *watchedMIG
+	e := newEnvWith(t, "hgx-pcie-pairs", "", func(c *Config) {
+		w = &watchedMIG{migSwitch: &migSwitch{Backend: c.Backend.(*sim.Backend)}, started: make(chan struct{})}
+		c.Backend = w
+	})
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go e.drv.watchHealth(ctx)
+	<-w.started
+	// GPU 2 was reset into MIG mode: the watch follows the new set of
+	// GPUs, and its ending is no failure.
+	w.mig = true
+	if err := e.drv.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-w.started
+	if tainted, _ := unmonitoredTaints(e.pub.published[len(e.pub.published)-1]); tainted != 0 {
+		t.Errorf("a restarted watch tainted %d GPUs unmonitored", tainted)
+	}
+	e.drv.mu.Lock()
+	unmonitored := e.drv.unmonitored
+	e.drv.mu.Unlock()
+	if unmonitored != "" {
+		t.Errorf("restarting the watch marked the node unmonitored: %s", unmonitored)
+	}
+}

@@ -120,6 +120,9 @@ func (d *Driver) applyInventory(ctx context.Context, fresh *gpu.Inventory) error
 			logger.Info("GPU registered with the NVLink fabric", "index", g.Index, "uuid", g.UUID, "fabric", g.Fabric)
 		}
 	}
+	if !slices.EqualFunc(old.Devices, next.Devices, func(a, b gpu.Device) bool { return a.UUID == b.UUID }) {
+		d.restartWatchLocked()
+	}
 	d.inv, d.nvlink = &next, nv
 	d.setSkippedMetrics(ctx)
 	d.healthChangedLocked()
