@@ -19,12 +19,16 @@ E2E_TIMEOUT ?= 60m
 # loaded into memory.
 BUILD_FLAGS ?= -tags=grpcnotrace -ldflags='-s -w'
 
-.PHONY: all build test unit e2e parity chart lint demo demo-loop demo-down bench bench-scale k8s-binaries image verify-chart verify-chart-cluster lint-dockerfile clean
+.PHONY: all build test unit e2e parity chart lint demo demo-loop demo-down bench bench-scale k8s-binaries gpu-check-bundle image verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
+# bin/nvidia-cdi-hook is the NVIDIA Container Toolkit's hook at the version
+# go.mod requires, which the plugin installs onto each GPU node for its
+# CDI specs (hack/build-cdi-hook.sh).
 build:
 	$(GO) build $(BUILD_FLAGS) -o $(BIN)/ ./cmd/...
+	GO=$(GO) hack/build-cdi-hook.sh $(BIN)
 	ln -sf gputopo $(BIN)/kubectl-gputopo
 	ln -sf gputopo $(BIN)/kubectl_complete-gputopo
 
@@ -79,6 +83,12 @@ verify-chart:
 
 verify-chart-cluster: build k8s-binaries
 	hack/verify-chart-cluster.sh
+
+# The hardware check bundle: everything a machine with only an NVIDIA driver
+# needs to check gputopo (no Go, no network), in _output/gpu-check/; copy it
+# there and run its run.sh (docs/hardware.md).
+gpu-check-bundle:
+	GO=$(GO) hack/gpu-check-bundle.sh _output/gpu-check
 
 image:
 	hack/build-image.sh

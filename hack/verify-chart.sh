@@ -86,7 +86,13 @@ must default 'privileged: true' "nvml plugin must run privileged"
 must default 'path: /dev$' "nvml plugin must mount /dev"
 must default -- '--nvidia-driver-root=/$' "nvml plugin must get the host driver root"
 must default -- '--container-driver-root=/driver-root$' "nvml plugin must know where the driver root is mounted"
-must default -- '--nvidia-cdi-hook-path=/usr/bin/nvidia-cdi-hook$' "nvml plugin must get the nvidia-cdi-hook path"
+mustnot default -- '--nvidia-cdi-hook-path' "by default the plugin installs the image's nvidia-cdi-hook"
+must default 'key: nvidia.com/gpu.present, operator: In' "nvml plugin must run only on GPU nodes (GPU feature discovery label)"
+must default 'key: feature.node.kubernetes.io/pci-10de.present, operator: In' "nvml plugin must run only on GPU nodes (node feature discovery label)"
+must default 'mountPropagation: HostToContainer' "the driver root must follow mounts made after the plugin started"
+must default 'service: startup' "nvml plugin must have a startup probe"
+must default 'service: liveness' "nvml plugin must have a liveness probe"
+must default -- '--health-probe-address=:51516$' "plugin must serve the probes"
 must default -- '--ignored-xids=13,31,43,45,68,109$' "nvml plugin must get the ignored Xids"
 must default -- '--taint-effect=NoSchedule$' "plugin must get the taint effect"
 mustnot default -- '--nvml-library-path' "the library is found under the driver root by default"
@@ -98,6 +104,7 @@ render sim "$BASE,$POLICIES,DaemonSet=1" "${SIM[@]}"
 must sim -- '--profile=dgx-h100' "sim plugin must get --profile"
 mustnot sim 'privileged: true' "sim plugin must not run privileged"
 mustnot sim 'path: /dev$' "sim plugin must not mount /dev"
+mustnot sim 'pci-10de' "sim plugin must not require GPU nodes"
 
 render per-node "$BASE,$POLICIES,DaemonSet=3" "${PER_NODE[@]}"
 must per-node 'gputopo.dev/profile: dgx1-v100' "per-node DaemonSet must select nodes by gputopo.dev/profile"
@@ -122,6 +129,15 @@ must everything 'tierPrefix: ""' "an empty tier prefix must be kept"
 [ "$(grep -c -- '- --label-mapping=gputopo/gputopo-label-mapping$' "$OUT/everything.yaml")" = 2 ] ||
   { echo "FAIL: everything: the plugin and the controller must both read gputopo/gputopo-label-mapping"; fail=1; }
 must everything 'path: /run/nvidia/driver' "driverRoot must be mounted"
+must everything -- '--nvidia-cdi-hook-path=/usr/local/nvidia/toolkit/nvidia-cdi-hook$' "a host hook must reach the plugin"
+must everything -- '--container-cdi-hook-path=/host-cdi-hook/nvidia-cdi-hook$' "the plugin must see the host hook where its directory is mounted"
+must everything 'path: /usr/local/nvidia/toolkit$' "the host hook's directory must be mounted"
+
+render no-probes "$BASE,$POLICIES,DaemonSet=1" --set kubeletPlugin.healthProbePort=0 \
+  --set kubeletPlugin.gpuNodesOnly=false
+mustnot no-probes 'Probe:' "healthProbePort=0 must drop the probes"
+must no-probes -- '--health-probe-address=$' "healthProbePort=0 must turn the health service off"
+mustnot no-probes 'pci-10de' "gpuNodesOnly=false must drop the GPU node affinity"
 
 render minimal "ServiceAccount=1,ClusterRole=1,ClusterRoleBinding=1,Deployment=1,Service=1,DaemonSet=0,DeviceClass=0,ValidatingAdmissionPolicy=0,MutatingAdmissionPolicy=0,PodDisruptionBudget=0,Role=1,ConfigMap=1" \
   --set kubeletPlugin.enabled=false --set deviceClass.create=false \
@@ -149,6 +165,7 @@ refuse "a misspelt value" --set kubeletPlugin.nodeSelecter.a=b
 refuse "shared GPUs that are not indexes" --set kubeletPlugin.sharedGPUs=half
 refuse "an unknown taint effect" --set kubeletPlugin.taintEffect=PreferNoSchedule
 refuse "a relative driver root" --set nvml.driverRoot=run/nvidia/driver
+refuse "a relative hook path" --set nvml.cdiHookPath=usr/bin/nvidia-cdi-hook
 refuse "Kubernetes older than 1.34" --kube-version 1.33.0
 
 if [ "$fail" -ne 0 ]; then

@@ -91,5 +91,7 @@ func run() error {
 		DriverEdits:  edits,
 		BootID:       bootID,
 		Metrics:      kubeletplugin.NewMetrics(reg),
+
+		HealthProbeAddress: opts.ProbeAddress,
 	})
 }

@@ -181,3 +181,14 @@ func TestLabelMappingDefaultsMatchBinaries(t *testing.T) {
 		}
 	}
 }
+
+// The NVML plugin runs only on nodes carrying one of the GPU labels the
+// README names.
+func TestPluginRunsOnGPUNodes(t *testing.T) {
+	ds := string(read(t, filepath.Join(chart, "templates/kubelet-plugin/daemonset.yaml")))
+	for _, label := range []string{topology.LabelNVIDIAGPUPresent, topology.LabelNFDNVIDIAPCI} {
+		if want := "key: " + label + ", operator: In"; !strings.Contains(ds, want) {
+			t.Errorf("templates/kubelet-plugin/daemonset.yaml lacks the node affinity term %q", want)
+		}
+	}
+}

@@ -319,10 +319,11 @@ func TestCDICheck(t *testing.T) {
 	}
 }
 
-// TestScript runs hack/gpu-check.sh on a machine whose nvidia-smi is a
-// stand-in answering from recorded outputs and whose plugin publishes the
-// same simulated GPUs: the script must pass, and fail once nvidia-smi
-// disagrees.
+// TestScript runs hack/gpu-check.sh (which builds the bundle and runs its
+// run.sh, dry: no container) on a machine whose nvidia-smi is a stand-in
+// answering from recorded outputs and whose plugin publishes the same
+// simulated GPUs: the script must pass, and fail once nvidia-smi
+// disagrees; without a driver it must say so and exit 2.
 func TestScript(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the plugin")
@@ -356,26 +357,36 @@ esac
 			t.Fatal(err)
 		}
 	}
-	script := func() (string, error) {
-		cmd := exec.Command(bash, "../gpu-check.sh", filepath.Join(m.dir, "out"))
+	m.write(t, "proc/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\n")
+	run := func(cmd *exec.Cmd, driver string) (string, error) {
 		cmd.Env = append(os.Environ(),
 			"PATH="+filepath.Join(m.dir, "bin")+string(os.PathListSeparator)+os.Getenv("PATH"),
 			"GPUCHECK_PLUGIN_ARGS=--backend=sim --profile=dgx-h100",
 			"GPUCHECK_SYSFS="+m.sysfs,
 			"GPUCHECK_NODE="+testNode,
+			"GPUCHECK_DRIVER_PROC="+driver,
 		)
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}
+	script := func() (string, error) {
+		return run(exec.Command(bash, "../gpu-check.sh", filepath.Join(m.dir, "out"), "--dry-run"), filepath.Join(m.dir, "proc/version"))
+	}
 
 	fake(m.smiQuery())
 	out, err := script()
-	if err != nil || !strings.Contains(out, "gpu-check: OK") || !strings.Contains(out, "not checked: CDI spec names no host paths") {
+	if err != nil || !strings.Contains(out, "gpu-check: OK (dry run") || !strings.Contains(out, "not checked: CDI spec names no host paths") {
 		t.Fatalf("agreeing machine: %v\n%s", err, out)
 	}
 	fake(strings.ReplaceAll(m.smiQuery(), "550.54.15", "550.54.14"))
 	out, err = script()
 	if err == nil || !strings.Contains(out, "MISMATCH: gpu-0 (nvidia-smi GPU 0) driver version") || !strings.Contains(out, "gpu-check: MISMATCHES") {
 		t.Errorf("disagreeing driver version: %v\n%s", err, out)
+	}
+	// The bundle the script built, on a machine without the driver.
+	out, err = run(exec.Command(bash, filepath.Join(m.dir, "out/bundle/run.sh"), "--dry-run", filepath.Join(m.dir, "nodriver")), filepath.Join(m.dir, "proc/none"))
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(out, "gpu-check: no NVIDIA driver found on this machine") {
+		t.Errorf("no driver: %v\n%s", err, out)
 	}
 }

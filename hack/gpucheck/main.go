@@ -4,6 +4,7 @@
 //
 //	gpucheck facts -slices F -smi-query F -smi F [-topo F] [-nvlink-status F] [-sysfs DIR]
 //	gpucheck cdi SPEC
+//	gpucheck oci -config FILE -cdi-dir DIR -device ID [-rootfs DIR] -- COMMAND...
 //
 // It prints one line per comparison and exits 1 on any mismatch.
 package main
@@ -30,7 +31,7 @@ var errMismatch = errors.New("mismatches found")
 
 func run(args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: gpucheck facts ... | gpucheck cdi SPEC")
+		return errors.New("usage: gpucheck facts ... | gpucheck cdi SPEC | gpucheck oci ...")
 	}
 	var r *report
 	var err error
@@ -39,8 +40,10 @@ func run(args []string, out io.Writer) error {
 		r, err = runFacts(args[1:])
 	case "cdi":
 		r, err = runCDI(args[1:])
+	case "oci":
+		r, err = runOCI(args[1:])
 	default:
-		return fmt.Errorf("unknown command %q: want facts or cdi", args[0])
+		return fmt.Errorf("unknown command %q: want facts, cdi or oci", args[0])
 	}
 	if err != nil {
 		return err

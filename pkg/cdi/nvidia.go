@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -51,6 +52,9 @@ type DriverRoots struct {
 	// HookPath is the host path of nvidia-cdi-hook (NVIDIA Container
 	// Toolkit), which the hooks in the specs run.
 	HookPath string
+	// DisabledHooks are hook commands (HookCommands) the specs must not
+	// call, because the program at HookPath does not know them.
+	DisabledHooks []string
 }
 
 // withDefaults fills the empty fields.
@@ -98,9 +102,13 @@ func (r DriverRoots) NVMLLibrary(ctx context.Context) (string, error) {
 
 // nvidiaEdits generates edits with the NVIDIA Container Toolkit's nvcdi
 // library, the code nvidia-ctk and NVIDIA's DRA driver use, and rewrites
-// the paths this process sees into host paths.
+// the paths this process sees into host paths. The library caches the
+// driver version and library directory it finds, so each call builds it
+// anew: after a driver upgrade the next call names the new libraries, and a
+// control device node created since (/dev/nvidia-uvm, made when the module
+// loads) is included.
 type nvidiaEdits struct {
-	lib       nvcdi.Interface
+	opts      []nvcdi.Option
 	transform transform.Transformer
 }
 
@@ -120,36 +128,54 @@ func NewNVIDIA(ctx context.Context, lib gonvml.Interface, roots DriverRoots) (Dr
 			return nil, fmt.Errorf("NVIDIA %s %s: %w; mount the host's driver installation there or set the driver root flags", name, dir, err)
 		}
 	}
-	l, err := nvcdi.New(
-		nvcdi.WithNvmlLib(lib),
-		nvcdi.WithMode(nvcdi.ModeNvml),
-		nvcdi.WithDriverRoot(roots.ContainerDriver),
-		nvcdi.WithDevRoot(devLocal),
-		nvcdi.WithNVIDIACDIHookPath(roots.HookPath),
-		nvcdi.WithVendor(Vendor),
-		nvcdi.WithClass(Class),
-		nvcdi.WithLogger(nvcdiLogger{klog.FromContext(ctx).WithName("nvcdi")}),
-		// nvsandboxutils would be loaded from the driver root into this
-		// process for nothing NVML cannot tell.
-		nvcdi.WithFeatureFlags(nvcdi.FeatureDisableNvsandboxUtils),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("create NVIDIA CDI generator for driver root %s: %w", roots.ContainerDriver, err)
+	for _, h := range roots.DisabledHooks {
+		if !slices.Contains(HookCommands, h) {
+			return nil, fmt.Errorf("disable hook %q: not one of %s", h, strings.Join(HookCommands, ", "))
+		}
 	}
-	return &nvidiaEdits{
-		lib: l,
+	n := &nvidiaEdits{
+		opts: []nvcdi.Option{
+			nvcdi.WithNvmlLib(lib),
+			nvcdi.WithMode(nvcdi.ModeNvml),
+			nvcdi.WithDriverRoot(roots.ContainerDriver),
+			nvcdi.WithDevRoot(devLocal),
+			nvcdi.WithNVIDIACDIHookPath(roots.HookPath),
+			nvcdi.WithDisabledHooks(roots.DisabledHooks...),
+			nvcdi.WithVendor(Vendor),
+			nvcdi.WithClass(Class),
+			nvcdi.WithLogger(nvcdiLogger{klog.FromContext(ctx).WithName("nvcdi")}),
+			// nvsandboxutils would be loaded from the driver root into
+			// this process for nothing NVML cannot tell.
+			nvcdi.WithFeatureFlags(nvcdi.FeatureDisableNvsandboxUtils),
+		},
 		transform: transformroot.NewDriverTransformer(
 			transformroot.WithDriverRoot(roots.ContainerDriver),
 			transformroot.WithTargetDriverRoot(roots.Driver),
 			transformroot.WithDevRoot(devLocal),
 			transformroot.WithTargetDevRoot(roots.Dev),
 		),
-	}, nil
+	}
+	if _, err := n.lib(); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *nvidiaEdits) lib() (nvcdi.Interface, error) {
+	l, err := nvcdi.New(n.opts...)
+	if err != nil {
+		return nil, fmt.Errorf("create NVIDIA CDI generator: %w", err)
+	}
+	return l, nil
 }
 
 // Common implements DriverEdits.
 func (n *nvidiaEdits) Common() (*cdispec.ContainerEdits, error) {
-	e, err := n.lib.GetCommonEdits()
+	l, err := n.lib()
+	if err != nil {
+		return nil, err
+	}
+	e, err := l.GetCommonEdits()
 	if err != nil {
 		return nil, fmt.Errorf("generate driver edits: %w", err)
 	}
@@ -158,7 +184,11 @@ func (n *nvidiaEdits) Common() (*cdispec.ContainerEdits, error) {
 
 // Device implements DriverEdits.
 func (n *nvidiaEdits) Device(uuid string) (*cdispec.ContainerEdits, error) {
-	devs, err := n.lib.GetDeviceSpecsByID(uuid)
+	l, err := n.lib()
+	if err != nil {
+		return nil, err
+	}
+	devs, err := l.GetDeviceSpecsByID(uuid)
 	if err != nil {
 		return nil, fmt.Errorf("generate edits of GPU %s: %w", uuid, err)
 	}

@@ -5,8 +5,15 @@ package gpu
 
 import (
 	"context"
+	"errors"
 	"io/fs"
 )
+
+// ErrDriverReloaded is returned by Discover when the GPU driver was
+// unloaded or replaced (an upgrade) under a running backend: its library
+// no longer matches the kernel module, and only a new process can load the
+// new one.
+var ErrDriverReloaded = errors.New("the GPU driver was unloaded or replaced since the backend started; restart to load the new one")
 
 // Device is one physical GPU as discovered on a node.
 type Device struct {
@@ -41,7 +48,26 @@ type Device struct {
 	// NVLinks is the number of the GPU's active NVLink links, to peers and
 	// to NVSwitches alike; 0 means "count the lanes of Links".
 	NVLinks int `json:"nvlinks,omitempty"`
+	// FabricUnready, when set, says why CUDA cannot use the GPU because
+	// of its NVLink fabric: registration not started (no fabric manager),
+	// still in progress, or failed. Such a GPU is published tainted.
+	FabricUnready *Condition `json:"fabricUnready,omitempty"`
 }
+
+// Condition is a reason a GPU cannot be used.
+type Condition struct {
+	// Reason is short and machine-friendly, e.g. FabricNotStarted; it
+	// becomes the value of the unhealthy taint.
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// Reasons of a GPU's FabricUnready.
+const (
+	FabricNotStarted = "FABRIC-NOT-STARTED"
+	FabricInProgress = "FABRIC-IN-PROGRESS"
+	FabricFailed     = "FABRIC-FAILED"
+)
 
 // Skipped is a GPU that discovery found but does not publish.
 type Skipped struct {
@@ -85,7 +111,8 @@ type Inventory struct {
 	SysFS fs.ReadLinkFS `json:"-"`
 }
 
-// HealthEvent reports a change in a device's health.
+// HealthEvent reports a change in a device's health, or, with Watch set
+// and no UUID, in the health watch itself.
 type HealthEvent struct {
 	UUID    string
 	Healthy bool
@@ -93,7 +120,25 @@ type HealthEvent struct {
 	Reason string
 	// Message is a human-readable detail.
 	Message string
+	// Persist marks a condition that lasts until the GPU is reset (an Xid
+	// or ECC error: NVML reports no repair), which the plugin keeps across
+	// its restarts; a lost GPU, which answers again, is not one.
+	Persist bool
+	// Watch, when set, reports on the watch rather than a GPU.
+	Watch WatchState
 }
+
+// WatchState is how a health watch fares.
+type WatchState string
+
+const (
+	// WatchActive: the watch follows the GPUs' health (again), or there is
+	// nothing it could follow (no GPU supports health events).
+	WatchActive WatchState = "Active"
+	// WatchFailing: the watch cannot read the GPUs' health for now;
+	// Message says why.
+	WatchFailing WatchState = "Failing"
+)
 
 // Backend discovers GPUs and streams their health.
 type Backend interface {
@@ -102,7 +147,10 @@ type Backend interface {
 	// Discover returns the node's GPUs and NVLink graph.
 	Discover(ctx context.Context) (*Inventory, error)
 	// WatchHealth sends health changes until ctx is done, then returns nil.
-	// It must not block forever on a full channel once ctx is done.
+	// It sends a WatchActive event once it follows the GPUs, WatchFailing
+	// while it cannot, and returns an error when it cannot start; the
+	// caller retries. It must not block forever on a full channel once ctx
+	// is done.
 	WatchHealth(ctx context.Context, events chan<- HealthEvent) error
 	// Close releases the backend's resources.
 	Close() error

@@ -5,10 +5,12 @@
 package kubeletplugin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/pkg/cdi"
+	"github.com/gputopo/gputopo/pkg/checkpoint"
 	"github.com/gputopo/gputopo/pkg/gpu"
 	"github.com/gputopo/gputopo/pkg/labelmapping"
 	"github.com/gputopo/gputopo/pkg/slices"
@@ -48,17 +51,41 @@ type Config struct {
 	// from another boot is discarded. Empty: unknown, keep the checkpoint.
 	BootID string
 	// FabricRetry is how often discovery is repeated while a GPU's NVLink
-	// fabric registration is in progress; 0 means DefaultFabricRetry.
+	// fabric registration is in progress or failed; 0 means
+	// DefaultFabricRetry.
 	FabricRetry time.Duration
+	// RefreshInterval is how often discovery is repeated and the driver
+	// edits regenerated otherwise, to follow MIG mode changes and driver
+	// upgrades; 0 means DefaultRefreshInterval.
+	RefreshInterval time.Duration
+	// HealthRetry is the first delay before a failed health watch is
+	// started again, doubling up to five minutes; 0 means
+	// DefaultHealthRetry.
+	HealthRetry time.Duration
 	Metrics     *Metrics
 	// LabelMapping, when set, replaces Slices.Network whenever the
 	// cluster's label mapping changes.
 	LabelMapping *labelmapping.Watcher
+	// HealthProbeAddress serves the gRPC health probes (ProbeLiveness,
+	// ProbeStartup); empty serves none.
+	HealthProbeAddress string
 }
 
 // DefaultFabricRetry is how often discovery is repeated while GPUs are
 // still registering with the NVLink fabric.
 const DefaultFabricRetry = 15 * time.Second
+
+// DefaultRefreshInterval is how often discovery is repeated and the driver
+// edits regenerated.
+const DefaultRefreshInterval = time.Minute
+
+// DefaultHealthRetry is the first delay before a failed health watch is
+// started again.
+const DefaultHealthRetry = time.Second
+
+// healthFile records the GPU errors that outlive a plugin restart, in the
+// plugin directory.
+const healthFile = "health.json"
 
 // publisher is the slice of kubeletplugin.Helper the driver uses, so
 // tests can watch what would be published.
@@ -74,10 +101,21 @@ type Driver struct {
 	state  *state
 	cancel context.CancelCauseFunc
 
-	mu        sync.Mutex
-	labels    map[string]string
+	mu     sync.Mutex
+	labels map[string]string
+	// unhealthy holds what the health watch reported, by GPU UUID; the
+	// events with Persist are also in health.
 	unhealthy map[string]gpu.HealthEvent
-	pub       publisher
+	health    *checkpoint.HealthStore
+	// unmonitored says why the GPUs' health cannot be watched now; empty
+	// while it is.
+	unmonitored string
+	// watchWorked is set when the watch reports itself active, so the
+	// next failure starts its retries from the shortest delay again.
+	watchWorked bool
+	// watchRestart ends the running health watch, which then starts again.
+	watchRestart context.CancelFunc
+	pub          publisher
 	// healthChanged is closed and replaced whenever a GPU's health changes,
 	// waking every kubelet health stream.
 	healthChanged chan struct{}
@@ -111,22 +149,53 @@ func New(ctx context.Context, cfg Config, labels map[string]string, cancel conte
 		st.driver, st.common = cfg.DriverEdits, common
 	}
 	logger := klog.FromContext(ctx)
-	skipped := map[string]int{}
-	for _, sk := range inv.Skipped {
-		skipped[sk.Reason]++
-		logger.Info("GPU not published", "index", sk.Index, "uuid", sk.UUID, "reason", sk.Reason, "detail", sk.Message)
+	d := &Driver{
+		cfg: cfg, inv: inv, nvlink: nv, state: st, cancel: cancel,
+		labels: maps.Clone(labels), healthChanged: make(chan struct{}),
 	}
-	cfg.Metrics.SkippedDevices.Reset()
-	for reason, n := range skipped {
-		cfg.Metrics.SkippedDevices.WithLabelValues(reason).Set(float64(n))
-	}
+	d.setSkippedMetrics(ctx)
 	logger.Info("Discovered GPUs", "backend", cfg.Backend.Name(), "gpus", len(inv.Devices), "skipped", len(inv.Skipped),
 		"nvlinkDomains", len(nv.Domains), "preparedClaims", len(st.prepared()))
-	return &Driver{
-		cfg: cfg, inv: inv, nvlink: nv, state: st, cancel: cancel,
-		labels: maps.Clone(labels), unhealthy: map[string]gpu.HealthEvent{},
-		healthChanged: make(chan struct{}),
-	}, nil
+	d.health = checkpoint.NewHealthStore(filepath.Join(cfg.PluginDir, healthFile))
+	d.unhealthy = recordedErrors(ctx, d.health, cfg.BootID)
+	return d, nil
+}
+
+// setSkippedMetrics logs the GPUs discovery left out and counts them by
+// reason.
+func (d *Driver) setSkippedMetrics(ctx context.Context) {
+	skipped := map[string]int{}
+	for _, sk := range d.inv.Skipped {
+		skipped[sk.Reason]++
+		klog.FromContext(ctx).Info("GPU not published", "index", sk.Index, "uuid", sk.UUID, "reason", sk.Reason, "detail", sk.Message)
+	}
+	d.cfg.Metrics.SkippedDevices.Reset()
+	for reason, n := range skipped {
+		d.cfg.Metrics.SkippedDevices.WithLabelValues(reason).Set(float64(n))
+	}
+}
+
+// recordedErrors are the GPU errors a previous run of the plugin recorded
+// in this boot: NVML does not report them again.
+func recordedErrors(ctx context.Context, store *checkpoint.HealthStore, bootID string) map[string]gpu.HealthEvent {
+	logger := klog.FromContext(ctx)
+	out := map[string]gpu.HealthEvent{}
+	rec, err := store.Load()
+	switch {
+	case err != nil:
+		logger.Error(err, "GPU errors recorded before this start cannot be read and are forgotten; GPUs that had Xid or ECC errors are published healthy until they report again", "path", store.Path())
+		return out
+	case bootID != "" && rec.BootID != "" && rec.BootID != bootID:
+		if len(rec.GPUs) > 0 {
+			logger.Info("Node rebooted since GPU errors were recorded; the reset GPUs are healthy again", "gpus", len(rec.GPUs))
+		}
+		return out
+	}
+	for uuid, c := range rec.GPUs {
+		out[uuid] = gpu.HealthEvent{UUID: uuid, Reason: c.Reason, Message: c.Message, Persist: true}
+		logger.Info("GPU error recorded before this start: the GPU stays unhealthy until the node reboots (or "+healthFile+" is removed and the plugin restarted)", "uuid", uuid, "reason", c.Reason)
+	}
+	return out
 }
 
 // Resources builds what the node publishes now.
@@ -137,7 +206,39 @@ func (d *Driver) Resources() (resourceslice.DriverResources, error) {
 }
 
 func (d *Driver) resourcesLocked() (resourceslice.DriverResources, error) {
-	return slices.Build(d.inv, slices.Node{Name: d.cfg.NodeName, Labels: d.labels}, d.cfg.Slices, d.unhealthy)
+	res, err := slices.Build(d.inv, slices.Node{Name: d.cfg.NodeName, Labels: d.labels}, d.cfg.Slices, d.unhealthyLocked())
+	if err != nil || d.unmonitored == "" {
+		return res, err
+	}
+	// Unwatched GPUs may be failing unseen: no new claims for them, but
+	// running pods stay.
+	for _, pool := range res.Pools {
+		for i := range pool.Slices {
+			for j := range pool.Slices[i].Devices {
+				dev := &pool.Slices[i].Devices[j]
+				dev.Taints = append(dev.Taints, resourceapi.DeviceTaint{
+					Key: topology.TaintUnmonitored, Value: UnmonitoredWatchFailing, Effect: resourceapi.DeviceTaintEffectNoSchedule,
+				})
+			}
+		}
+	}
+	return res, nil
+}
+
+// UnmonitoredWatchFailing is the unmonitored taint's value.
+const UnmonitoredWatchFailing = "HEALTH-WATCH-FAILING"
+
+// unhealthyLocked is every GPU that must not be used, by UUID: what the
+// health watch reported, and GPUs whose NVLink fabric makes CUDA fail.
+func (d *Driver) unhealthyLocked() map[string]gpu.HealthEvent {
+	out := maps.Clone(d.unhealthy)
+	for _, g := range d.inv.Devices {
+		if _, bad := out[g.UUID]; bad || g.FabricUnready == nil {
+			continue
+		}
+		out[g.UUID] = gpu.HealthEvent{UUID: g.UUID, Reason: g.FabricUnready.Reason, Message: g.FabricUnready.Message}
+	}
+	return out
 }
 
 // setPublisher starts publishing through pub.
@@ -159,9 +260,10 @@ func (d *Driver) publishLocked(ctx context.Context) error {
 	if err := d.pub.PublishResources(ctx, res); err != nil {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
+	unhealthy := d.unhealthyLocked()
 	d.cfg.Metrics.PublishedDevices.Set(float64(len(d.inv.Devices)))
-	d.cfg.Metrics.UnhealthyDevices.Set(float64(len(d.unhealthy)))
-	klog.FromContext(ctx).V(2).Info("Published ResourceSlices", "devices", len(d.inv.Devices), "unhealthy", len(d.unhealthy))
+	d.cfg.Metrics.UnhealthyDevices.Set(float64(len(unhealthy)))
+	klog.FromContext(ctx).V(2).Info("Published ResourceSlices", "devices", len(d.inv.Devices), "unhealthy", len(unhealthy), "unmonitored", d.unmonitored != "")
 	return nil
 }
 
@@ -201,39 +303,73 @@ func (d *Driver) moveLocked(ctx context.Context, labels map[string]string, m top
 func (d *Driver) applyHealth(ctx context.Context, ev gpu.HealthEvent) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	_, was := d.unhealthy[ev.UUID]
-	if ev.Healthy {
-		if !was {
-			return nil
-		}
+	logger := klog.FromContext(ctx)
+	if ev.Watch != "" {
+		return d.applyWatchLocked(ctx, ev)
+	}
+	prev, was := d.unhealthy[ev.UUID]
+	switch {
+	case ev.Healthy && !was:
+		return nil
+	case was && prev.Persist && !ev.Persist:
+		// A lost GPU that answers again still has the Xid it had.
+		logger.V(2).Info("GPU keeps its recorded error", "uuid", ev.UUID, "reason", prev.Reason, "event", ev.Reason)
+		return nil
+	case ev.Healthy:
 		delete(d.unhealthy, ev.UUID)
-	} else {
+	default:
 		d.unhealthy[ev.UUID] = ev
 	}
-	klog.FromContext(ctx).Info("GPU health changed", "uuid", ev.UUID, "healthy", ev.Healthy, "reason", ev.Reason)
-	close(d.healthChanged)
-	d.healthChanged = make(chan struct{})
+	logger.Info("GPU health changed", "uuid", ev.UUID, "healthy", ev.Healthy, "reason", ev.Reason)
+	if ev.Persist {
+		d.recordLocked(ctx)
+	}
+	d.healthChangedLocked()
 	return d.publishLocked(ctx)
 }
 
-// watchHealth feeds backend health events into the driver until ctx ends.
-func (d *Driver) watchHealth(ctx context.Context) {
-	events := make(chan gpu.HealthEvent)
-	go func() {
-		if err := d.cfg.Backend.WatchHealth(ctx, events); err != nil {
-			utilruntime.HandleErrorWithContext(ctx, err, "GPU health watch stopped")
-		}
-	}()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev := <-events:
-			if err := d.applyHealth(ctx, ev); err != nil {
-				utilruntime.HandleErrorWithContext(ctx, err, "Republishing after a health change failed")
-			}
+// recordLocked writes the errors that outlive a restart.
+func (d *Driver) recordLocked(ctx context.Context) {
+	rec := map[string]checkpoint.GPUCondition{}
+	for uuid, ev := range d.unhealthy {
+		if ev.Persist {
+			rec[uuid] = checkpoint.GPUCondition{Reason: ev.Reason, Message: ev.Message}
 		}
 	}
+	if err := d.health.Save(d.cfg.BootID, rec); err != nil {
+		klog.FromContext(ctx).Error(err, "Recording GPU errors failed: after a plugin restart these GPUs would be published healthy")
+	}
+}
+
+// applyWatchLocked taints every GPU while their health cannot be watched.
+func (d *Driver) applyWatchLocked(ctx context.Context, ev gpu.HealthEvent) error {
+	logger := klog.FromContext(ctx)
+	switch ev.Watch {
+	case gpu.WatchActive:
+		d.watchWorked = true
+		if d.unmonitored == "" {
+			return nil
+		}
+		d.unmonitored = ""
+		logger.Info("GPU health is watched again; unmonitored taint removed", "taint", topology.TaintUnmonitored)
+	case gpu.WatchFailing:
+		why := cmp.Or(ev.Message, "the GPU health watch is failing")
+		if d.unmonitored == why {
+			return nil
+		}
+		d.unmonitored = why
+		logger.Error(errors.New(why), "GPU health cannot be watched; GPUs tainted until it can", "taint", topology.TaintUnmonitored)
+	default:
+		return fmt.Errorf("unknown health watch state %q", ev.Watch)
+	}
+	d.healthChangedLocked()
+	return d.publishLocked(ctx)
+}
+
+// healthChangedLocked wakes every kubelet health stream.
+func (d *Driver) healthChangedLocked() {
+	close(d.healthChanged)
+	d.healthChanged = make(chan struct{})
 }
 
 // view snapshots what prepare needs.
@@ -244,7 +380,7 @@ func (d *Driver) view() *nodeView {
 		devices:   map[string]gpu.Device{},
 		nvlink:    map[string]topology.GPUPlacement{},
 		network:   d.cfg.Slices.Network.Resolve(d.labels),
-		unhealthy: maps.Clone(d.unhealthy),
+		unhealthy: d.unhealthyLocked(),
 	}
 	for i, g := range d.inv.Devices {
 		name := slices.DeviceName(g.Index)

@@ -38,6 +38,7 @@ type Options struct {
 	CDIRoot         string
 	Profiling       command.Profiling
 	MetricsAddress  string
+	ProbeAddress    string
 	LabelMapping    labelmapping.Options
 	NUMAList        bool
 	SharedGPUs      string
@@ -48,6 +49,8 @@ type Options struct {
 	ContainerDriverRoot string
 	DevRoot             string
 	CDIHookPath         string
+	ContainerHookPath   string
+	HookSource          string
 	IgnoredXids         []uint
 	TaintEffect         string
 }
@@ -63,7 +66,6 @@ func NewOptions() *Options {
 		MetricsAddress: ":9400",
 		LabelMapping:   labelmapping.NewOptions(),
 		DriverRoot:     cdi.DefaultDriverRoot,
-		CDIHookPath:    cdi.DefaultHookPath,
 		IgnoredXids:    toUint(nvml.DefaultIgnoredXids()),
 		TaintEffect:    string(resourceapi.DeviceTaintEffectNoSchedule),
 		SharedGPUs:     "none",
@@ -88,7 +90,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.DriverRoot, "nvidia-driver-root", o.DriverRoot, "Root of the NVIDIA driver installation on the host: / when installed on the host, /run/nvidia/driver with the GPU Operator. CDI specs name host paths under it.")
 	fs.StringVar(&o.ContainerDriverRoot, "container-driver-root", o.ContainerDriverRoot, "Where this process sees --nvidia-driver-root (a container mounting it elsewhere, e.g. /driver-root); empty: the same path.")
 	fs.StringVar(&o.DevRoot, "dev-root", o.DevRoot, "Host directory whose dev/ holds the GPU device nodes; empty: --nvidia-driver-root.")
-	fs.StringVar(&o.CDIHookPath, "nvidia-cdi-hook-path", o.CDIHookPath, "Host path of nvidia-cdi-hook (NVIDIA Container Toolkit), run by the CDI specs' hooks.")
+	fs.StringVar(&o.CDIHookPath, "nvidia-cdi-hook-path", o.CDIHookPath, "Host path of an nvidia-cdi-hook for the CDI specs' hooks instead of the one shipped with gputopo: /usr/bin/nvidia-cdi-hook (NVIDIA Container Toolkit packages), /usr/local/nvidia/toolkit/nvidia-cdi-hook (GPU Operator). Its version is checked at start and the hooks it cannot run are left out of the specs. Empty: install the shipped hook into <kubelet-plugins-directory-path>/"+topology.DriverName+" and use that.")
+	fs.StringVar(&o.ContainerHookPath, "container-cdi-hook-path", o.ContainerHookPath, "Where this process sees --nvidia-cdi-hook-path (a container mounting the host's hook elsewhere); empty: the same path, inside the driver root as --container-driver-root maps it.")
+	fs.StringVar(&o.HookSource, "cdi-hook-source", o.HookSource, "The nvidia-cdi-hook shipped with gputopo, installed onto the host when --nvidia-cdi-hook-path is empty; empty: "+cdi.HookName+" next to this executable.")
 	fs.UintSliceVar(&o.IgnoredXids, "ignored-xids", o.IgnoredXids, "Xid errors that do not make a GPU unhealthy (application errors, by NVIDIA's defaults).")
 	fs.StringVar(&o.TaintEffect, "taint-effect", o.TaintEffect, "Effect of the unhealthy taint on a failed GPU: NoSchedule (keep new claims off it) or NoExecute (also evict pods using it).")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "Name of the node the plugin serves (default $NODE_NAME).")
@@ -98,6 +102,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.PluginsDir, "kubelet-plugins-directory-path", o.PluginsDir, "The kubelet's plugin directory; the plugin keeps its socket and checkpoint in <dir>/"+topology.DriverName+".")
 	fs.StringVar(&o.CDIRoot, "cdi-root", o.CDIRoot, "Directory where CDI specs for prepared claims are written.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Address serving Prometheus metrics on /metrics; empty disables it.")
+	fs.StringVar(&o.ProbeAddress, "health-probe-address", o.ProbeAddress, "Address serving the gRPC health service for the kubelet's probes (services \""+ProbeStartup+"\" and \""+ProbeLiveness+"\": SERVING once the kubelet registered the plugin and its DRA socket answers), e.g. :51516 as the chart sets it; empty (the default, as several plugins may share a test machine) serves none.")
 	o.Profiling.AddFlags(fs)
 	o.LabelMapping.AddFlags(fs)
 	fs.BoolVar(&o.NUMAList, "numa-node-list", o.NUMAList, "Publish resource.kubernetes.io/numaNode as a list (needs the DRAListTypeAttributes feature gate in the cluster).")
@@ -144,10 +149,13 @@ func (o *Options) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("--taint-effect must be NoSchedule or NoExecute, got %q", o.TaintEffect))
 	}
-	for flag, p := range map[string]string{"--nvidia-driver-root": o.DriverRoot, "--container-driver-root": o.ContainerDriverRoot, "--dev-root": o.DevRoot, "--nvidia-cdi-hook-path": o.CDIHookPath} {
+	for flag, p := range map[string]string{"--nvidia-driver-root": o.DriverRoot, "--container-driver-root": o.ContainerDriverRoot, "--dev-root": o.DevRoot, "--nvidia-cdi-hook-path": o.CDIHookPath, "--container-cdi-hook-path": o.ContainerHookPath, "--cdi-hook-source": o.HookSource} {
 		if p != "" && !filepath.IsAbs(p) {
 			errs = append(errs, fmt.Errorf("%s must be an absolute path, got %q", flag, p))
 		}
+	}
+	if o.ContainerHookPath != "" && o.CDIHookPath == "" {
+		errs = append(errs, errors.New("--container-cdi-hook-path needs --nvidia-cdi-hook-path: it says where the plugin sees that host path"))
 	}
 	if o.DriverRoot == "" {
 		errs = append(errs, errors.New("--nvidia-driver-root must not be empty (/ for a driver installed on the host)"))
@@ -212,21 +220,81 @@ func (o *Options) NewBackend(ctx context.Context) (gpu.Backend, error) {
 }
 
 // NewDriverEdits returns the CDI edits that inject the NVIDIA driver for
-// the nvml backend, and nil for simulated GPUs.
+// the nvml backend, and nil for simulated GPUs. It settles which
+// nvidia-cdi-hook the specs run (see Hook).
 func (o *Options) NewDriverEdits(ctx context.Context, backend gpu.Backend) (cdi.DriverEdits, error) {
 	b, ok := backend.(*nvml.Backend)
 	if !ok {
 		return nil, nil
 	}
-	roots := o.DriverRoots()
-	// The hook runs on the host; it can be checked from here only when
-	// it lies in the driver root.
-	if local := roots.Local(o.CDIHookPath); local != o.CDIHookPath {
-		if _, err := os.Stat(local); err != nil {
-			klog.FromContext(ctx).Error(err, "nvidia-cdi-hook not found: containers with GPUs will fail to start until the NVIDIA Container Toolkit is installed on the host or --nvidia-cdi-hook-path names it", "path", o.CDIHookPath)
-		}
+	roots, err := o.Hook(ctx)
+	if err != nil {
+		return nil, err
 	}
 	return cdi.NewNVIDIA(ctx, b.Library(), roots)
+}
+
+// Hook settles which nvidia-cdi-hook the specs run and returns the driver
+// roots with it. By default the hook shipped with gputopo is installed into
+// the plugin directory, which the host sees at the same path; in print
+// modes, which change nothing, the shipped program is named where it is.
+// A host's hook (--nvidia-cdi-hook-path) is run here to check that it works
+// and to learn which hooks it knows: the others are left out of the specs,
+// as an older hook fails a container on a command it does not know.
+func (o *Options) Hook(ctx context.Context) (cdi.DriverRoots, error) {
+	logger := klog.FromContext(ctx)
+	roots := o.DriverRoots()
+	if o.CDIHookPath == "" {
+		src, err := o.hookSource()
+		if err != nil {
+			return roots, err
+		}
+		if _, err := cdi.ProbeHook(ctx, src); err != nil {
+			return roots, fmt.Errorf("the nvidia-cdi-hook shipped with gputopo: %w; the image or bundle is incomplete: set --cdi-hook-source to it, or --nvidia-cdi-hook-path to the host's", err)
+		}
+		roots.HookPath = src
+		if o.PrintSlices || o.PrintCDISpec != "" {
+			return roots, nil
+		}
+		if err := os.MkdirAll(o.PluginDir(), 0o750); err != nil {
+			return roots, fmt.Errorf("create plugin directory: %w", err)
+		}
+		installed, err := cdi.InstallHook(src, o.PluginDir())
+		if err != nil {
+			return roots, fmt.Errorf("install nvidia-cdi-hook onto the host: %w", err)
+		}
+		logger.Info("Installed nvidia-cdi-hook for the CDI specs", "path", installed)
+		roots.HookPath = installed
+		return roots, nil
+	}
+	local := o.ContainerHookPath
+	if local == "" {
+		local = roots.Local(o.CDIHookPath)
+	}
+	support, err := cdi.ProbeHook(ctx, local)
+	if err != nil {
+		return roots, fmt.Errorf("--nvidia-cdi-hook-path=%s (seen here as %s): %w; install the NVIDIA Container Toolkit on the node, correct the path (and --container-cdi-hook-path where the plugin sees it), or leave --nvidia-cdi-hook-path empty to use the hook shipped with gputopo", o.CDIHookPath, local, err)
+	}
+	roots.DisabledHooks = support.Unsupported
+	if len(support.Unsupported) > 0 {
+		logger.Info("The host's nvidia-cdi-hook is older than this plugin's CDI generator: the hooks it does not know are left out of the specs; upgrade the NVIDIA Container Toolkit, or leave --nvidia-cdi-hook-path empty, to get them", "path", o.CDIHookPath, "version", support.Version, "disabled", support.Unsupported)
+	} else {
+		logger.Info("Using the host's nvidia-cdi-hook", "path", o.CDIHookPath, "version", support.Version)
+	}
+	return roots, nil
+}
+
+// hookSource is the shipped hook program: --cdi-hook-source, else the one
+// next to this executable.
+func (o *Options) hookSource() (string, error) {
+	if o.HookSource != "" {
+		return o.HookSource, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find the nvidia-cdi-hook shipped next to this executable: %w; set --cdi-hook-source", err)
+	}
+	return filepath.Join(filepath.Dir(exe), cdi.HookName), nil
 }
 
 // ReadBootID returns the host's boot ID, or "" (with the reason) when it

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	resourceapi "k8s.io/api/resource/v1"
@@ -238,6 +239,7 @@ func (p *pendingFabric) Discover(ctx context.Context) (*gpu.Inventory, error) {
 	if p.calls == 1 {
 		for i := range inv.Devices {
 			inv.Devices[i].Fabric, inv.Devices[i].FabricPending = nil, true
+			inv.Devices[i].FabricUnready = &gpu.Condition{Reason: gpu.FabricInProgress, Message: "NVLink fabric registration is in progress"}
 		}
 	}
 	return &inv, nil
@@ -255,13 +257,24 @@ func TestFabricRegistrationIsWaitedFor(t *testing.T) {
 	if got := testutil.ToFloat64(e.drv.cfg.Metrics.SkippedDevices.WithLabelValues("GPU-LOST")); got != 1 {
 		t.Errorf("skipped GPU-LOST = %v, want 1", got)
 	}
-	if _, ok := e.pub.last(t)[0].Attributes[topology.AttrNVLinkClique]; ok {
+	first := e.pub.last(t)
+	if _, ok := first[0].Attributes[topology.AttrNVLinkClique]; ok {
 		t.Fatal("clique published while registration is in progress")
 	}
+	// CUDA fails until registration completed: the GPUs are tainted.
+	for _, d := range first {
+		want := []resourceapi.DeviceTaint{{Key: topology.TaintUnhealthy, Value: gpu.FabricInProgress, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		if diff := cmp.Diff(want, d.Taints); diff != "" {
+			t.Errorf("%s while registering: taints (-want +got):\n%s", d.Name, diff)
+		}
+	}
+	if got := e.drv.refreshEvery(); got != 10*time.Millisecond {
+		t.Errorf("discovery repeated every %v while registering, want the fabric retry", got)
+	}
 	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	e.drv.refreshFabric(ctx) // returns once nothing is pending
+	if err := e.drv.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
 	devs := e.pub.last(t)
 	if len(devs) != 3 {
 		t.Fatalf("published %d GPUs, want 3 (GPU 3 is lost)", len(devs))
@@ -270,6 +283,12 @@ func TestFabricRegistrationIsWaitedFor(t *testing.T) {
 		if d.Attributes[topology.AttrNVLinkClique].StringValue == nil {
 			t.Errorf("%s: no clique after registration completed", d.Name)
 		}
+		if len(d.Taints) != 0 {
+			t.Errorf("%s: taints %v after registration completed", d.Name, d.Taints)
+		}
+	}
+	if got := e.drv.refreshEvery(); got != DefaultRefreshInterval {
+		t.Errorf("discovery repeated every %v once registered, want %v", got, DefaultRefreshInterval)
 	}
 	if backend.calls != 2 {
 		t.Errorf("discovered %d times, want 2", backend.calls)

@@ -23,6 +23,15 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel(nil)
 	logger := klog.FromContext(ctx)
 
+	// Probes get NOT_SERVING, not a refused connection, while the plugin
+	// waits for its node and discovers.
+	probes := &probeServer{}
+	stopProbes, err := serveProbes(ctx, cfg.HealthProbeAddress, probes)
+	if err != nil {
+		return err
+	}
+	defer stopProbes()
+
 	node, err := getNode(ctx, cfg)
 	if err != nil {
 		return err
@@ -40,11 +49,13 @@ func Run(ctx context.Context, cfg Config) error {
 		kubeletplugin.NodeUID(node.UID),
 		kubeletplugin.RegistrarDirectoryPath(cfg.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(cfg.PluginDir),
+		kubeletplugin.PluginSocket(DRASocket),
 	)
 	if err != nil {
 		return fmt.Errorf("start kubelet plugin helper: %w", err)
 	}
 	defer helper.Stop()
+	probes.setHelper(helper.RegistrationStatus, draSocketPath(cfg.PluginDir))
 	if err := d.setPublisher(ctx, helper); err != nil {
 		return err
 	}
@@ -79,7 +90,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	go d.watchHealth(ctx)
-	go d.refreshFabric(ctx)
+	go d.refreshLoop(ctx)
 	logger.Info("gputopo kubelet plugin running", "node", cfg.NodeName, "driver", topology.DriverName)
 	<-ctx.Done()
 	if cause := context.Cause(ctx); cause != nil && cause != context.Canceled {

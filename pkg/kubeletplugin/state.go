@@ -50,7 +50,8 @@ type state struct {
 	cdi     *cdi.Writer
 	metrics *Metrics
 	// driver gives real GPUs to containers, with common, its edits for
-	// every container, generated once per start; nil for simulated GPUs.
+	// every container, regenerated at each prepare and refresh (see
+	// syncDriverLocked); nil for simulated GPUs.
 	driver cdi.DriverEdits
 	common *cdispec.ContainerEdits
 
@@ -123,6 +124,11 @@ func (s *state) prepare(ctx context.Context, claim *resourceapi.ResourceClaim, v
 
 func (s *state) prepareLocked(ctx context.Context, claim *resourceapi.ResourceClaim, view *nodeView) ([]kubeletplugin.Device, error) {
 	uid := string(claim.UID)
+	// The driver as it is now: a claim prepared after a driver upgrade, or
+	// after /dev/nvidia-uvm appeared, must get it.
+	if err := s.syncDriverLocked(ctx, view); err != nil {
+		klog.FromContext(ctx).Error(err, "Preparing with the driver edits generated before", "claim", klog.KObj(claim))
+	}
 	if c, ok := s.cp.Claims[uid]; ok && c.State == checkpoint.PrepareCompleted {
 		// Write the spec again: the kubelet retries a prepare when the
 		// container could not start, e.g. because the CDI directory was

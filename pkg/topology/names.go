@@ -99,6 +99,18 @@ const (
 	LabelProfile = "gputopo.dev/profile"
 	// TaintUnhealthy is the device taint key put on an unhealthy GPU.
 	TaintUnhealthy = DriverName + "/unhealthy"
+	// TaintUnmonitored is the device taint key (effect NoSchedule) put on
+	// every GPU of a node while its health cannot be watched; the value
+	// says why.
+	TaintUnmonitored = DriverName + "/unmonitored"
+)
+
+// Node labels that mark a node with an NVIDIA GPU, written by NVIDIA's GPU
+// feature discovery and by node feature discovery (PCI vendor 10de); the
+// chart runs the NVML plugin only where one is "true".
+const (
+	LabelNVIDIAGPUPresent = "nvidia.com/gpu.present"
+	LabelNFDNVIDIAPCI     = "feature.node.kubernetes.io/pci-10de.present"
 )
 
 // Environment variables set in every container that receives gputopo GPUs.

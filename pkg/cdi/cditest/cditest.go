@@ -69,15 +69,23 @@ func DriverRoot(t testing.TB, gpus int) string {
 		nodes[fmt.Sprintf("nvidia%d", i)] = [2]uint32{195, uint32(i)}
 	}
 	for name, mm := range nodes {
-		err := unix.Mknod(filepath.Join(root, "dev", name), syscall.S_IFCHR|0o666, int(unix.Mkdev(mm[0], mm[1])))
-		if errors.Is(err, unix.EPERM) {
-			t.Skip("creating character devices needs CAP_MKNOD; run as root to test driver edits")
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		MakeDeviceNode(t, root, name, mm[0], mm[1])
 	}
 	return root
+}
+
+// MakeDeviceNode creates the character device root/dev/name, as the
+// driver's modules do when they load. Without CAP_MKNOD the test is
+// skipped.
+func MakeDeviceNode(t testing.TB, root, name string, major, minor uint32) {
+	t.Helper()
+	err := unix.Mknod(filepath.Join(root, "dev", name), syscall.S_IFCHR|0o666, int(unix.Mkdev(major, minor)))
+	if errors.Is(err, unix.EPERM) {
+		t.Skip("creating character devices needs CAP_MKNOD; run as root to test driver edits")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // NVML answers for the GPUs with the given UUIDs (GPU i has minor i) what

@@ -42,6 +42,9 @@ func (b *Backend) Discover(ctx context.Context) (*gpu.Inventory, error) {
 	logger := klog.FromContext(ctx)
 	count, ret := b.lib.DeviceGetCount()
 	if err := check(ret); err != nil {
+		if errors.Is(err, gonvml.ERROR_LIB_RM_VERSION_MISMATCH) || errors.Is(err, gonvml.ERROR_DRIVER_NOT_LOADED) {
+			return nil, fmt.Errorf("count GPUs: %w: %w", gpu.ErrDriverReloaded, err)
+		}
 		return nil, fmt.Errorf("count GPUs: %w", err)
 	}
 	driver, ret := b.lib.SystemGetDriverVersion()
@@ -163,11 +166,11 @@ func (b *Backend) describe(i int, h gonvml.Device) (gpu.Device, error) {
 	d.PCIBusID = pciBusID(pci)
 	d.NUMANode = b.numaNode(d.PCIBusID)
 	if b.has(symFabricInfo) {
-		fabric, pending, err := fabricOf(h)
+		fabric, pending, unready, err := fabricOf(h)
 		if err != nil {
 			return d, fmt.Errorf("get fabric info of GPU %d: %w", i, err)
 		}
-		d.Fabric, d.FabricPending = fabric, pending
+		d.Fabric, d.FabricPending, d.FabricUnready = fabric, pending, unready
 	}
 	return d, nil
 }
@@ -191,28 +194,38 @@ func (b *Backend) numaNode(busID string) int {
 // fabricOf uses the v1 GetGpuFabricInfo rather than GetGpuFabricInfoV: the
 // latter returns a handler bound to the concrete NVML device type, which
 // cannot be mocked, and the v1 fields are all this needs. pending is true
-// while registration with the fabric manager is still under way.
-func fabricOf(h gonvml.Device) (fabric *gpu.Fabric, pending bool, err error) {
+// while registration with the fabric manager is still under way; unready
+// says why CUDA cannot use the GPU meanwhile (CUDA fails with "system not
+// yet initialized" until a GPU on an NVLink fabric is registered), or
+// that its registration failed.
+func fabricOf(h gonvml.Device) (fabric *gpu.Fabric, pending bool, unready *gpu.Condition, err error) {
 	info, ret := h.GetGpuFabricInfo()
 	if err := check(ret); err != nil {
 		if unsupported(err) {
-			return nil, false, nil
+			return nil, false, nil, nil
 		}
-		return nil, false, err
+		return nil, false, nil, err
 	}
 	switch info.State {
-	case gonvml.GPU_FABRIC_STATE_NOT_STARTED, gonvml.GPU_FABRIC_STATE_IN_PROGRESS:
+	case gonvml.GPU_FABRIC_STATE_NOT_STARTED:
 		// Until registration completes, the clique is not final;
 		// publishing it would let claims span GPUs that cannot talk.
-		return nil, true, nil
+		return nil, true, &gpu.Condition{Reason: gpu.FabricNotStarted,
+			Message: "NVLink fabric registration has not started: is nvidia-fabricmanager running on the node?"}, nil
+	case gonvml.GPU_FABRIC_STATE_IN_PROGRESS:
+		return nil, true, &gpu.Condition{Reason: gpu.FabricInProgress, Message: "NVLink fabric registration is in progress"}, nil
 	case gonvml.GPU_FABRIC_STATE_COMPLETED:
 	default:
-		return nil, false, nil
+		return nil, false, nil, nil
 	}
-	if gonvml.Return(info.Status) != gonvml.SUCCESS || info.ClusterUuid == ([16]uint8{}) {
-		return nil, false, nil
+	if st := gonvml.Return(info.Status); st != gonvml.SUCCESS {
+		return nil, false, &gpu.Condition{Reason: gpu.FabricFailed,
+			Message: fmt.Sprintf("NVLink fabric registration failed: %v; check the fabric manager's log", st)}, nil
 	}
-	return &gpu.Fabric{ClusterUUID: formatUUID(info.ClusterUuid), CliqueID: info.CliqueId}, false, nil
+	if info.ClusterUuid == ([16]uint8{}) {
+		return nil, false, nil, nil
+	}
+	return &gpu.Fabric{ClusterUUID: formatUUID(info.ClusterUuid), CliqueID: info.CliqueId}, false, nil, nil
 }
 
 func formatUUID(b [16]uint8) string {

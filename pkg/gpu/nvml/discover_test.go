@@ -162,13 +162,15 @@ func TestDiscoverFabric(t *testing.T) {
 		{busID: "00000000:04:00.0", fabric: gonvml.GpuFabricInfo{
 			ClusterUuid: cluster, CliqueId: 7, State: gonvml.GPU_FABRIC_STATE_COMPLETED, Status: uint32(gonvml.ERROR_UNKNOWN),
 		}},
+		// No fabric manager: registration never starts.
+		{busID: "00000000:05:00.0", fabric: gonvml.GpuFabricInfo{State: gonvml.GPU_FABRIC_STATE_NOT_STARTED}},
 	}
 	inv := discover(t, gpus)
 	var got []*gpu.Fabric
 	for _, d := range inv.Devices {
 		got = append(got, d.Fabric)
 	}
-	want := []*gpu.Fabric{{ClusterUUID: "12345678-9abc-def0-0102-030405060708", CliqueID: 7}, nil, nil, nil}
+	want := []*gpu.Fabric{{ClusterUUID: "12345678-9abc-def0-0102-030405060708", CliqueID: 7}, nil, nil, nil, nil}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("fabric (-want +got):\n%s", diff)
 	}
@@ -178,8 +180,21 @@ func TestDiscoverFabric(t *testing.T) {
 	for _, d := range inv.Devices {
 		pending = append(pending, d.FabricPending)
 	}
-	if diff := cmp.Diff([]bool{false, false, true, false}, pending); diff != "" {
+	if diff := cmp.Diff([]bool{false, false, true, false, true}, pending); diff != "" {
 		t.Errorf("fabric pending (-want +got):\n%s", diff)
+	}
+	// CUDA fails on a GPU until its registration completed, and for good
+	// when it failed: those GPUs say why.
+	var unready []string
+	for _, d := range inv.Devices {
+		r := ""
+		if d.FabricUnready != nil {
+			r = d.FabricUnready.Reason
+		}
+		unready = append(unready, r)
+	}
+	if diff := cmp.Diff([]string{"", "", gpu.FabricInProgress, gpu.FabricFailed, gpu.FabricNotStarted}, unready); diff != "" {
+		t.Errorf("fabric unready (-want +got):\n%s", diff)
 	}
 }
 
@@ -485,5 +500,21 @@ func TestDiscoverGB200Tray(t *testing.T) {
 		if d.PCIBusID != normaliseBusID(buses[i]) || d.NUMANode != i/2 {
 			t.Errorf("GPU %d: bus %s numa %d", i, d.PCIBusID, d.NUMANode)
 		}
+	}
+}
+
+func TestDiscoverAfterTheDriverWasReplaced(t *testing.T) {
+	for _, ret := range []gonvml.Return{gonvml.ERROR_LIB_RM_VERSION_MISMATCH, gonvml.ERROR_DRIVER_NOT_LOADED} {
+		lib := newFakeLib()
+		lib.DeviceGetCountFunc = func() (int, gonvml.Return) { return 0, ret }
+		_, err := newTestBackend(t, lib).Discover(context.Background())
+		if !errors.Is(err, gpu.ErrDriverReloaded) || !errors.Is(err, ret) {
+			t.Errorf("%v: Discover = %v, want ErrDriverReloaded wrapping it", ret, err)
+		}
+	}
+	lib := newFakeLib()
+	lib.DeviceGetCountFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_UNKNOWN }
+	if _, err := newTestBackend(t, lib).Discover(context.Background()); errors.Is(err, gpu.ErrDriverReloaded) {
+		t.Errorf("an unknown error is no replaced driver: %v", err)
 	}
 }

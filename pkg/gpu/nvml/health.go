@@ -39,6 +39,11 @@ type HealthConfig struct {
 	ProbeInterval time.Duration
 }
 
+// failingAfter is how many NVML event waits must fail in a row before the
+// watch reports that it cannot follow the GPUs' health: one failure can be
+// a blip.
+const failingAfter = 3
+
 // DefaultProbeInterval is how often lost GPUs are probed for recovery.
 const DefaultProbeInterval = 30 * time.Second
 
@@ -73,6 +78,7 @@ func (b *Backend) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent
 	if err := check(ret); err != nil {
 		if unsupported(err) {
 			logger.Info("NVML events are not supported, GPU health is not watched", "err", err)
+			send(ctx, events, gpu.HealthEvent{Watch: gpu.WatchActive, Message: "NVML events are not supported"})
 			<-ctx.Done()
 			return nil
 		}
@@ -90,7 +96,11 @@ func (b *Backend) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent
 	}
 	if registered == 0 {
 		logger.Info("No GPU supports health events, GPU health is not watched")
+		send(ctx, events, gpu.HealthEvent{Watch: gpu.WatchActive, Message: "no GPU supports health events"})
 		<-ctx.Done()
+		return nil
+	}
+	if !send(ctx, events, gpu.HealthEvent{Watch: gpu.WatchActive}) {
 		return nil
 	}
 
@@ -109,7 +119,9 @@ func (b *Backend) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent
 	}
 
 	timeoutMs := uint32(max(1, min(b.waitTimeout.Milliseconds(), math.MaxUint32)))
-	failing := false
+	// failures counts waits failed in a row; at failingAfter the watch
+	// reports itself failing, and active again at the next good wait.
+	failures, logged := 0, false
 	lastProbe := time.Now()
 	for ctx.Err() == nil {
 		if len(st.lost) > 0 && time.Since(lastProbe) >= probeEvery {
@@ -125,8 +137,13 @@ func (b *Backend) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent
 		}
 
 		data, ret := set.Wait(timeoutMs)
+		if ret == gonvml.SUCCESS || ret == gonvml.ERROR_TIMEOUT {
+			if failures >= failingAfter && !send(ctx, events, gpu.HealthEvent{Watch: gpu.WatchActive}) {
+				return nil
+			}
+			failures, logged = 0, false
+		}
 		if ret == gonvml.ERROR_TIMEOUT {
-			failing = false
 			continue
 		}
 		if ret != gonvml.SUCCESS {
@@ -147,17 +164,24 @@ func (b *Backend) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent
 			}
 			// Report once per failure streak and back off, so a persistent
 			// error neither floods nor spins.
-			if !failing {
-				logger.Error(ret, "Failed to wait for NVML events; retrying")
+			// A lost GPU is tainted as such, and the set's waits answer
+			// GPU_IS_LOST until it is back: that is no failing watch.
+			if ret != gonvml.ERROR_GPU_IS_LOST {
+				failures++
 			}
-			failing = true
+			if !logged {
+				logger.Error(ret, "Failed to wait for NVML events; retrying")
+				logged = true
+			}
+			if failures == failingAfter && !send(ctx, events, gpu.HealthEvent{Watch: gpu.WatchFailing, Message: fmt.Sprintf("waiting for NVML events failed %d times in a row: %v", failures, ret)}) {
+				return nil
+			}
 			select {
 			case <-ctx.Done():
 			case <-time.After(b.waitTimeout):
 			}
 			continue
 		}
-		failing = false
 
 		ev, ok := toHealthEvent(data, ignored)
 		if !ok {
@@ -246,9 +270,10 @@ func toHealthEvent(data gonvml.EventData, ignored map[uint64]bool) (gpu.HealthEv
 		return gpu.HealthEvent{
 			Reason:  fmt.Sprintf("XID-%d", data.EventData),
 			Message: fmt.Sprintf("critical Xid error %d", data.EventData),
+			Persist: true,
 		}, true
 	case gonvml.EventTypeDoubleBitEccError:
-		return gpu.HealthEvent{Reason: "ECC-DBE", Message: "uncorrectable double-bit ECC error"}, true
+		return gpu.HealthEvent{Reason: "ECC-DBE", Message: "uncorrectable double-bit ECC error", Persist: true}, true
 	default:
 		return gpu.HealthEvent{}, false
 	}

@@ -2,6 +2,7 @@ package nvml
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -78,14 +79,54 @@ func watch(t *testing.T, b *Backend, events chan gpu.HealthEvent) (stop func()) 
 	}
 }
 
+// receive returns the next event about a GPU, skipping those about the
+// watch.
 func receive(t *testing.T, events <-chan gpu.HealthEvent) gpu.HealthEvent {
 	t.Helper()
-	select {
-	case ev := <-events:
-		return ev
-	case <-time.After(5 * time.Second):
-		t.Fatal("no health event")
-		return gpu.HealthEvent{}
+	for {
+		select {
+		case ev := <-events:
+			if ev.Watch != "" {
+				continue
+			}
+			return ev
+		case <-time.After(5 * time.Second):
+			t.Fatal("no health event")
+			return gpu.HealthEvent{}
+		}
+	}
+}
+
+// receiveWatch returns the next event about the watch, skipping those
+// about GPUs.
+func receiveWatch(t *testing.T, events <-chan gpu.HealthEvent) gpu.HealthEvent {
+	t.Helper()
+	for {
+		select {
+		case ev := <-events:
+			if ev.Watch == "" {
+				continue
+			}
+			return ev
+		case <-time.After(5 * time.Second):
+			t.Fatal("no event about the watch")
+			return gpu.HealthEvent{}
+		}
+	}
+}
+
+// gpuEvents drains what is queued and returns the events about GPUs.
+func gpuEvents(events chan gpu.HealthEvent) []gpu.HealthEvent {
+	var out []gpu.HealthEvent
+	for {
+		select {
+		case ev := <-events:
+			if ev.Watch == "" {
+				out = append(out, ev)
+			}
+		default:
+			return out
+		}
 	}
 }
 
@@ -103,7 +144,7 @@ func TestWatchHealthXid(t *testing.T) {
 	got := receive(t, events)
 	stop()
 
-	want := gpu.HealthEvent{UUID: fakeUUID(1), Healthy: false, Reason: "XID-79", Message: "critical Xid error 79"}
+	want := gpu.HealthEvent{UUID: fakeUUID(1), Healthy: false, Reason: "XID-79", Message: "critical Xid error 79", Persist: true}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("event (-want +got):\n%s", diff)
 	}
@@ -128,8 +169,8 @@ func TestWatchHealthUnknownDevice(t *testing.T) {
 	stop()
 
 	want := []gpu.HealthEvent{
-		{UUID: fakeUUID(0), Reason: "ECC-DBE", Message: "uncorrectable double-bit ECC error"},
-		{UUID: fakeUUID(1), Reason: "ECC-DBE", Message: "uncorrectable double-bit ECC error"},
+		{UUID: fakeUUID(0), Reason: "ECC-DBE", Message: "uncorrectable double-bit ECC error", Persist: true},
+		{UUID: fakeUUID(1), Reason: "ECC-DBE", Message: "uncorrectable double-bit ECC error", Persist: true},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
@@ -179,10 +220,21 @@ func TestWatchHealthOtherWaitErrorsMarkNothing(t *testing.T) {
 	b := newTestBackend(t, lib, WithEventWaitTimeout(5*time.Millisecond))
 	events := make(chan gpu.HealthEvent, 8)
 	stop := watch(t, b, events)
-	time.Sleep(50 * time.Millisecond)
+	if ev := receiveWatch(t, events); ev.Watch != gpu.WatchActive {
+		t.Errorf("first watch event %+v, want Active", ev)
+	}
+	// Waits that keep failing make the watch say it is failing, never
+	// a GPU unhealthy; good waits make it active again.
+	if ev := receiveWatch(t, events); ev.Watch != gpu.WatchFailing || !strings.Contains(ev.Message, "ERROR_UNKNOWN") {
+		t.Errorf("watch event %+v, want Failing with NVML's error", ev)
+	}
+	ev.waitRet.Store(int32(gonvml.SUCCESS))
+	if ev := receiveWatch(t, events); ev.Watch != gpu.WatchActive {
+		t.Errorf("watch event after the waits recovered %+v, want Active", ev)
+	}
 	stop()
-	if n := len(events); n != 0 {
-		t.Errorf("a failing wait marked %d GPUs, want none: %v", n, <-events)
+	if got := gpuEvents(events); len(got) != 0 {
+		t.Errorf("a failing wait marked GPUs: %v", got)
 	}
 }
 
@@ -241,10 +293,14 @@ func TestWatchHealthUnsupported(t *testing.T) {
 		lib.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED }
 		events := make(chan gpu.HealthEvent, 1)
 		stop := watch(t, newTestBackend(t, lib), events)
-		time.Sleep(20 * time.Millisecond)
+		// Nothing to follow is not a failing watch: the GPUs must
+		// not be tainted as unmonitored for good.
+		if ev := receiveWatch(t, events); ev.Watch != gpu.WatchActive {
+			t.Errorf("watch event %+v, want Active", ev)
+		}
 		stop()
-		if len(events) != 0 {
-			t.Errorf("got %v, want no events", <-events)
+		if got := gpuEvents(events); len(got) != 0 {
+			t.Errorf("got %v, want no events", got)
 		}
 	})
 	t.Run("devices", func(t *testing.T) {
@@ -255,10 +311,12 @@ func TestWatchHealthUnsupported(t *testing.T) {
 		}
 		events := make(chan gpu.HealthEvent, 1)
 		stop := watch(t, newTestBackend(t, lib), events)
-		time.Sleep(20 * time.Millisecond)
+		if ev := receiveWatch(t, events); ev.Watch != gpu.WatchActive {
+			t.Errorf("watch event %+v, want Active", ev)
+		}
 		stop()
-		if len(events) != 0 {
-			t.Errorf("got %v, want no events", <-events)
+		if got := gpuEvents(events); len(got) != 0 {
+			t.Errorf("got %v, want no events", got)
 		}
 		if len(ev.set.WaitCalls()) != 0 {
 			t.Error("waited on an event set with no registered GPU")

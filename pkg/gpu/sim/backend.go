@@ -99,6 +99,11 @@ func (b *Backend) SetHealth(index int, healthy bool, reason string) error {
 func (b *Backend) WatchHealth(ctx context.Context, events chan<- gpu.HealthEvent) error {
 	ticker := time.NewTicker(b.poll)
 	defer ticker.Stop()
+	select {
+	case events <- gpu.HealthEvent{Watch: gpu.WatchActive}:
+	case <-ctx.Done():
+		return nil
+	}
 	for {
 		for _, ev := range b.changes() {
 			select {

@@ -98,6 +98,9 @@ func TestHealthFileFaults(t *testing.T) {
 	events := make(chan gpu.HealthEvent)
 	done := make(chan error)
 	go func() { done <- b.WatchHealth(ctx, events) }()
+	if ev := <-events; ev.Watch != gpu.WatchActive {
+		t.Errorf("first event %+v, want the watch Active", ev)
+	}
 
 	if err := os.WriteFile(file, []byte("# comment\n2 XID-79\n"), 0o600); err != nil {
 		t.Fatal(err)

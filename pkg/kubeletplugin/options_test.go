@@ -1,0 +1,129 @@
+package kubeletplugin
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/gputopo/gputopo/pkg/cdi"
+)
+
+// hookScript writes a stand-in nvidia-cdi-hook that knows commands: it
+// lists them in --help as urfave/cli does and fails on any other.
+func hookScript(t *testing.T, dir, version string, commands ...string) string {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("#!/bin/sh\ncase \"$1\" in\n--version) echo \"NVIDIA CDI Hook version " + version + "\" ;;\n--help) printf 'COMMANDS:\\n")
+	for _, c := range commands {
+		b.WriteString("   " + c + "  does something\\n")
+	}
+	b.WriteString("\\n' ;;\n")
+	var runnable []string
+	for _, c := range commands {
+		if !strings.Contains(c, ",") {
+			runnable = append(runnable, c)
+		}
+	}
+	b.WriteString(strings.Join(runnable, "|") + ") exit 0 ;;\n*) exit 3 ;;\nesac\n")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, cdi.HookName)
+	if err := os.WriteFile(p, []byte(b.String()), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestHookInstallsTheShippedOne(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	shipped := hookScript(t, filepath.Join(t.TempDir(), "image"), "v1.19.1", cdi.HookCommands...)
+	o := NewOptions()
+	o.PluginsDir, o.HookSource = t.TempDir(), shipped
+	roots, err := o.Hook(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(o.PluginDir(), cdi.HookName)
+	if roots.HookPath != want || len(roots.DisabledHooks) != 0 {
+		t.Errorf("hook %s with %v disabled, want the shipped one installed at %s with none disabled", roots.HookPath, roots.DisabledHooks, want)
+	}
+	installed, err := os.ReadFile(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src, _ := os.ReadFile(shipped); string(src) != string(installed) {
+		t.Error("installed hook differs from the shipped one")
+	}
+
+	// A print mode changes nothing on the machine: it names the shipped
+	// program where it is.
+	o = NewOptions()
+	o.PluginsDir, o.HookSource, o.PrintCDISpec = t.TempDir(), shipped, "gpu-0"
+	roots, err = o.Hook(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if roots.HookPath != shipped {
+		t.Errorf("print mode: hook %s, want the shipped %s", roots.HookPath, shipped)
+	}
+	if entries, _ := os.ReadDir(o.PluginsDir); len(entries) != 0 {
+		t.Errorf("print mode wrote %v", entries)
+	}
+}
+
+func TestHookOfTheHostIsCheckedAndOlderHooksAreLeftOut(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	host := t.TempDir()
+	// The GPU Operator's hook lies outside the driver root; the chart
+	// mounts its directory for the plugin.
+	seen := hookScript(t, filepath.Join(host, "usr/local/nvidia/toolkit"), "1.16.2", "update-ldcache", "create-symlinks", "help, h")
+	o := NewOptions()
+	o.DriverRoot, o.ContainerDriverRoot = "/run/nvidia/driver", t.TempDir()
+	o.CDIHookPath, o.ContainerHookPath = "/usr/local/nvidia/toolkit/nvidia-cdi-hook", seen
+	roots, err := o.Hook(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if roots.HookPath != o.CDIHookPath {
+		t.Errorf("specs run %s, want the host path %s", roots.HookPath, o.CDIHookPath)
+	}
+	if diff := cmp.Diff([]string{"enable-cuda-compat", "disable-device-node-modification"}, roots.DisabledHooks); diff != "" {
+		t.Errorf("disabled hooks (-want +got):\n%s", diff)
+	}
+}
+
+func TestHookThatIsNotThereIsAStartupError(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	o := NewOptions()
+	o.DriverRoot = t.TempDir()
+	o.CDIHookPath = filepath.Join(o.DriverRoot, "usr/bin/nvidia-cdi-hook")
+	_, err := o.Hook(ctx)
+	if !errors.Is(err, cdi.ErrHookUnusable) || !strings.Contains(err.Error(), o.CDIHookPath) || !strings.Contains(err.Error(), "leave --nvidia-cdi-hook-path empty") {
+		t.Errorf("missing host hook: %v, want ErrHookUnusable naming the path and the way out", err)
+	}
+
+	o = NewOptions()
+	o.PluginsDir, o.HookSource = t.TempDir(), filepath.Join(t.TempDir(), cdi.HookName)
+	if _, err := o.Hook(ctx); !errors.Is(err, cdi.ErrHookUnusable) || !strings.Contains(err.Error(), "--cdi-hook-source") {
+		t.Errorf("missing shipped hook: %v, want ErrHookUnusable naming --cdi-hook-source", err)
+	}
+}
+
+func TestValidateHookFlags(t *testing.T) {
+	o := NewOptions()
+	o.NodeName = "n"
+	o.ContainerHookPath = "/host-hook/nvidia-cdi-hook"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--container-cdi-hook-path needs --nvidia-cdi-hook-path") {
+		t.Errorf("Validate = %v, want the container path refused without a host path", err)
+	}
+	o.CDIHookPath = "relative/nvidia-cdi-hook"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--nvidia-cdi-hook-path must be an absolute path") {
+		t.Errorf("Validate = %v, want a relative hook path refused", err)
+	}
+}
