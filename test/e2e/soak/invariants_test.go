@@ -82,6 +82,18 @@ type checker struct {
 	fitsSince map[string]time.Time
 	// checks counts the checks run, by invariant.
 	checks map[int]int
+	// longest is the longest a pending pod had waited, in a check, since
+	// its group fitted; longestPod names it.
+	longest    time.Duration
+	longestPod string
+}
+
+// longestWait says how long a pod waited at most while its group fitted.
+func (c *checker) longestWait() string {
+	if c.longestPod == "" {
+		return "none"
+	}
+	return fmt.Sprintf("%s (%s)", c.longest.Round(time.Second), c.longestPod)
 }
 
 func newChecker(l limits) *checker {
@@ -327,6 +339,9 @@ func (c *checker) waitingPods(ctx context.Context, v *view) string {
 		}
 		for _, p := range g.pending {
 			from := later(p.CreationTimestamp.Time, since)
+			if w := v.at.Sub(from); w > c.longest {
+				c.longest, c.longestPod = w, key(p.Namespace, p.Name)
+			}
 			if v.at.Sub(from) <= limit {
 				continue
 			}
