@@ -86,6 +86,10 @@ type checker struct {
 	// its group fitted; longestPod names it.
 	longest    time.Duration
 	longestPod string
+	// answers counts the planner's answers for waiting groups: fits, no
+	// place, not judged; lastNotJudged is the latest reason for the last.
+	answers       map[string]int
+	lastNotJudged string
 }
 
 // longestWait says how long a pod waited at most while its group fitted.
@@ -98,7 +102,7 @@ func (c *checker) longestWait() string {
 
 func newChecker(l limits) *checker {
 	return &checker{limits: l, oracle: newOracle(), unconsumedSince: map[types.UID]time.Time{},
-		fitsSince: map[string]time.Time{}, checks: map[int]int{}}
+		fitsSince: map[string]time.Time{}, checks: map[int]int{}, answers: map[string]int{}}
 }
 
 // check runs invariants 1 to 3 on a view and returns the first breach.
@@ -323,6 +327,15 @@ func (c *checker) waitingPods(ctx context.Context, v *view) string {
 	var out []string
 	for _, g := range groups {
 		ans := c.oracle.fits(ctx, v, g)
+		switch {
+		case ans.fits:
+			c.answers["fits"]++
+		case strings.HasPrefix(ans.plan, "no place"):
+			c.answers["no place"]++
+		default:
+			c.answers["not judged"]++
+			c.lastNotJudged = g.key + ": " + ans.plan
+		}
 		if !ans.fits {
 			delete(c.fitsSince, g.key)
 			continue

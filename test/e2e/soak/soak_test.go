@@ -277,6 +277,7 @@ func TestSoak(t *testing.T) {
 	if first != nil {
 		nBreach = 1
 	}
+	summary = append(summary, fmt.Sprintf("planner's answers for waiting groups: %s (last not judged: %s)", counts(chk.answers), chk.lastNotJudged))
 	summary = append(summary, fmt.Sprintf("breaches: %d", nBreach))
 	faultErrors := slices.Clone(rec.faultErrors)
 	rec.mu.Unlock()
