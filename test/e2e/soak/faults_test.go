@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -122,6 +123,8 @@ func inject(ctx context.Context, f fault) (undo func(context.Context) error, err
 		}
 		return nil, lc.RestartPlugin(f.node)
 	case faultControllerRestart:
+		controllerMu.Lock()
+		defer controllerMu.Unlock()
 		stop := lc.StopController
 		if f.kill {
 			stop = lc.KillController
@@ -136,6 +139,38 @@ func inject(ctx context.Context, f fault) (undo func(context.Context) error, err
 		return nil, lc.RestartControlPlane(ctx, "kube-apiserver")
 	}
 	return nil, fmt.Errorf("unknown fault %q", f.kind)
+}
+
+// controllerMu keeps the controller-restart fault and superviseController
+// from starting the controller at once.
+var controllerMu sync.Mutex
+
+// superviseController starts the controller again whenever it has ended
+// on its own, as its Deployment's pod would be restarted, until ctx ends.
+// The controller ends when it loses its leader Lease: when the API server
+// is away for longer than the Lease's renew deadline (10 s).
+func superviseController(ctx context.Context, rec *recorder) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		controllerMu.Lock()
+		if !lc.ControllerRunning() {
+			rec.event("the controller has ended (see the end of logs/controller.log); starting it again, as its Deployment would")
+			err := lc.StartController()
+			rec.mu.Lock()
+			rec.controllerExits++
+			if err != nil {
+				rec.faultErrors = append(rec.faultErrors, fmt.Sprintf("start the ended controller again: %v", err))
+			}
+			rec.mu.Unlock()
+		}
+		controllerMu.Unlock()
+	}
 }
 
 // markUnreachable sets the node's Ready condition to Unknown, as the node

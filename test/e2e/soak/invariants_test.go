@@ -345,10 +345,10 @@ func (c *checker) waitingPods(ctx context.Context, v *view) string {
 			since = v.at
 			c.fitsSince[g.key] = since
 		}
-		limit := c.limits.waiting
-		held := g.reservedElsewhere()
-		if held {
+		limit, why := c.limits.waiting, ""
+		if g.reservedElsewhere() {
 			limit += c.limits.reserved
+			why = ", a reservation elsewhere included"
 		}
 		for _, p := range g.pending {
 			from := later(p.CreationTimestamp.Time, since)
@@ -360,7 +360,7 @@ func (c *checker) waitingPods(ctx context.Context, v *view) string {
 			}
 			out = append(out, fmt.Sprintf("pod %s (uid %s, created %s, gated: %v, %s) of group %s has waited unbound %s (more than %s%s) while the planner found its group a place in every check since %s.\n  planner's answer now: %s\n  group: %s",
 				key(p.Namespace, p.Name), p.UID, p.CreationTimestamp.Format("15:04:05"), gated(p), podDecision(p),
-				g.key, v.at.Sub(from).Round(time.Second), limit, map[bool]string{true: ", a reservation elsewhere included"}[held],
+				g.key, v.at.Sub(from).Round(time.Second), limit, why,
 				since.Format("15:04:05.000"), ans.plan, g.describe(v)))
 		}
 	}
