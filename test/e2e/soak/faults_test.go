@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -146,10 +147,15 @@ func inject(ctx context.Context, f fault) (undo func(context.Context) error, err
 var controllerMu sync.Mutex
 
 // superviseController starts the controller again whenever it has ended
-// on its own, as its Deployment's pod would be restarted, until ctx ends.
-// The controller ends when it loses its leader Lease: when the API server
-// is away for longer than the Lease's renew deadline (10 s).
+// on its own, as the kubelet restarts the pod of its Deployment, until ctx
+// ends. The controller ends when it loses its leader Lease (the API server
+// away for longer than the Lease's renew deadline, 10 s), and a controller
+// started while the API server is still away ends at once; like the
+// kubelet's crash-loop backoff, a start that fails is retried after a
+// delay that doubles, from 1 s up to 10 s.
 func superviseController(ctx context.Context, rec *recorder) {
+	const first, most = time.Second, 10 * time.Second
+	delay, next := first, time.Time{}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -159,18 +165,30 @@ func superviseController(ctx context.Context, rec *recorder) {
 		case <-tick.C:
 		}
 		controllerMu.Lock()
-		if !lc.ControllerRunning() {
-			rec.event("the controller has ended (see the end of logs/controller.log); starting it again, as its Deployment would")
+		if !lc.ControllerRunning() && !time.Now().Before(next) {
 			err := lc.StartController()
 			rec.mu.Lock()
-			rec.controllerExits++
+			rec.controllerStarts++
 			if err != nil {
-				rec.faultErrors = append(rec.faultErrors, fmt.Sprintf("start the ended controller again: %v", err))
+				rec.controllerStartsFailed++
 			}
 			rec.mu.Unlock()
+			if err != nil {
+				rec.event("the controller has ended; starting it again failed (retry in %s): %v", delay, firstLine(err))
+				next = time.Now().Add(delay)
+				delay = min(2*delay, most)
+			} else {
+				rec.event("the controller had ended (see logs/controller.log); started it again, as its Deployment's pod would be")
+				delay, next = first, time.Time{}
+			}
 		}
 		controllerMu.Unlock()
 	}
+}
+
+func firstLine(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return s
 }
 
 // markUnreachable sets the node's Ready condition to Unknown, as the node
