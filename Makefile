@@ -19,7 +19,7 @@ E2E_TIMEOUT ?= 60m
 # loaded into memory.
 BUILD_FLAGS ?= -tags=grpcnotrace -ldflags='-s -w'
 
-.PHONY: all build test unit e2e parity chart lint demo demo-loop demo-down bench bench-scale k8s-binaries gpu-check-bundle image verify-chart verify-chart-cluster lint-dockerfile clean
+.PHONY: all build test unit e2e parity soak chart lint demo demo-loop demo-down bench bench-scale k8s-binaries gpu-check-bundle image verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
@@ -47,12 +47,15 @@ test: lint unit e2e chart
 
 # pkg/clustertopo is a module of its own, so test/cluster can use it
 # without taking the root module's dependencies. No cluster starts here:
-# test/cluster's cluster tests run only with GPUTOPO_K8S_BIN set (e2e).
+# test/cluster's cluster tests run only with GPUTOPO_K8S_BIN set (e2e), the
+# soak (test/e2e/soak) only with GPUTOPO_SOAK_DURATION set: here only its
+# invariant checkers' own tests run.
 unit:
 	$(GO) test ./...
 	cd pkg/clustertopo && $(GO) test ./...
 	cd test/cluster && GPUTOPO_K8S_BIN= $(GO) test ./...
 	cd test/bench && $(GO) test ./...
+	cd test/e2e && GPUTOPO_SOAK_DURATION= $(GO) test ./soak
 
 # First the local cluster itself (test/cluster's TestCluster*: a cluster
 # from Start, and `localcluster up` then `down` leaving nothing behind),
@@ -73,6 +76,20 @@ parity: build k8s-binaries
 	mkdir -p _output
 	cd test/e2e && GPUTOPO_BIN=$(BIN) GPUTOPO_PARITY_CASES=$(PARITY_CASES) GPUTOPO_PARITY_SEED=$(PARITY_SEED) \
 	  $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestParityShort' ./parity 2>&1 | tee $(CURDIR)/_output/parity.log | grep -E '^(--- |PASS|FAIL|ok|panic|parity:)|DISAGREE|^(shape|gpu-|shared-|admin-|missing-|other-|extended-)'; exit $${PIPESTATUS[0]}
+
+# The fault soak (test/e2e/soak): SOAK_DURATION of seeded random workload
+# (seed SOAK_SEED) on the local cluster while nodes are deleted or go
+# NotReady and the plugins, the controller, kube-scheduler and
+# kube-apiserver restart; the invariants are checked every second and the
+# first breach fails it. Prints a summary (docs/benchmarks.md, "Soak").
+# Not part of `make test`.
+SOAK_DURATION ?= 20m
+SOAK_SEED     ?= 1
+SOAK_TIMEOUT  ?= 90m
+soak: build k8s-binaries
+	mkdir -p _output
+	cd test/e2e && GPUTOPO_BIN=$(BIN) GPUTOPO_SOAK_DURATION=$(SOAK_DURATION) GPUTOPO_SOAK_SEED=$(SOAK_SEED) \
+	  $(GO) test -count=1 -timeout $(SOAK_TIMEOUT) -v -run 'TestSoak$$' ./soak 2>&1 | tee $(CURDIR)/_output/soak.log | grep -E '^(--- |PASS|FAIL|ok|panic|soak:)'; exit $${PIPESTATUS[0]}
 
 # The Helm chart: lint and template checks, then an install into the local
 # cluster with the plugin and controller running on the chart's RBAC.

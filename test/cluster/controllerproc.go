@@ -52,6 +52,15 @@ func (c *Cluster) StartControllerWith(extra ...string) error {
 	return c.waitHTTP(ctx, controllerProc, "http://"+addr+"/metrics", time.Minute)
 }
 
+// ControllerRunning reports whether the controller process runs. It ends
+// on its own when it loses its leader Lease (the API server away for
+// longer than the renew deadline); in a cluster its Deployment starts it
+// again, here nothing does.
+func (c *Cluster) ControllerRunning() bool {
+	p := c.procByName(controllerProc)
+	return p != nil && !p.exited()
+}
+
 // ControllerMetricsURL is where the running controller serves /metrics.
 func (c *Cluster) ControllerMetricsURL() (string, error) {
 	data, err := os.ReadFile(c.controllerAddrFile())

@@ -23,6 +23,10 @@ type proc struct {
 	logFile string
 	pidFile string
 	pid     int
+	// argv and opts started the process; nil when found through its pid
+	// file. relaunch starts them again.
+	argv []string
+	opts procOpts
 
 	cmd  *exec.Cmd // nil when found through its pid file
 	done chan struct{}
@@ -63,7 +67,7 @@ func startProc(dir, name string, argv []string, opts procOpts) (*proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &proc{name: name, logFile: logFile, pidFile: pidFile, pid: cmd.Process.Pid, cmd: cmd, done: make(chan struct{})}
+	p := &proc{name: name, logFile: logFile, pidFile: pidFile, pid: cmd.Process.Pid, argv: argv, opts: opts, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		err := cmd.Wait()
 		p.mu.Lock()
