@@ -71,13 +71,15 @@ func (st *state) computeCounts() {
 			roomEmpty += st.roomEmpty(s, i, sh.pods)
 		}
 		used := st.f.base[i]
-		a := agg{free: nd.healthy.free(used), freeDev: nd.all.free(used)}
+		// Non-local devices count for every node that can use them: the
+		// counts stay upper bounds.
+		a := agg{free: nd.healthy.free(used), freeDev: st.f.freeDevices(i, nil, nil)}
 		switch {
 		case nd.noPrefilter || minNeed == 0:
 			a.ub, a.ubEmpty, a.freeDev = st.n, st.n, 1<<30
 		default:
 			a.ub = min(st.n, a.freeDev/minNeed)
-			a.ubEmpty = min(st.n, len(nd.devs)/minNeed)
+			a.ubEmpty = min(st.n, (len(nd.devs)+nd.reach.mask.count())/minNeed)
 		}
 		a.ub, a.ubEmpty = min(a.ub, room), min(a.ubEmpty, roomEmpty)
 		if a.ub == 0 { // its free GPUs are out of the job's reach

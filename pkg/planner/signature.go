@@ -275,9 +275,10 @@ func appendAttr(b []byte, a resourceapi.DeviceAttribute) []byte {
 
 // cacheKey is n's key for a plan whose claims read the values of the
 // attributes in values (nil: all of them) and compare those in patterns
-// only with each other.
+// only with each other. A node that can use non-local devices has a key
+// of its own: its answers depend on devices other nodes share.
 func (n *node) cacheKey(values, patterns []int) string {
-	if n.sig.core < 0 {
+	if n.sig.core < 0 || n.reach.uses() {
 		return "n" + strconv.Itoa(n.idx)
 	}
 	buf := make([]byte, 0, 8+4*len(values)+4*len(patterns))
@@ -323,6 +324,29 @@ func (mask bitset) free(used bitset) int {
 		n += bits.OnesCount64(w)
 	}
 	return n
+}
+
+// and returns the bits in both; nil when none is.
+func (b bitset) and(o bitset) bitset {
+	var out bitset
+	for i := range min(len(b), len(o)) {
+		if w := b[i] & o[i]; w != 0 {
+			if out == nil {
+				out = make(bitset, min(len(b), len(o)))
+			}
+			out[i] = w
+		}
+	}
+	return out
+}
+
+func (b bitset) intersects(o bitset) bool {
+	for i := range min(len(b), len(o)) {
+		if b[i]&o[i] != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (b bitset) count() int {
