@@ -29,8 +29,8 @@ type nonLocal struct {
 	// slices are the non-local slices as given, every generation: the
 	// allocator decides which of them count, as the scheduler's does.
 	slices []*resourceapi.ResourceSlice
-	newest []*resourceapi.ResourceSlice   // of the newest generation of their pool
-	devs   []structured.DeviceID // shared position → device
+	newest []*resourceapi.ResourceSlice // of the newest generation of their pool
+	devs   []structured.DeviceID        // shared position → device
 	idx    map[structured.DeviceID]int32
 	// multi marks devices that allow multiple allocations; gpus those of
 	// gputopo's driver.
