@@ -119,7 +119,7 @@ func (st *state) evaluate(c *candidate) (*outcome, error) {
 		o.room = max(o.room, room)
 	}
 	// Nodes that share non-local devices may each count the same ones.
-	o.exact = len(st.f.shapes) == 1 && st.c.sharedLen() == 0
+	o.exact = len(st.f.shapes) == 1 && st.f.nlUsable.count() == 0
 	st.outcomes[c.key] = o
 	return o, nil
 }

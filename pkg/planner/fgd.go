@@ -334,7 +334,7 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 	}
 	// The scoring models each node's own GPUs; GPUs that nodes share
 	// are for the domain search.
-	if st.c.shared.gpus.count() > 0 {
+	if st.c.shared.gpus.intersects(st.f.nlUsable) {
 		return nil, false, nil
 	}
 	pod := job.Pods[0]

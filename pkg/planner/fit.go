@@ -27,9 +27,12 @@ type shape struct {
 	need   int // devices the claims ask for at least
 	// asks is need by kind, for people: gputopo's GPUs, and the devices
 	// of every other DeviceClass.
-	asks  deviceCounts
-	pods  int
-	needs needs
+	asks deviceCounts
+	// needLocal is how many of need the node's own devices must give: the
+	// devices of requests that can select no non-local device.
+	needLocal int
+	pods      int
+	needs     needs
 }
 
 type fitKey struct {
@@ -52,23 +55,28 @@ type fitResult struct {
 // fitter answers "does a pod of this shape fit on this node on top of
 // these devices?" for one plan, remembering every answer.
 type fitter struct {
-	ctx      context.Context
-	eval     *devicefit.Evaluator
-	c        *Cluster
-	job      string
-	base     []bitset      // in use before the plan, by node
-	shares   []*nodeShares // shares held before the plan, by node
-	sbase    bitset        // non-local devices in use before the plan
-	sshares  *nodeShares   // shares of non-local devices held before the plan
-	shapes   []shape
-	setIDs   map[string]int
-	setPods  []int // pods with the set's claims, over all shapes
-	values   []int // attributes the claims may read; nil: all of them
-	patterns []int // attributes the claims only compare between devices
-	keys     []string
-	memo     map[fitKey]fitResult
-	capMemo  map[fitKey]int
-	runs     int // allocator runs, for explanations and benchmarks
+	ctx     context.Context
+	eval    *devicefit.Evaluator
+	c       *Cluster
+	job     string
+	base    []bitset      // in use before the plan, by node
+	shares  []*nodeShares // shares held before the plan, by node
+	sbase   bitset        // non-local devices in use before the plan
+	sshares *nodeShares   // shares of non-local devices held before the plan
+	// nlUsable are the non-local devices the job's requests could select;
+	// nlPatterns the attributes of patterns that non-local devices have
+	// too (findNonLocal).
+	nlUsable   bitset
+	nlPatterns []int
+	shapes     []shape
+	setIDs     map[string]int
+	setPods    []int // pods with the set's claims, over all shapes
+	values     []int // attributes the claims may read; nil: all of them
+	patterns   []int // attributes the claims only compare between devices
+	keys       []string
+	memo       map[fitKey]fitResult
+	capMemo    map[fitKey]int
+	runs       int // allocator runs, for explanations and benchmarks
 }
 
 func newFitter(ctx context.Context, eval *devicefit.Evaluator, c *Cluster, job string, base []bitset) *fitter {
@@ -131,27 +139,32 @@ func (f *fitter) addShape(pod Pod, shapeIDs map[string]int) (int, error) {
 func minDevices(spec *resourceapi.ResourceClaimSpec) map[string]int {
 	out := map[string]int{}
 	for _, r := range spec.Devices.Requests {
-		if r.Exactly != nil {
-			if r.Exactly.AllocationMode != resourceapi.DeviceAllocationModeAll && !ptr.Deref(r.Exactly.AdminAccess, false) {
-				out[r.Exactly.DeviceClassName] += int(max(r.Exactly.Count, 1))
-			}
-			continue
-		}
-		least, class := -1, ""
-		for _, sub := range r.FirstAvailable {
-			c := 0
-			if sub.AllocationMode != resourceapi.DeviceAllocationModeAll {
-				c = int(max(sub.Count, 1))
-			}
-			if least < 0 || c < least {
-				least, class = c, sub.DeviceClassName
-			}
-		}
-		if least > 0 {
-			out[class] += least
+		if class, n := requestNeed(r); n > 0 {
+			out[class] += n
 		}
 	}
 	return out
+}
+
+// requestNeed is minDevices for one request: its class and count.
+func requestNeed(r resourceapi.DeviceRequest) (string, int) {
+	if r.Exactly != nil {
+		if r.Exactly.AllocationMode != resourceapi.DeviceAllocationModeAll && !ptr.Deref(r.Exactly.AdminAccess, false) {
+			return r.Exactly.DeviceClassName, int(max(r.Exactly.Count, 1))
+		}
+		return r.Exactly.DeviceClassName, 0
+	}
+	least, class := -1, ""
+	for _, sub := range r.FirstAvailable {
+		c := 0
+		if sub.AllocationMode != resourceapi.DeviceAllocationModeAll {
+			c = int(max(sub.Count, 1))
+		}
+		if least < 0 || c < least {
+			least, class = c, sub.DeviceClassName
+		}
+	}
+	return class, max(least, 0)
 }
 
 // gpuKind is deviceCounts' key for gputopo's GPUs.
@@ -286,14 +299,16 @@ func (f *fitter) used(n int, extra bitset) bitset {
 
 // freeDevices counts the devices, of any driver, the node can use that
 // are in use neither before the plan nor by extra (its own) and sx
-// (non-local ones).
-func (f *fitter) freeDevices(n int, extra, sx bitset) int {
+// (non-local ones): its own, and of all, the non-local devices the job
+// could select among them.
+func (f *fitter) freeDevices(n int, extra, sx bitset) (own, all int) {
 	nd := f.c.nodes[n]
-	free := nd.all.free(f.used(n, extra))
-	if nd.reach.mask != nil {
-		free += nd.reach.mask.free(f.sharedUsed(sx))
+	own = nd.all.free(f.used(n, extra))
+	all = own
+	if nd.reach.mask != nil && f.nlUsable != nil {
+		all += nd.reach.mask.and(f.nlUsable).free(f.sharedUsed(sx))
 	}
-	return free
+	return own, all
 }
 
 // sharedUsed is the non-local devices in use before the plan or in sx.
@@ -310,7 +325,11 @@ func (f *fitter) sharedUsed(sx bitset) bitset {
 
 // mayFit is the counting pre-filter: false only when the pod cannot fit.
 func (f *fitter) mayFit(n, sh int, extra, sx bitset) bool {
-	return f.c.nodes[n].noPrefilter || f.freeDevices(n, extra, sx) >= f.shapes[sh].need
+	if f.c.nodes[n].noPrefilter {
+		return true
+	}
+	own, all := f.freeDevices(n, extra, sx)
+	return own >= f.shapes[sh].needLocal && all >= f.shapes[sh].need
 }
 
 // fit runs the allocator for a pod of shape sh on node n with the devices
@@ -318,15 +337,12 @@ func (f *fitter) mayFit(n, sh int, extra, sx bitset) bool {
 // the cache.
 func (f *fitter) fit(n, sh int, extra, sx bitset) (fitResult, error) {
 	nd := f.c.nodes[n]
-	if f.keys[n] == "" {
-		f.keys[n] = nd.cacheKey(f.values, f.patterns)
-	}
 	used := f.used(n, extra)
-	key := fitKey{node: f.keys[n], set: f.shapes[sh].set, used: used.key()}
+	key := fitKey{node: f.key(n), set: f.shapes[sh].set, used: used.key()}
 	if nd.reach.mask != nil && sx != nil {
-		// The node is keyed on its own (cacheKey), and the non-local
-		// devices in use before the plan are the plan's: only what the
-		// plan took of those it can use tells its states apart.
+		// Nodes share keys only with nodes that can use the same
+		// non-local devices (cacheKey), and those in use before the plan
+		// are the plan's: what the plan took of them tells states apart.
 		key.used += "|" + nd.reach.mask.and(sx).key()
 	}
 	if r, ok := f.memo[key]; ok {
@@ -408,11 +424,8 @@ func ladderRank(claims []*resourceapi.ResourceClaim, results []resourceapi.Alloc
 // so over several nodes capacities only bound what fits.
 func (f *fitter) capacity(n, sh, limit int) (int, error) {
 	nd := f.c.nodes[n]
-	if f.keys[n] == "" {
-		f.keys[n] = nd.cacheKey(f.values, f.patterns)
-	}
 	set := f.shapes[sh].set
-	key := fitKey{node: f.keys[n], set: set, used: f.base[n].key()}
+	key := fitKey{node: f.key(n), set: set, used: f.base[n].key()}
 	if c, ok := f.capMemo[key]; ok {
 		return min(c, limit), nil
 	}

@@ -2,11 +2,14 @@ package planner
 
 import (
 	"fmt"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
+
+	"k8s.io/dynamic-resource-allocation/cel"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/topology"
@@ -20,9 +23,10 @@ import (
 // taken by one pod of a plan, it is taken for every node. The tree keeps
 // them apart from the nodes' own devices, numbered by their position in
 // the cluster's list (shared positions), and each node records which of
-// them it can use. A node that can use one is planned on its own: its
-// allocator answers depend on the state of devices other nodes share,
-// so they are neither shared with alike nodes nor moved to them.
+// them it can use. The allocator's answers for a node that can use one
+// depend on the state of devices other nodes share: they are shared only
+// with alike nodes that can use the same ones, on the same state of them
+// (cacheKey), and never moved to another node.
 
 // nonLocal is the tree's non-local devices.
 type nonLocal struct {
@@ -31,7 +35,10 @@ type nonLocal struct {
 	slices []*resourceapi.ResourceSlice
 	newest []*resourceapi.ResourceSlice // of the newest generation of their pool
 	devs   []structured.DeviceID        // shared position → device
+	specs  []*resourceapi.Device        // shared position → what CEL sees of it
 	idx    map[structured.DeviceID]int32
+	// attrs are the qualified names of the devices' attributes.
+	attrs map[string]bool
 	// multi marks devices that allow multiple allocations; gpus those of
 	// gputopo's driver.
 	multi, gpus bitset
@@ -50,7 +57,7 @@ func NodeLocal(s *resourceapi.ResourceSlice) (string, bool) {
 
 // newNonLocal indexes the devices of the newest generation of each pool.
 func newNonLocal(in []*resourceapi.ResourceSlice) (*nonLocal, error) {
-	nl := &nonLocal{idx: map[structured.DeviceID]int32{}}
+	nl := &nonLocal{idx: map[structured.DeviceID]int32{}, attrs: map[string]bool{}}
 	if len(in) == 0 {
 		return nl, nil
 	}
@@ -69,13 +76,22 @@ func newNonLocal(in []*resourceapi.ResourceSlice) (*nonLocal, error) {
 		}
 	}
 	for _, sl := range nl.newest {
-		for _, d := range sl.Spec.Devices {
+		for i := range sl.Spec.Devices {
+			d := &sl.Spec.Devices[i]
 			id := devicefit.DeviceID(sl.Spec.Driver, sl.Spec.Pool.Name, d.Name)
 			if _, dup := nl.idx[id]; dup {
 				return nil, fmt.Errorf("device %s is published twice by non-local ResourceSlices", id)
 			}
 			nl.idx[id] = int32(len(nl.devs))
 			nl.devs = append(nl.devs, id)
+			nl.specs = append(nl.specs, d)
+			for name := range d.Attributes {
+				q := string(name)
+				if !strings.Contains(q, "/") {
+					q = sl.Spec.Driver + "/" + q
+				}
+				nl.attrs[q] = true
+			}
 		}
 	}
 	nl.multi, nl.gpus = newBitset(len(nl.devs)), newBitset(len(nl.devs))
@@ -99,6 +115,9 @@ type reach struct {
 	// broken: matching a selector of some slice or device to the node
 	// failed; the allocator, given the slices, fails the same way.
 	broken bool
+	// sameDriver: a device of mask is of a driver that also publishes
+	// the node's own devices.
+	sameDriver bool
 }
 
 // reachOf finds the non-local devices node obj can use, with the
@@ -217,5 +236,132 @@ func (c *Cluster) devRef(id structured.DeviceID) int {
 // allocations.
 func (nd *node) setReach(nl *nonLocal) {
 	nd.reach = nl.reachOf(nd.obj)
+	for p := range nl.devs {
+		if !nd.reach.mask.has(p) {
+			continue
+		}
+		for _, sl := range nd.slices {
+			if sl.Spec.Driver == nl.devs[p].Driver.String() {
+				nd.reach.sameDriver = true
+			}
+		}
+	}
 	nd.noPrefilter = nd.localMulti || nd.reach.broken || (nd.reach.mask != nil && nd.reach.mask.intersects(nl.multi))
+}
+
+// The job's view of the non-local devices. A plan first finds which of
+// them some request of the job's claims could select at all (its
+// DeviceClass's selectors and its own, evaluated by the allocator's CEL
+// package; an expression that fails to compile or run counts as
+// selecting). Only those make a node's answers depend on other nodes
+// (fitter.dependent) and count in the counting pre-filter. A request that
+// can select none of them must be served by the node's own devices
+// (shape.needLocal).
+
+// findNonLocal fills f.nlUsable, f.nlPatterns and each shape's needLocal.
+func (f *fitter) findNonLocal() {
+	for si := range f.shapes {
+		s := &f.shapes[si]
+		s.needLocal = s.need
+	}
+	nl := f.c.shared
+	if len(nl.devs) == 0 {
+		return
+	}
+	f.nlUsable = newBitset(len(nl.devs))
+	byClass := map[string]bitset{}
+	selects := func(class string, sels []resourceapi.DeviceSelector) bool {
+		cm, ok := byClass[class]
+		if !ok {
+			var classSels []resourceapi.DeviceSelector
+			if cl, err := f.eval.Classes.Get(class); err == nil {
+				classSels = cl.Spec.Selectors
+			}
+			cm = f.selectable(nil, classSels) // an unknown class: the allocator says so
+			byClass[class] = cm
+		}
+		m := f.selectable(cm, sels)
+		for i := range m {
+			f.nlUsable[i] |= m[i]
+		}
+		return m.count() > 0
+	}
+	for si := range f.shapes {
+		s := &f.shapes[si]
+		s.needLocal = 0
+		for _, cl := range s.claims {
+			for _, r := range cl.Spec.Devices.Requests {
+				some := false
+				if r.Exactly != nil {
+					some = selects(r.Exactly.DeviceClassName, r.Exactly.Selectors)
+				}
+				for _, sub := range r.FirstAvailable {
+					some = selects(sub.DeviceClassName, sub.Selectors) || some
+				}
+				if !some {
+					_, n := requestNeed(r)
+					s.needLocal += n
+				}
+			}
+		}
+	}
+	for _, r := range f.patterns {
+		if nl.attrs[f.c.sigs.attrNames[r]] {
+			f.nlPatterns = append(f.nlPatterns, r)
+		}
+	}
+}
+
+// selectable returns, of the non-local devices in among (nil: all), those
+// every selector in sels may select.
+func (f *fitter) selectable(among bitset, sels []resourceapi.DeviceSelector) bitset {
+	nl := f.c.shared
+	out := newBitset(len(nl.devs))
+	for p, d := range nl.specs {
+		if among != nil && !among.has(p) {
+			continue
+		}
+		if f.mayMatch(nl.devs[p], d, sels) {
+			out.set(p)
+		}
+	}
+	return out
+}
+
+// mayMatch evaluates the selectors on a device as the allocator does; an
+// error counts as a match.
+func (f *fitter) mayMatch(id structured.DeviceID, d *resourceapi.Device, sels []resourceapi.DeviceSelector) bool {
+	for _, sel := range sels {
+		if sel.CEL == nil {
+			continue
+		}
+		expr := f.eval.Cache.GetOrCompile(sel.CEL.Expression)
+		if expr.Error != nil {
+			return true
+		}
+		ok, _, err := expr.DeviceMatches(f.ctx, cel.Device{Driver: id.Driver.String(), AllowMultipleAllocations: d.AllowMultipleAllocations, Attributes: d.Attributes, Capacity: d.Capacity})
+		if err != nil {
+			return true
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// dependent reports whether node n's answers for the job depend on the
+// non-local devices: it can use one the job could select, or matching a
+// selector to it failed.
+func (f *fitter) dependent(n int) bool {
+	r := &f.c.nodes[n].reach
+	return r.broken || r.mask.intersects(f.nlUsable)
+}
+
+// key is node n's cache key for the plan (cacheKey).
+func (f *fitter) key(n int) string {
+	if f.keys[n] == "" {
+		f.keys[n] = f.c.nodes[n].cacheKey(f.values, f.patterns, f.dependent(n), f.nlPatterns)
+	}
+	return f.keys[n]
 }

@@ -216,7 +216,7 @@ func TestNonLocalPerDeviceNodeSelection(t *testing.T) {
 }
 
 // One NIC every node can use: the first pod of a plan takes it, so the
-// second, on another node, cannot have it too; two one-pod jobs planned
+// second, on another node alike to the first's, cannot have it too; two one-pod jobs planned
 // one after the other, the first reserved, cannot both have it either.
 func TestNonLocalDeviceTakenByAnEarlierPod(t *testing.T) {
 	c := nicCluster(t, nicSlice("all", 1, allNodes))
@@ -227,8 +227,36 @@ func TestNonLocalDeviceTakenByAnEarlierPod(t *testing.T) {
 		var u *planner.Unschedulable
 		if !errors.As(err, &u) {
 			t.Errorf("placement %s: two pods for one NIC: want Unschedulable, got %v", placement, nicsOf(plan))
+			continue
+		}
+		// The nodes are alike, yet the second pod's answer is not the
+		// first's: the first took the NIC.
+		if u.BestPods != 1 {
+			t.Errorf("placement %s: the closest domain holds %d pods, want 1: %v", placement, u.BestPods, u)
 		}
 	}
+	// Two whole-node pods that both want nic-0, and a one-GPU pod that
+	// wants nic-1, on one leaf of three nodes: counting free NICs cannot
+	// tell that the second whole-node pod has none left, only the
+	// allocator can; the leaf holds the first and the one-GPU pod.
+	c2, err := planner.NewCluster(makeCluster().Leaf("spine-0", 0, "dgx-h100", 3).Infos(t), nil, nicSlice("all", 2, allNodes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := makeJob(t, "j").Pods(2, "gpu-8-node").Nics("").Pods(1, "gpu-1").Nics("").Obj()
+	for i, want := range []string{"nic-0", "nic-0", "nic-1"} {
+		job.Pods[i].Claims[0].Spec.Devices.Requests[1].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf("device.attributes[%q].name == %q", nicDriver, want)}}}
+	}
+	plan, err := p.Plan(context.Background(), planner.NewSnapshot(c2, nil), nil, job)
+	var u *planner.Unschedulable
+	switch {
+	case !errors.As(err, &u):
+		t.Errorf("two pods for nic-0: want Unschedulable, got %v", nicsOf(plan))
+	case u.BestPods != 2:
+		t.Errorf("two pods for nic-0: the closest domain holds %d pods, want 2: %v", u.BestPods, u)
+	}
+
 	res := planner.NewReservations()
 	first, err := p.Plan(context.Background(), planner.NewSnapshot(c, nil), res, makeJob(t, "a").Pods(1, "gpu-1").Nics("").Obj())
 	if err != nil {
@@ -238,7 +266,6 @@ func TestNonLocalDeviceTakenByAnEarlierPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	second, err := p.Plan(context.Background(), planner.NewSnapshot(c, nil), res, makeJob(t, "b").Pods(1, "gpu-1").Nics("").Obj())
-	var u *planner.Unschedulable
 	if !errors.As(err, &u) {
 		t.Errorf("second job while the first holds the NIC: want Unschedulable, got %v on %v", nicsOf(second), second.Assignments)
 	}
@@ -401,5 +428,42 @@ func TestNonLocalSlicesMustBeNonLocal(t *testing.T) {
 	}
 	if _, ok := planner.NodeLocal(clash); ok {
 		t.Error("NodeLocal(allNodes slice) is local")
+	}
+}
+
+// Non-local devices a job cannot select leave its plan as cheap as
+// without them: a GPU-only job asks the allocator as often on a cluster
+// with a NIC pool every node can use as on one without, and is placed
+// alike.
+func TestNonLocalDevicesTheJobCannotSelectCostNothing(t *testing.T) {
+	b := makeCluster().Spines(1, 4, 4, "dgx-h100")
+	used := allocated().GPUs("l0n0", 0, 1).GPUs("l1n2", 4).Nodes("l2n1").Obj()
+	p := planner.New(nicEvaluator(t))
+	for name, job := range map[string]planner.Job{
+		"pairs":       makeJob(t, "j").Pods(6, "gpu-2-nvlink-pair").Obj(),
+		"whole nodes": makeJob(t, "j").Pods(5, "gpu-8-node").Obj(),
+		"one GPU":     makeJob(t, "j").Pods(1, "gpu-1").Obj(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			var runs []int
+			var plans []*placed
+			for _, shared := range [][]*resourceapi.ResourceSlice{nil, {nicSlice("all", 8, allNodes)}} {
+				c, err := planner.NewCluster(b.Infos(t), nil, shared...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				plan, err := p.Plan(context.Background(), planner.NewSnapshot(c, used), nil, job)
+				if err != nil {
+					t.Fatal(err)
+				}
+				runs, plans = append(runs, plan.AllocatorRuns), append(plans, project(plan))
+			}
+			if runs[0] != runs[1] {
+				t.Errorf("allocator runs: %d without the NICs, %d with them", runs[0], runs[1])
+			}
+			if diff := cmp.Diff(plans[0], plans[1]); diff != "" {
+				t.Errorf("plans differ (-without +with the NICs):\n%s", diff)
+			}
+		})
 	}
 }

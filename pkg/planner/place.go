@@ -163,7 +163,7 @@ func (st *state) sortNodes(a *attempt, order []int) {
 // a pod alone on its node takes the allocator's answer for an earlier pod
 // of equal claims on a node that is alike for them (the same signature
 // for what the claims read, the same devices in use, no shared devices,
-// no non-local devices it could use), moved to its own node's devices by
+// no non-local device the claims could select), moved to its own node's devices by
 // position; every other pod gets a run of its own. A pod on a node that
 // can use non-local devices is allocated on top of the non-local devices
 // the pods before it took, wherever they are.
@@ -184,12 +184,9 @@ func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, 
 		results := []resourceapi.AllocationResult{}
 		if len(pod.Claims) > 0 {
 			var key fitKey
-			alike := moveAnswers && len(byNode[n]) == 0 && !nd.noPrefilter && nd.sig.core >= 0 && !nd.reach.uses()
+			alike := moveAnswers && len(byNode[n]) == 0 && !nd.noPrefilter && nd.sig.core >= 0 && !st.f.dependent(n)
 			if alike {
-				if st.f.keys[n] == "" {
-					st.f.keys[n] = nd.cacheKey(st.f.values, st.f.patterns)
-				}
-				key = fitKey{node: st.f.keys[n], set: st.f.shapes[st.podShape[p]].set, used: st.f.base[n].key()}
+				key = fitKey{node: st.f.key(n), set: st.f.shapes[st.podShape[p]].set, used: st.f.base[n].key()}
 			}
 			moved := false
 			if ans, ok := answers[key]; alike && ok {

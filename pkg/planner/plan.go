@@ -224,6 +224,7 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 		st.podShape = append(st.podShape, sh)
 	}
 	st.f.findRelevant()
+	st.f.findNonLocal()
 	st.filterNodes(klog.FromContext(ctx))
 	st.minNeed = st.f.shapes[0].need
 	for _, s := range st.f.shapes {
