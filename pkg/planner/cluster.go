@@ -93,8 +93,7 @@ type node struct {
 	all         bitset                // every device, any driver
 	gpus        bitset                // gputopo GPUs
 	healthy     bitset                // gputopo GPUs without a NoSchedule/NoExecute taint
-	noPrefilter bool                  // shareable devices: counting devices proves nothing
-	localMulti  bool                  // some device of its own allows multiple allocations
+	noPrefilter bool                  // shareable devices of its own: counting devices proves nothing
 	reach       reach                 // the non-local devices it can use
 	sig         nodeSig
 	notReady    bool
@@ -310,7 +309,7 @@ func (c *Cluster) newNode(in *NodeInfo, l *leaf, s *spine, idx int) (*node, erro
 			n.devs = append(n.devs, structured.MakeDeviceID(sl.Spec.Driver, sl.Spec.Pool.Name, d.Name))
 			n.all.set(pos)
 			if d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations {
-				n.localMulti = true
+				n.noPrefilter = true
 			}
 			if sl.Spec.Driver == topology.DriverName {
 				n.gpus.set(pos)

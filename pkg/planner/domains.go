@@ -79,7 +79,7 @@ func (st *state) computeCounts() {
 		own, all := st.f.freeDevices(i, nil, nil)
 		a := agg{free: nd.healthy.free(used), freeDev: all}
 		switch {
-		case nd.noPrefilter || minNeed == 0:
+		case st.f.noPrefilter(i) || minNeed == 0:
 			a.ub, a.ubEmpty, a.freeDev = st.n, st.n, 1<<30
 		default:
 			ownAll := len(nd.devs)

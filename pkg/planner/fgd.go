@@ -581,7 +581,7 @@ func (st *state) confirm(c choice, pod Pod) ([]resourceapi.AllocationResult, err
 		slices = only(slices, c.gpu)
 	}
 	st.f.runs++
-	results, err := st.f.eval.AllocateOn(st.f.ctx, nd.obj, slices, st.f.state(c.node, st.f.base[c.node], nil, nil), pod.Claims)
+	results, err := st.f.eval.AllocateOn(st.f.ctx, nd.obj, slices, st.f.state(c.node, st.f.base[c.node], taken{}, nil), pod.Claims)
 	if err != nil {
 		if ctxErr := st.f.ctx.Err(); ctxErr != nil {
 			return nil, ctxErr

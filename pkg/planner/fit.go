@@ -44,8 +44,11 @@ type fitKey struct {
 type fitResult struct {
 	ok  bool
 	pos []int // devices the allocator picked, by position in the node
-	// spos are the non-local devices it picked, by shared position.
-	spos []int
+	// spos are the non-local devices it picked whole, by shared position;
+	// sshares its shares of non-local devices that allow multiple
+	// allocations.
+	spos    []int
+	sshares []devicefit.Share
 	// rank is how far down their firstAvailable ladders the claims had to
 	// go: the sum of the chosen subrequests' places (0 for first choices
 	// and plain requests). Lower is better.
@@ -299,8 +302,8 @@ func (f *fitter) used(n int, extra bitset) bitset {
 
 // freeDevices counts the devices, of any driver, the node can use that
 // are in use neither before the plan nor by extra (its own) and sx
-// (non-local ones): its own, and of all, the non-local devices the job
-// could select among them.
+// (non-local ones held whole): its own, and of all, the non-local devices
+// the job could select among them.
 func (f *fitter) freeDevices(n int, extra, sx bitset) (own, all int) {
 	nd := f.c.nodes[n]
 	own = nd.all.free(f.used(n, extra))
@@ -324,26 +327,26 @@ func (f *fitter) sharedUsed(sx bitset) bitset {
 }
 
 // mayFit is the counting pre-filter: false only when the pod cannot fit.
-func (f *fitter) mayFit(n, sh int, extra, sx bitset) bool {
-	if f.c.nodes[n].noPrefilter {
+func (f *fitter) mayFit(n, sh int, extra bitset, t taken) bool {
+	if f.noPrefilter(n) {
 		return true
 	}
-	own, all := f.freeDevices(n, extra, sx)
+	own, all := f.freeDevices(n, extra, t.held)
 	return own >= f.shapes[sh].needLocal && all >= f.shapes[sh].need
 }
 
 // fit runs the allocator for a pod of shape sh on node n with the devices
-// of extra (the node's) and sx (non-local ones) taken too, or answers from
-// the cache.
-func (f *fitter) fit(n, sh int, extra, sx bitset) (fitResult, error) {
+// of extra (the node's) and what t holds of the non-local ones taken too,
+// or answers from the cache.
+func (f *fitter) fit(n, sh int, extra bitset, t taken) (fitResult, error) {
 	nd := f.c.nodes[n]
 	used := f.used(n, extra)
 	key := fitKey{node: f.key(n), set: f.shapes[sh].set, used: used.key()}
-	if nd.reach.mask != nil && sx != nil {
+	if nd.reach.mask != nil && !t.empty() {
 		// Nodes share keys only with nodes that can use the same
 		// non-local devices (cacheKey), and those in use before the plan
 		// are the plan's: what the plan took of them tells states apart.
-		key.used += "|" + nd.reach.mask.and(sx).key()
+		key.used += "|" + t.key(f.c, nd.reach.mask)
 	}
 	if r, ok := f.memo[key]; ok {
 		return r, nil
@@ -355,7 +358,7 @@ func (f *fitter) fit(n, sh int, extra, sx bitset) (fitResult, error) {
 	r := fitResult{ok: true}
 	if len(s.claims) > 0 {
 		f.runs++
-		results, err := f.eval.AllocateOn(f.ctx, nd.obj, f.c.slicesFor(nd), f.state(n, used, sx, nil), s.claims)
+		results, err := f.eval.AllocateOn(f.ctx, nd.obj, f.c.slicesFor(nd), f.state(n, used, t, nil), s.claims)
 		if err != nil {
 			if ctxErr := f.ctx.Err(); ctxErr != nil {
 				return fitResult{}, ctxErr
@@ -376,6 +379,8 @@ func (f *fitter) fit(n, sh int, extra, sx bitset) (fitResult, error) {
 					// admin access takes the device from no one
 				case local:
 					r.pos = append(r.pos, int(ref.pos))
+				case d.ShareID != nil:
+					r.sshares = append(r.sshares, devicefit.Share{Device: id, ShareID: string(*d.ShareID), Consumed: d.ConsumedCapacity})
 				default:
 					r.spos = append(r.spos, sp)
 				}
@@ -430,10 +435,11 @@ func (f *fitter) capacity(n, sh, limit int) (int, error) {
 		return min(c, limit), nil
 	}
 	limit, asked := f.setPods[set], limit
-	var extra, sx bitset
+	var extra bitset
+	var t taken
 	count := 0
-	for count < limit && f.mayFit(n, sh, extra, sx) {
-		r, err := f.fit(n, sh, extra, sx)
+	for count < limit && f.mayFit(n, sh, extra, t) {
+		r, err := f.fit(n, sh, extra, t)
 		if err != nil {
 			return 0, err
 		}
@@ -446,14 +452,9 @@ func (f *fitter) capacity(n, sh, limit int) (int, error) {
 		for _, p := range r.pos {
 			extra.set(p)
 		}
-		if len(r.spos) > 0 && sx == nil {
-			sx = newBitset(f.c.sharedLen())
-		}
-		for _, p := range r.spos {
-			sx.set(p)
-		}
+		t = t.with(r, f.c.sharedLen())
 		count++
-		if len(r.pos) == 0 && len(r.spos) == 0 { // a pod without devices fits any number of times
+		if len(r.pos) == 0 && len(r.spos) == 0 && len(r.sshares) == 0 { // a pod without devices fits any number of times
 			count = limit
 		}
 	}

@@ -2,14 +2,15 @@ package planner
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
-
-	"k8s.io/dynamic-resource-allocation/cel"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/topology"
@@ -197,9 +198,8 @@ func (c *Cluster) sharedLen() int {
 
 // WithShared returns a copy of the tree whose non-local slices are
 // shared (every one of them, replacing the tree's), sharing the rest with
-// c, which stays unchanged. Every node's reach is found again; nodes whose
-// reach changed keep their signature, which the cache ignores for nodes
-// that can use a non-local device.
+// c, which stays unchanged. Every node's reach is found again; signatures
+// stay, as they cover a node's own devices only.
 func (c *Cluster) WithShared(shared []*resourceapi.ResourceSlice) (*Cluster, error) {
 	nl, err := newNonLocal(shared)
 	if err != nil {
@@ -231,9 +231,7 @@ func (c *Cluster) devRef(id structured.DeviceID) int {
 	return int(r.node)
 }
 
-// setReach records which non-local devices the node can use, and turns
-// the counting pre-filter off when one of them allows multiple
-// allocations.
+// setReach records which non-local devices the node can use.
 func (nd *node) setReach(nl *nonLocal) {
 	nd.reach = nl.reachOf(nd.obj)
 	for p := range nl.devs {
@@ -246,7 +244,6 @@ func (nd *node) setReach(nl *nonLocal) {
 			}
 		}
 	}
-	nd.noPrefilter = nd.localMulti || nd.reach.broken || (nd.reach.mask != nil && nd.reach.mask.intersects(nl.multi))
 }
 
 // The job's view of the non-local devices. A plan first finds which of
@@ -358,10 +355,58 @@ func (f *fitter) dependent(n int) bool {
 	return r.broken || r.mask.intersects(f.nlUsable)
 }
 
+// noPrefilter says that counting free devices proves nothing on node n
+// for the job: a device of its own, or a non-local one the job could
+// select, allows multiple allocations.
+func (f *fitter) noPrefilter(n int) bool {
+	nd := f.c.nodes[n]
+	return nd.noPrefilter || (f.dependent(n) && (nd.reach.broken || nd.reach.mask.and(f.nlUsable).intersects(f.c.shared.multi)))
+}
+
 // key is node n's cache key for the plan (cacheKey).
 func (f *fitter) key(n int) string {
 	if f.keys[n] == "" {
 		f.keys[n] = f.c.nodes[n].cacheKey(f.values, f.patterns, f.dependent(n), f.nlPatterns)
 	}
 	return f.keys[n]
+}
+
+// taken is what a plan's pods took of the non-local devices: devices
+// held whole, and shares of those that allow multiple allocations, which
+// leave the rest of the device to other pods as the allocator counts it.
+// A value is never changed: with returns a new one.
+type taken struct {
+	held   bitset
+	shares []devicefit.Share
+}
+
+func (t taken) empty() bool { return t.held == nil && len(t.shares) == 0 }
+
+// with is t and what r took.
+func (t taken) with(r fitResult, size int) taken {
+	if len(r.spos) == 0 && len(r.sshares) == 0 {
+		return t
+	}
+	out := taken{held: t.held.clone(size), shares: append(slices.Clone(t.shares), r.sshares...)}
+	for _, p := range r.spos {
+		out.held.set(p)
+	}
+	return out
+}
+
+// key tells apart what a node that can use the devices of mask sees of t.
+func (t taken) key(c *Cluster, mask bitset) string {
+	var b strings.Builder
+	b.WriteString(mask.and(t.held).key())
+	for _, sh := range t.shares {
+		if p, ok := c.sharedPos(sh.Device); !ok || !mask.has(p) {
+			continue
+		}
+		b.WriteString("|" + sh.Device.String())
+		for _, name := range slices.Sorted(maps.Keys(sh.Consumed)) {
+			q := sh.Consumed[name]
+			b.WriteString("," + string(name) + "=" + q.String())
+		}
+	}
+	return b.String()
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
@@ -465,5 +466,41 @@ func TestNonLocalDevicesTheJobCannotSelectCostNothing(t *testing.T) {
 				t.Errorf("plans differ (-without +with the NICs):\n%s", diff)
 			}
 		})
+	}
+}
+
+// A NIC that allows multiple allocations serves several pods of one plan
+// as far as its capacity goes, as the allocator counts it: 10 units of
+// bandwidth hold two pods asking for 4 each, not three.
+func TestNonLocalDeviceWithMultipleAllocations(t *testing.T) {
+	slice := nicSlice("all", 1, allNodes)
+	slice.Spec.Devices[0].AllowMultipleAllocations = ptr.To(true)
+	slice.Spec.Devices[0].Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"bandwidth": {Value: resource.MustParse("10")}}
+	c := nicCluster(t, slice)
+	p := planner.New(nicEvaluator(t))
+	for pods, fits := range map[int]bool{2: true, 3: false} {
+		job := makeJob(t, "j").Pods(pods, "gpu-1").Nics("").Obj()
+		for _, pod := range job.Pods {
+			pod.Claims[0].Spec.Devices.Requests[1].Exactly.Capacity = &resourceapi.CapacityRequirements{
+				Requests: map[resourceapi.QualifiedName]resource.Quantity{"bandwidth": resource.MustParse("4")}}
+		}
+		plan, err := p.Plan(context.Background(), planner.NewSnapshot(c, nil), nil, job)
+		var u *planner.Unschedulable
+		switch {
+		case fits && err != nil:
+			t.Errorf("%d pods: %v", pods, err)
+		case fits:
+			want := map[string][]string{}
+			for i := range pods {
+				want[fmt.Sprintf("p%d", i)] = []string{"all/nic-0"}
+			}
+			if diff := cmp.Diff(want, nicsOf(plan)); diff != "" {
+				t.Errorf("%d pods: NICs (-want +got):\n%s", pods, diff)
+			}
+		case !errors.As(err, &u):
+			t.Errorf("%d pods of 4 on a NIC of 10: want Unschedulable, got %v", pods, nicsOf(plan))
+		case u.BestPods != 2:
+			t.Errorf("%d pods of 4 on a NIC of 10: the closest domain holds %d, want 2: %v", pods, u.BestPods, u)
+		}
 	}
 }

@@ -16,7 +16,7 @@ import (
 type attempt struct {
 	st       *state
 	extra    map[int]bitset // devices this attempt took, by node
-	sx       bitset         // non-local devices this attempt took
+	nl       taken          // what this attempt took of the non-local devices
 	podsOn   map[int]int    // pods of the job on a node, pinned ones included
 	podsLeaf map[*leaf]int
 	mine     map[int]int     // pods of this attempt on a node
@@ -52,45 +52,40 @@ func (st *state) tryPlace(nodes []int) (*attempt, error) {
 		// their first choices; with preference ladders, the node giving
 		// the best rung, strategy order breaking ties.
 		best, bestRank := -1, 0
-		var bestPos, bestSpos []int
+		var bestR fitResult
 		for _, n := range order {
-			if st.filters[sh].why[n] != "" || st.room(sh, n, a.req[n], 1) == 0 || !st.f.mayFit(n, sh, a.extra[n], a.sx) {
+			if st.filters[sh].why[n] != "" || st.room(sh, n, a.req[n], 1) == 0 || !st.f.mayFit(n, sh, a.extra[n], a.nl) {
 				continue
 			}
-			r, err := st.f.fit(n, sh, a.extra[n], a.sx)
+			r, err := st.f.fit(n, sh, a.extra[n], a.nl)
 			if err != nil {
 				return nil, err
 			}
 			if !r.ok || (best >= 0 && r.rank >= bestRank) {
 				continue
 			}
-			best, bestRank, bestPos, bestSpos = n, r.rank, r.pos, r.spos
+			best, bestRank, bestR = n, r.rank, r
 			if r.rank == 0 {
 				break
 			}
 		}
 		if best >= 0 {
-			a.take(p, best, bestPos, bestSpos)
+			a.take(p, best, bestR)
 			a.rank += bestRank
 		}
 	}
 	return a, nil
 }
 
-func (a *attempt) take(pod, n int, pos, spos []int) {
+func (a *attempt) take(pod, n int, r fitResult) {
 	nd := a.st.c.nodes[n]
 	if a.extra[n] == nil {
 		a.extra[n] = newBitset(len(nd.devs))
 	}
-	for _, p := range pos {
+	for _, p := range r.pos {
 		a.extra[n].set(p)
 	}
-	if len(spos) > 0 {
-		a.sx = a.sx.clone(a.st.c.sharedLen())
-		for _, p := range spos {
-			a.sx.set(p)
-		}
-	}
+	a.nl = a.nl.with(r, a.st.c.sharedLen())
 	if a.mine[n] == 0 {
 		a.nodes++
 	}
@@ -204,7 +199,7 @@ func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, 
 						}
 					}
 				}
-				results, err = st.f.eval.AllocateOn(st.f.ctx, nd.obj, st.c.slicesFor(nd), st.f.state(n, st.f.base[n], nil, more), pod.Claims)
+				results, err = st.f.eval.AllocateOn(st.f.ctx, nd.obj, st.c.slicesFor(nd), st.f.state(n, st.f.base[n], taken{}, more), pod.Claims)
 				if err != nil {
 					if ctxErr := st.f.ctx.Err(); ctxErr != nil {
 						return nil, ctxErr

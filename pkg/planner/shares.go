@@ -126,9 +126,9 @@ func (s *Snapshot) sharesWithReservations(res *Reservations, except string) ([]*
 
 // state is what the allocator is told is in use on node n: the devices in
 // used held whole, the node's shares, and what more holds on top; for a
-// node that can use non-local devices, also those held before the plan or
-// taken by the plan (sx), and their shares.
-func (f *fitter) state(n int, used, sx bitset, more []resourceapi.AllocationResult) structured.AllocatedState {
+// node that can use non-local devices, also what is held of those before
+// the plan and what the plan took of them (t).
+func (f *fitter) state(n int, used bitset, t taken, more []resourceapi.AllocationResult) structured.AllocatedState {
 	nd := f.c.nodes[n]
 	a := devicefit.Allocated{}
 	for i, id := range nd.devs {
@@ -142,13 +142,16 @@ func (f *fitter) state(n int, used, sx bitset, more []resourceapi.AllocationResu
 	}
 	if nd.reach.uses() {
 		for i, id := range f.c.shared.devs {
-			if f.sbase.has(i) || sx.has(i) {
+			if f.sbase.has(i) || t.held.has(i) {
 				a.Insert(id)
 			}
 		}
-		if f.sshares != nil {
+		if f.sshares != nil || len(t.shares) > 0 {
 			shares = shares.clone()
 			shares.merge(f.sshares)
+			for _, sh := range t.shares {
+				shares.add(sh)
+			}
 		}
 	}
 	if len(devicefit.Shares(more...)) > 0 {
