@@ -158,10 +158,10 @@ func (st *state) sortNodes(a *attempt, order []int) {
 // a pod alone on its node takes the allocator's answer for an earlier pod
 // of equal claims on a node that is alike for them (the same signature
 // for what the claims read, the same devices in use, no shared devices,
-// no non-local device the claims could select), moved to its own node's devices by
-// position; every other pod gets a run of its own. A pod on a node that
-// can use non-local devices is allocated on top of the non-local devices
-// the pods before it took, wherever they are.
+// no non-local device the claims could select), moved to its own node's
+// devices by position; every other pod gets a run of its own. A pod on a
+// node that can use non-local devices is allocated on top of the
+// non-local devices the pods before it took, wherever they are.
 func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, error) {
 	out := make(map[string][]resourceapi.AllocationResult, len(st.podOrder))
 	byNode := map[int][]resourceapi.AllocationResult{}
