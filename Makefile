@@ -69,12 +69,14 @@ e2e: build k8s-binaries
 # The differential test against kube-scheduler (test/e2e/parity): PARITY_CASES
 # generated cases (seed PARITY_SEED), each run through kube-scheduler alone
 # and opted in to gputopo on one local cluster; prints how many agree, by
-# shape. `make e2e` runs 30 of them. Not part of `make test`.
-PARITY_CASES ?= 300
-PARITY_SEED  ?= 1
+# shape. PARITY_SHAPES (comma-separated) runs only the cases of those shapes.
+# `make e2e` runs 30 of them. Not part of `make test`.
+PARITY_CASES  ?= 300
+PARITY_SEED   ?= 1
+PARITY_SHAPES ?=
 parity: build k8s-binaries
 	mkdir -p _output
-	cd test/e2e && GPUTOPO_BIN=$(BIN) GPUTOPO_PARITY_CASES=$(PARITY_CASES) GPUTOPO_PARITY_SEED=$(PARITY_SEED) \
+	cd test/e2e && GPUTOPO_BIN=$(BIN) GPUTOPO_PARITY_CASES=$(PARITY_CASES) GPUTOPO_PARITY_SEED=$(PARITY_SEED) GPUTOPO_PARITY_SHAPES=$(PARITY_SHAPES) \
 	  $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v -run 'TestParityShort' ./parity 2>&1 | tee $(CURDIR)/_output/parity.log | grep -E '^(--- |PASS|FAIL|ok|panic|parity:)|DISAGREE|^(shape|gpu-|shared-|admin-|missing-|other-|extended-)'; exit $${PIPESTATUS[0]}
 
 # The fault soak (test/e2e/soak): SOAK_DURATION of seeded random workload

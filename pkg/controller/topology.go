@@ -17,14 +17,23 @@ import (
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
-// sliceNodeIndex indexes ResourceSlices by the node they are local to.
+// sliceNodeIndex indexes ResourceSlices by the node they are local to,
+// and those local to no one node (allNodes, a nodeSelector,
+// perDeviceNodeSelection) under nonLocalKey.
 const sliceNodeIndex = "gputopo-slice-node"
 
+// nonLocalKey is no node's name: node names have no "/".
+const nonLocalKey = "/non-local"
+
 func indexSliceByNode(obj any) ([]string, error) {
-	if s, ok := obj.(*resourceapi.ResourceSlice); ok && s.Spec.NodeName != nil {
-		return []string{*s.Spec.NodeName}, nil
+	s, ok := obj.(*resourceapi.ResourceSlice)
+	if !ok {
+		return nil, nil
 	}
-	return nil, nil
+	if node, local := planner.NodeLocal(s); local {
+		return []string{node}, nil
+	}
+	return []string{nonLocalKey}, nil
 }
 
 // topoState is what the planner knows of each node, kept from node and
@@ -36,6 +45,10 @@ type topoState struct {
 	infos   map[string]planner.NodeInfo
 	changed map[string]bool // patched into the tree at the next plan
 	rebuild bool            // the next plan builds the tree from every node
+	// shared are the slices local to no one node, by name; sharedChanged
+	// is set until the tree has them.
+	shared        []*resourceapi.ResourceSlice
+	sharedChanged bool
 	// patched lists the nodes patched into the tree since the snapshot
 	// tracker last followed it; built is set when the tree was built.
 	patched []string
@@ -52,6 +65,9 @@ type TopologyWork struct {
 	NodesBuilt int
 	// NodesRemoved counts nodes that went away.
 	NodesRemoved int
+	// SharedRead counts the times the slices local to no one node were
+	// read, and SharedApplied the times the tree took a new set of them.
+	SharedRead, SharedApplied int
 	// Snapshot is what keeping the plans' snapshot up to date cost.
 	Snapshot planner.TrackerWork
 }
@@ -94,9 +110,11 @@ func (c *Controller) nodeHandler() cache.ResourceEventHandler {
 // node is read, so the node sees the new slice.
 func (c *Controller) sliceHandler() cache.ResourceEventHandler {
 	refresh := func(s *resourceapi.ResourceSlice) {
-		if s.Spec.NodeName != nil {
-			c.refreshNode(*s.Spec.NodeName)
+		if node, local := planner.NodeLocal(s); local {
+			c.refreshNode(node)
+			return
 		}
+		c.refreshShared()
 	}
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
@@ -168,6 +186,36 @@ func (c *Controller) refreshNode(name string) {
 	c.requeuePending()
 }
 
+// refreshShared reads the slices local to no one node from the cache.
+// When they changed, the tree takes them at the next plan, and the
+// groups that wait for room try again: a device of such a slice may be
+// what they wait for. Groups that run keep their allocations, as they do
+// when a node's own slice changes.
+func (c *Controller) refreshShared() {
+	c.mu.Lock()
+	objs, err := c.sliceIdx.ByIndex(sliceNodeIndex, nonLocalKey)
+	if err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.topo.work.SharedRead++
+	shared := make([]*resourceapi.ResourceSlice, 0, len(objs))
+	for _, o := range objs {
+		shared = append(shared, o.(*resourceapi.ResourceSlice))
+	}
+	// A fixed order keeps the devices in the same positions from one
+	// read to the next.
+	slices.SortFunc(shared, func(a, b *resourceapi.ResourceSlice) int { return cmp.Compare(a.Name, b.Name) })
+	if slices.Equal(shared, c.topo.shared) {
+		c.mu.Unlock()
+		return
+	}
+	c.topo.shared, c.topo.sharedChanged = shared, true
+	clear(c.unreservable) // the devices may make room for them
+	c.mu.Unlock()
+	c.requeuePending()
+}
+
 // readNode computes a node's NodeInfo from the caches. Called with c.mu
 // held.
 func (c *Controller) readNode(name string) (planner.NodeInfo, bool, error) {
@@ -231,7 +279,7 @@ func (c *Controller) updateTree() (*planner.Cluster, time.Duration, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &c.topo
-	if c.cluster != nil && !t.rebuild && len(t.changed) == 0 {
+	if c.cluster != nil && !t.rebuild && len(t.changed) == 0 && !t.sharedChanged {
 		return c.cluster, 0, nil
 	}
 	start := time.Now()
@@ -249,6 +297,14 @@ func (c *Controller) updateTree() (*planner.Cluster, time.Duration, error) {
 			delete(t.changed, name)
 			t.patched = append(t.patched, name)
 		}
+		if !t.rebuild && t.sharedChanged {
+			cl, err := c.cluster.WithShared(t.shared)
+			if err != nil {
+				return nil, 0, fmt.Errorf("apply the ResourceSlices local to no one node: %w", err)
+			}
+			c.cluster, t.sharedChanged = cl, false
+			t.work.SharedApplied++
+		}
 		if !t.rebuild {
 			d := time.Since(start)
 			c.cfg.Metrics.TreeDuration.WithLabelValues(TreePatch).Observe(d.Seconds())
@@ -259,11 +315,15 @@ func (c *Controller) updateTree() (*planner.Cluster, time.Duration, error) {
 	for _, in := range t.infos {
 		infos = append(infos, in)
 	}
-	cl, err := planner.NewCluster(infos, c.cfg.LeafOrder)
+	cl, err := planner.NewCluster(infos, c.cfg.LeafOrder, t.shared...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("build topology tree: %w", err)
 	}
 	t.work.NodesBuilt += len(infos)
+	if t.sharedChanged {
+		t.sharedChanged = false
+		t.work.SharedApplied++
+	}
 	c.cluster, t.rebuild, t.built, t.patched = cl, false, true, nil
 	clear(t.changed)
 	d := time.Since(start)

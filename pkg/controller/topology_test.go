@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -12,6 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
+
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 
 	"github.com/gputopo/gputopo/pkg/planner"
 	"github.com/gputopo/gputopo/pkg/topology"
@@ -36,6 +41,9 @@ func TestTopologyWorkPerEventDoesNotGrowWithNodes(t *testing.T) {
 			"node added":                 {NodesRead: 1, NodesBuilt: 1},
 			"node moved to another leaf": {NodesRead: 1, NodesBuilt: 1},
 			"node removed":               {NodesRemoved: 1},
+			// Every node may use its devices, yet it is one read and one
+			// change of the tree.
+			"slice for all nodes added": {SharedRead: 1, SharedApplied: 1},
 		}
 		if diff := cmp.Diff(want, topologyWorkPerEvent(t, extra)); diff != "" {
 			t.Errorf("work per event on %d nodes (-want +got):\n%s", nodes, diff)
@@ -66,7 +74,7 @@ func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 		event()
 		h.eventually(name, func() bool {
 			w := h.c.topologyWork()
-			return w.NodesRead > before.NodesRead || w.NodesRemoved > before.NodesRemoved
+			return w.NodesRead > before.NodesRead || w.NodesRemoved > before.NodesRemoved || w.SharedRead > before.SharedRead
 		})
 		if _, err := h.c.snapshotCluster(); err != nil {
 			t.Fatal(err)
@@ -141,6 +149,11 @@ func topologyWorkPerEvent(t *testing.T, extra int) map[string]TopologyWork {
 			t.Fatal(err)
 		}
 	})
+	measure("slice for all nodes added", func() {
+		h.create(&resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "nics"}, Spec: resourceapi.ResourceSliceSpec{
+			Driver: "nic.example.com", Pool: resourceapi.ResourcePool{Name: "nics", ResourceSliceCount: 1}, AllNodes: ptr.To(true),
+			Devices: []resourceapi.Device{{Name: "nic-0"}}}})
+	})
 	cl, err := h.c.snapshotCluster()
 	if err != nil {
 		t.Fatal(err)
@@ -201,5 +214,76 @@ func bulkHarness(t testing.TB, objs []any) *harness {
 
 func (w TopologyWork) minus(o TopologyWork) TopologyWork {
 	return TopologyWork{NodesRead: w.NodesRead - o.NodesRead, NodesBuilt: w.NodesBuilt - o.NodesBuilt, NodesRemoved: w.NodesRemoved - o.NodesRemoved,
+		SharedRead: w.SharedRead - o.SharedRead, SharedApplied: w.SharedApplied - o.SharedApplied,
 		Snapshot: planner.TrackerWork{Devices: w.Snapshot.Devices - o.Snapshot.Devices, Nodes: w.Snapshot.Nodes - o.Snapshot.Nodes, Builds: w.Snapshot.Builds - o.Snapshot.Builds}}
+}
+
+// A NIC of another driver in a pool every node can use (allNodes): a
+// one-pod Job takes the pool's one NIC; a Job whose two pods each ask for
+// a GPU and a NIC waits while the pool has no NIC left for them, is tried
+// again when the pool grows, and then each pod gets its own new NIC
+// beside its GPU.
+func TestNonLocalSliceIsPlannedAndRequeuesWaitingGroups(t *testing.T) {
+	const nic = "nic.example.com"
+	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: nic}, Spec: resourceapi.DeviceClassSpec{
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + nic + `"`}}}}}
+	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "gpu-nic", Namespace: "default"},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
+			{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: topology.DriverName, Count: 1}},
+			{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nic, Count: 1}},
+		}}}}}
+	pool := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "nics", ResourceVersion: "1"}, Spec: resourceapi.ResourceSliceSpec{
+		Driver: nic, Pool: resourceapi.ResourcePool{Name: "nics", ResourceSliceCount: 1}, AllNodes: ptr.To(true),
+		Devices: []resourceapi.Device{{Name: "nic-0"}}}}
+	h := newHarness(t, class, tmpl, pool, job("solo", 1), job("j", 2))
+	h.addPod(jobPod("solo", 0, "gpu-nic", nil))
+	h.sync("default/job/solo")
+	if got := h.devicesOf("solo-0"); !slices.Contains(got, nic+"/nics/nic-0") {
+		t.Fatalf("solo-0 holds %v, want the pool's NIC among them", got)
+	}
+	for i := range 2 {
+		h.addPod(jobPod("j", i, "gpu-nic", nil))
+	}
+	h.settle()
+	h.sync("default/job/j")
+	for _, pod := range []string{"j-0", "j-1"} {
+		if n := h.allocatedNode(pod); n != "" {
+			t.Fatalf("%s allocated on %s, though solo-0 holds the only NIC", pod, n)
+		}
+	}
+	if status := h.pod("j-0").Annotations[placement.AnnotationStatus]; !strings.Contains(status, "1 GPU and 1 "+nic+" device each") {
+		t.Errorf("status %q does not say what each pod asks for", status)
+	}
+	h.queued()
+
+	read := h.c.topologyWork().SharedRead
+	pool.Spec.Devices = append(pool.Spec.Devices, resourceapi.Device{Name: "nic-1"}, resourceapi.Device{Name: "nic-2"})
+	pool.ResourceVersion = "2"
+	if _, err := h.client.ResourceV1().ResourceSlices().Update(h.ctx, pool, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the grown NIC pool", func() bool { return h.c.topologyWork().SharedRead > read })
+	h.eventually("the waiting Job queued", func() bool { return h.c.queue.Len() > 0 })
+	if q := h.queued(); !q["default/job/j"] {
+		t.Fatalf("queued %v, want the waiting Job", q)
+	}
+	h.sync("default/job/j")
+	var nics []string
+	for _, pod := range []string{"j-0", "j-1"} {
+		if h.allocatedNode(pod) == "" {
+			t.Fatalf("%s not allocated once the pool has a NIC for each pod", pod)
+		}
+		for _, d := range h.devicesOf(pod) {
+			if strings.HasPrefix(d, nic+"/") {
+				nics = append(nics, d)
+			}
+		}
+	}
+	slices.Sort(nics)
+	if diff := cmp.Diff([]string{nic + "/nics/nic-1", nic + "/nics/nic-2"}, nics); diff != "" {
+		t.Errorf("NICs of the pods (-want +got):\n%s", diff)
+	}
+	if w := h.c.topologyWork(); w.SharedApplied != 2 {
+		t.Errorf("the tree took the NIC slices %d times, want 2: built with one NIC, patched with three", w.SharedApplied)
+	}
 }

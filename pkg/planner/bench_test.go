@@ -187,3 +187,31 @@ func BenchmarkSnapshot4000Nodes(b *testing.B) {
 		planner.Measure(planner.NewSnapshot(c, used), nil)
 	}
 }
+
+// BenchmarkPlanNonLocal4000Nodes is BenchmarkPlan16Pods4000Nodes with 64
+// NICs of another driver in a pool every node can use (allNodes): jobs
+// that ask for GPUs only, and jobs whose pods ask for a GPU block and a
+// NIC each. Every node can use the NICs, so each is planned on its own.
+func BenchmarkPlanNonLocal4000Nodes(b *testing.B) {
+	infos, used := bigCluster()
+	c, err := planner.NewCluster(infos, nil, nicSlice("all", 64, allNodes))
+	if err != nil {
+		b.Fatal(err)
+	}
+	snap := planner.NewSnapshot(c, used)
+	p := planner.New(nicEvaluator(b))
+	for name, job := range map[string]planner.Job{
+		"auto/gpu-8-node":       makeJob(b, "j").Pods(16, "gpu-8-node").Obj(),
+		"auto/gpu-4-nvlink":     makeJob(b, "j").Pods(16, "gpu-4-nvlink").Obj(),
+		"auto/gpu-8-node+nic":   makeJob(b, "j").Pods(16, "gpu-8-node").Nics("").Obj(),
+		"auto/gpu-4-nvlink+nic": makeJob(b, "j").Pods(16, "gpu-4-nvlink").Nics("").Obj(),
+	} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := p.Plan(context.Background(), snap, nil, job); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -2,7 +2,8 @@ package planner
 
 // Capacities make whole levels cheap. Nodes are independent (their slices
 // are their own), so how many pods of one shape a domain holds is the sum
-// over its nodes of how many fit on each, one after the other. Those
+// over its nodes of how many fit on each, one after the other. Non-local
+// devices make that sum an upper bound: a placement attempt decides. Those
 // counts are computed once per node and summed once per leaf; a run of
 // leaves is then a handful of additions, whatever its size.
 
@@ -117,7 +118,8 @@ func (st *state) evaluate(c *candidate) (*outcome, error) {
 		o.pods += min(pods, sh.pods)
 		o.room = max(o.room, room)
 	}
-	o.exact = len(st.f.shapes) == 1
+	// Nodes that share non-local devices may each count the same ones.
+	o.exact = len(st.f.shapes) == 1 && st.f.nlUsable.count() == 0
 	st.outcomes[c.key] = o
 	return o, nil
 }

@@ -19,9 +19,9 @@ type NodeInfo struct {
 	Leaf   string // empty: the node only serves one-pod and cluster-wide plans
 	Spine  string // empty: the leaf is adjacent to no other leaf
 	Labels map[string]string
-	// Slices are the node's own ResourceSlices (Spec.NodeName == Name), of
-	// every driver. Slices shared between nodes are refused: the planner
-	// relies on nodes being independent.
+	// Slices are the node's own ResourceSlices (NodeLocal names the
+	// node), of every driver. Slices that are not local to one node are
+	// the cluster's (NewCluster's shared, WithShared), not any node's.
 	Slices        []*resourceapi.ResourceSlice
 	Unschedulable bool
 	// NotReady: the node's Ready condition is not True. No pod is planned
@@ -76,6 +76,9 @@ type Cluster struct {
 	ranks func() []int32
 	sigs  signatures
 	res   resources
+	// shared are the devices of the slices not local to one node
+	// (nonlocal.go); never nil.
+	shared *nonLocal
 }
 
 type node struct {
@@ -90,7 +93,8 @@ type node struct {
 	all         bitset                // every device, any driver
 	gpus        bitset                // gputopo GPUs
 	healthy     bitset                // gputopo GPUs without a NoSchedule/NoExecute taint
-	noPrefilter bool                  // shareable devices: counting devices proves nothing
+	noPrefilter bool                  // shareable devices of its own: counting devices proves nothing
+	reach       reach                 // the non-local devices it can use
 	sig         nodeSig
 	notReady    bool
 	gone        bool // the empty slot of a removed node
@@ -130,9 +134,15 @@ type gpuSlot struct {
 
 // NewCluster builds the tree. leafOrder gives, per spine, the order of its
 // leaves, which defines adjacency; leaves it does not name follow in
-// natural name order ("leaf-2" before "leaf-10").
-func NewCluster(infos []NodeInfo, leafOrder map[string][]string) (*Cluster, error) {
+// natural name order ("leaf-2" before "leaf-10"). shared are the
+// ResourceSlices that are local to no one node (allNodes, a nodeSelector,
+// perDeviceNodeSelection), of every driver; see NodeLocal.
+func NewCluster(infos []NodeInfo, leafOrder map[string][]string, shared ...*resourceapi.ResourceSlice) (*Cluster, error) {
 	c := &Cluster{byName: map[string]int{}, leafByN: map[string]*leaf{}, spineByN: map[string]*spine{}, devIndex: map[structured.DeviceID]devRef{}}
+	var err error
+	if c.shared, err = newNonLocal(shared); err != nil {
+		return nil, err
+	}
 	c.sigs.init()
 	c.res.init(infos)
 	byLeaf := map[string][]*NodeInfo{}
@@ -251,6 +261,9 @@ func (c *Cluster) addNode(in *NodeInfo, l *leaf, s *spine) (int, error) {
 		if prev, dup := c.devIndex[id]; dup {
 			return 0, fmt.Errorf("device %s is published by node %s and node %s", id, c.nodes[prev.node].name, in.Name)
 		}
+		if _, dup := c.sharedPos(id); dup {
+			return 0, fmt.Errorf("device %s is published by node %s and by a non-local ResourceSlice", id, in.Name)
+		}
 		c.devIndex[id] = devRef{node: int32(n.idx), pos: int32(pos)}
 	}
 	c.sigs.add(n)
@@ -277,8 +290,8 @@ func (c *Cluster) newNode(in *NodeInfo, l *leaf, s *spine, idx int) (*node, erro
 		maxGen[key] = max(maxGen[key], sl.Spec.Pool.Generation)
 	}
 	for _, sl := range in.Slices {
-		if sl.Spec.NodeName == nil || *sl.Spec.NodeName != in.Name || (sl.Spec.PerDeviceNodeSelection != nil && *sl.Spec.PerDeviceNodeSelection) {
-			return nil, fmt.Errorf("ResourceSlice %s listed for node %s is not local to it; the planner handles node-local slices only", sl.Name, in.Name)
+		if name, local := NodeLocal(sl); !local || name != in.Name {
+			return nil, fmt.Errorf("ResourceSlice %s listed for node %s is not local to it; a slice local to no one node is the cluster's (NewCluster, WithShared)", sl.Name, in.Name)
 		}
 		if sl.Spec.Pool.Generation < maxGen[sl.Spec.Driver+"/"+sl.Spec.Pool.Name] {
 			continue
@@ -307,6 +320,7 @@ func (c *Cluster) newNode(in *NodeInfo, l *leaf, s *spine, idx int) (*node, erro
 			}
 		}
 	}
+	n.setReach(c.shared)
 	return n, nil
 }
 

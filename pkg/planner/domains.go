@@ -58,7 +58,7 @@ func (st *state) computeCounts() {
 		}
 		// Only the shapes whose pods pass the node's filters count, and
 		// the node's free cpu, memory and pod slots bound them too.
-		minNeed, room, roomEmpty := -1, 0, 0
+		minNeed, minLocal, room, roomEmpty := -1, -1, 0, 0
 		for s := range st.f.shapes {
 			if st.filters[s].why[i] != "" {
 				continue
@@ -67,17 +67,28 @@ func (st *state) computeCounts() {
 			if minNeed < 0 || sh.need < minNeed {
 				minNeed = sh.need
 			}
+			if minLocal < 0 || sh.needLocal < minLocal {
+				minLocal = sh.needLocal
+			}
 			room += st.room(s, i, nil, sh.pods)
 			roomEmpty += st.roomEmpty(s, i, sh.pods)
 		}
 		used := st.f.base[i]
-		a := agg{free: nd.healthy.free(used), freeDev: nd.all.free(used)}
+		// Non-local devices count for every node that can use them: the
+		// counts stay upper bounds.
+		own, all := st.f.freeDevices(i, nil, nil)
+		a := agg{free: nd.healthy.free(used), freeDev: all}
 		switch {
-		case nd.noPrefilter || minNeed == 0:
+		case st.f.noPrefilter(i) || minNeed == 0:
 			a.ub, a.ubEmpty, a.freeDev = st.n, st.n, 1<<30
 		default:
+			ownAll := len(nd.devs)
 			a.ub = min(st.n, a.freeDev/minNeed)
-			a.ubEmpty = min(st.n, len(nd.devs)/minNeed)
+			a.ubEmpty = min(st.n, (ownAll+nd.reach.mask.and(st.f.nlUsable).count())/minNeed)
+			if minLocal > 0 {
+				a.ub = min(a.ub, own/minLocal)
+				a.ubEmpty = min(a.ubEmpty, ownAll/minLocal)
+			}
 		}
 		a.ub, a.ubEmpty = min(a.ub, room), min(a.ubEmpty, roomEmpty)
 		if a.ub == 0 { // its free GPUs are out of the job's reach

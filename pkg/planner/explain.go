@@ -195,9 +195,15 @@ func (st *state) makePlan(c *candidate, a *attempt, allocs map[string][]resource
 // podDesc describes what a pod asks for.
 func (st *state) podDesc() string {
 	if len(st.f.shapes) == 1 {
-		return fmt.Sprintf("%s each", plural(st.f.shapes[0].need, "GPU"))
+		return fmt.Sprintf("%s each", st.f.shapes[0].asks)
 	}
-	return fmt.Sprintf("%s in all", plural(st.totalNeed(), "GPU"))
+	all := deviceCounts{}
+	for _, s := range st.f.shapes {
+		for kind, n := range s.asks {
+			all.add(kind, n*s.pods)
+		}
+	}
+	return fmt.Sprintf("%s in all", all)
 }
 
 func pods(n int) string { return plural(n, "pod") }

@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
@@ -249,8 +250,10 @@ func (st *state) demand(pod Pod) (podDemand, bool) {
 }
 
 // gpuClass says whether a DeviceClass selects gputopo's GPUs.
-func (st *state) gpuClass(name string) bool {
-	cl, err := st.f.eval.Classes.Get(name)
+func (st *state) gpuClass(name string) bool { return gpuClass(st.f.eval, name) }
+
+func gpuClass(eval *devicefit.Evaluator, name string) bool {
+	cl, err := eval.Classes.Get(name)
 	if err != nil {
 		return false
 	}
@@ -327,6 +330,11 @@ func (c choice) better(o choice, spread bool) bool {
 func (st *state) planOnePod() (*Plan, bool, error) {
 	job := st.job
 	if st.n != 1 || job.Placement != PlacementAuto || len(job.Pinned) > 0 || job.Domain != nil || job.PreferredDomain != "" {
+		return nil, false, nil
+	}
+	// The scoring models each node's own GPUs; GPUs that nodes share
+	// are for the domain search.
+	if st.c.shared.gpus.intersects(st.f.nlUsable) {
 		return nil, false, nil
 	}
 	pod := job.Pods[0]
@@ -568,12 +576,12 @@ func (st *state) confirm(c choice, pod Pod) ([]resourceapi.AllocationResult, err
 	if len(pod.Claims) == 0 {
 		return []resourceapi.AllocationResult{}, nil
 	}
-	slices := nd.slices
+	slices := st.c.slicesFor(nd)
 	if c.gpu != "" {
-		slices = only(nd.slices, c.gpu)
+		slices = only(slices, c.gpu)
 	}
 	st.f.runs++
-	results, err := st.f.eval.AllocateOn(st.f.ctx, nd.obj, slices, st.f.state(c.node, st.f.base[c.node], nil), pod.Claims)
+	results, err := st.f.eval.AllocateOn(st.f.ctx, nd.obj, slices, st.f.state(c.node, st.f.base[c.node], taken{}, nil), pod.Claims)
 	if err != nil {
 		if ctxErr := st.f.ctx.Err(); ctxErr != nil {
 			return nil, ctxErr

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -23,8 +25,14 @@ type shape struct {
 	claims []*resourceapi.ResourceClaim
 	set    int // shapes with equal claims share a set
 	need   int // devices the claims ask for at least
-	pods   int
-	needs  needs
+	// asks is need by kind, for people: gputopo's GPUs, and the devices
+	// of every other DeviceClass.
+	asks deviceCounts
+	// needLocal is how many of need the node's own devices must give: the
+	// devices of requests that can select no non-local device.
+	needLocal int
+	pods      int
+	needs     needs
 }
 
 type fitKey struct {
@@ -36,6 +44,11 @@ type fitKey struct {
 type fitResult struct {
 	ok  bool
 	pos []int // devices the allocator picked, by position in the node
+	// spos are the non-local devices it picked whole, by shared position;
+	// sshares its shares of non-local devices that allow multiple
+	// allocations.
+	spos    []int
+	sshares []devicefit.Share
 	// rank is how far down their firstAvailable ladders the claims had to
 	// go: the sum of the chosen subrequests' places (0 for first choices
 	// and plain requests). Lower is better.
@@ -45,21 +58,28 @@ type fitResult struct {
 // fitter answers "does a pod of this shape fit on this node on top of
 // these devices?" for one plan, remembering every answer.
 type fitter struct {
-	ctx      context.Context
-	eval     *devicefit.Evaluator
-	c        *Cluster
-	job      string
-	base     []bitset      // in use before the plan, by node
-	shares   []*nodeShares // shares held before the plan, by node
-	shapes   []shape
-	setIDs   map[string]int
-	setPods  []int // pods with the set's claims, over all shapes
-	values   []int // attributes the claims may read; nil: all of them
-	patterns []int // attributes the claims only compare between devices
-	keys     []string
-	memo     map[fitKey]fitResult
-	capMemo  map[fitKey]int
-	runs     int // allocator runs, for explanations and benchmarks
+	ctx     context.Context
+	eval    *devicefit.Evaluator
+	c       *Cluster
+	job     string
+	base    []bitset      // in use before the plan, by node
+	shares  []*nodeShares // shares held before the plan, by node
+	sbase   bitset        // non-local devices in use before the plan
+	sshares *nodeShares   // shares of non-local devices held before the plan
+	// nlUsable are the non-local devices the job's requests could select;
+	// nlPatterns the attributes of patterns that non-local devices have
+	// too (findNonLocal).
+	nlUsable   bitset
+	nlPatterns []int
+	shapes     []shape
+	setIDs     map[string]int
+	setPods    []int // pods with the set's claims, over all shapes
+	values     []int // attributes the claims may read; nil: all of them
+	patterns   []int // attributes the claims only compare between devices
+	keys       []string
+	memo       map[fitKey]fitResult
+	capMemo    map[fitKey]int
+	runs       int // allocator runs, for explanations and benchmarks
 }
 
 func newFitter(ctx context.Context, eval *devicefit.Evaluator, c *Cluster, job string, base []bitset) *fitter {
@@ -103,40 +123,98 @@ func (f *fitter) addShape(pod Pod, shapeIDs map[string]int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	need := 0
+	asks := deviceCounts{}
 	for _, s := range specs {
-		need += minDevices(s)
+		for class, n := range minDevices(s) {
+			asks.add(f.kind(class), n)
+		}
 	}
 	shapeIDs[key] = len(f.shapes)
-	f.shapes = append(f.shapes, shape{pod: pod.Name, claims: pod.Claims, set: set, need: need, pods: 1, needs: ns})
+	f.shapes = append(f.shapes, shape{pod: pod.Name, claims: pod.Claims, set: set, need: asks.total(), asks: asks, pods: 1, needs: ns})
 	return len(f.shapes) - 1, nil
 }
 
 // minDevices is the fewest devices the claim can be satisfied with, from
-// the exact counts; "All" requests may match nothing, so they add none,
-// and admin access takes no device from anyone, so it adds none either.
-func minDevices(spec *resourceapi.ResourceClaimSpec) int {
-	n := 0
+// the exact counts, by DeviceClass; "All" requests may match nothing, so
+// they add none, and admin access takes no device from anyone, so it adds
+// none either. A prioritized list counts its smallest subrequest, under
+// that subrequest's class.
+func minDevices(spec *resourceapi.ResourceClaimSpec) map[string]int {
+	out := map[string]int{}
 	for _, r := range spec.Devices.Requests {
-		if r.Exactly != nil {
-			if r.Exactly.AllocationMode != resourceapi.DeviceAllocationModeAll && !ptr.Deref(r.Exactly.AdminAccess, false) {
-				n += int(max(r.Exactly.Count, 1))
-			}
-			continue
+		if class, n := requestNeed(r); n > 0 {
+			out[class] += n
 		}
-		least := -1
-		for _, sub := range r.FirstAvailable {
-			c := 0
-			if sub.AllocationMode != resourceapi.DeviceAllocationModeAll {
-				c = int(max(sub.Count, 1))
-			}
-			if least < 0 || c < least {
-				least = c
-			}
-		}
-		n += max(least, 0)
 	}
-	return n
+	return out
+}
+
+// requestNeed is minDevices for one request: its class and count.
+func requestNeed(r resourceapi.DeviceRequest) (string, int) {
+	if r.Exactly != nil {
+		if r.Exactly.AllocationMode != resourceapi.DeviceAllocationModeAll && !ptr.Deref(r.Exactly.AdminAccess, false) {
+			return r.Exactly.DeviceClassName, int(max(r.Exactly.Count, 1))
+		}
+		return r.Exactly.DeviceClassName, 0
+	}
+	least, class := -1, ""
+	for _, sub := range r.FirstAvailable {
+		c := 0
+		if sub.AllocationMode != resourceapi.DeviceAllocationModeAll {
+			c = int(max(sub.Count, 1))
+		}
+		if least < 0 || c < least {
+			least, class = c, sub.DeviceClassName
+		}
+	}
+	return class, max(least, 0)
+}
+
+// gpuKind is deviceCounts' key for gputopo's GPUs.
+const gpuKind = ""
+
+// kind is deviceCounts' key for a DeviceClass: gpuKind for the classes
+// of gputopo's GPUs, else the class's name.
+func (f *fitter) kind(class string) string {
+	if gpuClass(f.eval, class) {
+		return gpuKind
+	}
+	return class
+}
+
+// deviceCounts counts devices by kind (fitter.kind).
+type deviceCounts map[string]int
+
+func (d deviceCounts) add(kind string, n int) { d[kind] += n }
+
+func (d deviceCounts) total() int {
+	t := 0
+	for _, n := range d {
+		t += n
+	}
+	return t
+}
+
+// String says what the devices are: "2 GPUs", "1 GPU and 1
+// nic.example.com device". GPUs are always named, so a pod that asks for
+// nothing asks for "0 GPUs".
+func (d deviceCounts) String() string {
+	parts := []string{plural(d[gpuKind], "GPU")}
+	if d[gpuKind] == 0 && len(d) > 1 {
+		parts = nil
+	}
+	for _, class := range slices.Sorted(maps.Keys(d)) {
+		if class != gpuKind && d[class] > 0 {
+			parts = append(parts, plural(d[class], class+" device"))
+		}
+	}
+	if len(parts) == 0 {
+		return plural(0, "GPU")
+	}
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	return strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
 }
 
 // attrAccess is the only way a CEL expression may read attributes for the
@@ -222,26 +300,54 @@ func (f *fitter) used(n int, extra bitset) bitset {
 	return out
 }
 
-// freeDevices counts the node's devices, of any driver, that are in use
-// neither before the plan nor by extra.
-func (f *fitter) freeDevices(n int, extra bitset) int {
-	return f.c.nodes[n].all.free(f.used(n, extra))
+// freeDevices counts the devices, of any driver, the node can use that
+// are in use neither before the plan nor by extra (its own) and sx
+// (non-local ones held whole): its own, and of all, the non-local devices
+// the job could select among them.
+func (f *fitter) freeDevices(n int, extra, sx bitset) (own, all int) {
+	nd := f.c.nodes[n]
+	own = nd.all.free(f.used(n, extra))
+	all = own
+	if nd.reach.mask != nil && f.nlUsable != nil {
+		all += nd.reach.mask.and(f.nlUsable).free(f.sharedUsed(sx))
+	}
+	return own, all
+}
+
+// sharedUsed is the non-local devices in use before the plan or in sx.
+func (f *fitter) sharedUsed(sx bitset) bitset {
+	if sx == nil {
+		return f.sbase
+	}
+	out := sx.clone(f.c.sharedLen())
+	for i := range f.sbase {
+		out[i] |= f.sbase[i]
+	}
+	return out
 }
 
 // mayFit is the counting pre-filter: false only when the pod cannot fit.
-func (f *fitter) mayFit(n, sh int, extra bitset) bool {
-	return f.c.nodes[n].noPrefilter || f.freeDevices(n, extra) >= f.shapes[sh].need
+func (f *fitter) mayFit(n, sh int, extra bitset, t taken) bool {
+	if f.noPrefilter(n) {
+		return true
+	}
+	own, all := f.freeDevices(n, extra, t.held)
+	return own >= f.shapes[sh].needLocal && all >= f.shapes[sh].need
 }
 
 // fit runs the allocator for a pod of shape sh on node n with the devices
-// of extra taken too, or answers from the cache.
-func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
+// of extra (the node's) and what t holds of the non-local ones taken too,
+// or answers from the cache.
+func (f *fitter) fit(n, sh int, extra bitset, t taken) (fitResult, error) {
 	nd := f.c.nodes[n]
-	if f.keys[n] == "" {
-		f.keys[n] = nd.cacheKey(f.values, f.patterns)
-	}
 	used := f.used(n, extra)
-	key := fitKey{node: f.keys[n], set: f.shapes[sh].set, used: used.key()}
+	key := fitKey{node: f.key(n), set: f.shapes[sh].set, used: used.key()}
+	if nd.reach.mask != nil && !t.empty() {
+		// Nodes share keys only with nodes that can use the same
+		// non-local devices (cacheKey), and those in use before the plan
+		// are the plan's: what the plan took of them tells states apart.
+		key.used += "|" + t.key(f.c, nd.reach.mask)
+	}
 	if r, ok := f.memo[key]; ok {
 		return r, nil
 	}
@@ -252,7 +358,7 @@ func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
 	r := fitResult{ok: true}
 	if len(s.claims) > 0 {
 		f.runs++
-		results, err := f.eval.AllocateOn(f.ctx, nd.obj, nd.slices, f.state(n, used, nil), s.claims)
+		results, err := f.eval.AllocateOn(f.ctx, nd.obj, f.c.slicesFor(nd), f.state(n, used, t, nil), s.claims)
 		if err != nil {
 			if ctxErr := f.ctx.Err(); ctxErr != nil {
 				return fitResult{}, ctxErr
@@ -263,14 +369,21 @@ func (f *fitter) fit(n, sh int, extra bitset) (fitResult, error) {
 		r.rank = ladderRank(s.claims, results)
 		for _, res := range results {
 			for _, d := range res.Devices.Results {
-				ref, ok := f.c.dev(devicefit.DeviceID(d.Driver, d.Pool, d.Device))
-				if !ok || int(ref.node) != n {
-					return fitResult{}, fmt.Errorf("allocator picked device %s/%s/%s, which is not on node %s", d.Driver, d.Pool, d.Device, nd.name)
+				id := devicefit.DeviceID(d.Driver, d.Pool, d.Device)
+				ref, local := f.c.dev(id)
+				sp, shared := f.c.sharedPos(id)
+				switch {
+				case local && int(ref.node) != n, !local && !(shared && nd.reach.mask.has(sp)):
+					return fitResult{}, fmt.Errorf("allocator picked device %s/%s/%s, which node %s cannot use", d.Driver, d.Pool, d.Device, nd.name)
+				case !devicefit.Holds(&d):
+					// admin access takes the device from no one
+				case local:
+					r.pos = append(r.pos, int(ref.pos))
+				case d.ShareID != nil:
+					r.sshares = append(r.sshares, devicefit.Share{Device: id, ShareID: string(*d.ShareID), Consumed: d.ConsumedCapacity})
+				default:
+					r.spos = append(r.spos, sp)
 				}
-				if !devicefit.Holds(&d) {
-					continue // admin access takes the device from no one
-				}
-				r.pos = append(r.pos, int(ref.pos))
 			}
 		}
 	}
@@ -312,22 +425,21 @@ func ladderRank(claims []*resourceapi.ResourceClaim, results []resourceapi.Alloc
 // capacity is how many pods of shape sh fit on node n one after the other
 // by their devices, up to limit. For nodes that are alike it is computed
 // once, so it must not depend on anything but devices: the node filters
-// apply on top.
+// apply on top. Non-local devices count for each node that can use them,
+// so over several nodes capacities only bound what fits.
 func (f *fitter) capacity(n, sh, limit int) (int, error) {
 	nd := f.c.nodes[n]
-	if f.keys[n] == "" {
-		f.keys[n] = nd.cacheKey(f.values, f.patterns)
-	}
 	set := f.shapes[sh].set
-	key := fitKey{node: f.keys[n], set: set, used: f.base[n].key()}
+	key := fitKey{node: f.key(n), set: set, used: f.base[n].key()}
 	if c, ok := f.capMemo[key]; ok {
 		return min(c, limit), nil
 	}
 	limit, asked := f.setPods[set], limit
 	var extra bitset
+	var t taken
 	count := 0
-	for count < limit && f.mayFit(n, sh, extra) {
-		r, err := f.fit(n, sh, extra)
+	for count < limit && f.mayFit(n, sh, extra, t) {
+		r, err := f.fit(n, sh, extra, t)
 		if err != nil {
 			return 0, err
 		}
@@ -340,8 +452,9 @@ func (f *fitter) capacity(n, sh, limit int) (int, error) {
 		for _, p := range r.pos {
 			extra.set(p)
 		}
+		t = t.with(r, f.c.sharedLen())
 		count++
-		if len(r.pos) == 0 { // a pod without devices fits any number of times
+		if len(r.pos) == 0 && len(r.spos) == 0 && len(r.sshares) == 0 { // a pod without devices fits any number of times
 			count = limit
 		}
 	}

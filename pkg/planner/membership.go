@@ -102,6 +102,9 @@ func (c *Cluster) WithNewNode(in NodeInfo) (*Cluster, bool) {
 		if _, dup := c.dev(id); dup {
 			return nil, false
 		}
+		if _, dup := c.sharedPos(id); dup {
+			return nil, false
+		}
 	}
 	n.sig = nodeSig{core: -1}
 	out := c.cloneIndexes()

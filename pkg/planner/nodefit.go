@@ -412,7 +412,7 @@ func (st *state) filtered(scope []int) []FilteredNodes {
 	first := st.podShape[st.podOrder[0]]
 	counts := map[FilteredNodes]int{}
 	for _, n := range scope {
-		if nd := st.c.nodes[n]; nd.gone || (st.minNeed > 0 && len(nd.devs) == 0) {
+		if nd := st.c.nodes[n]; nd.gone || (st.minNeed > 0 && len(nd.devs) == 0 && nd.reach.mask == nil) {
 			continue
 		}
 		usable := false

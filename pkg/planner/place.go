@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	v1 "k8s.io/api/core/v1"
@@ -15,6 +16,7 @@ import (
 type attempt struct {
 	st       *state
 	extra    map[int]bitset // devices this attempt took, by node
+	nl       taken          // what this attempt took of the non-local devices
 	podsOn   map[int]int    // pods of the job on a node, pinned ones included
 	podsLeaf map[*leaf]int
 	mine     map[int]int     // pods of this attempt on a node
@@ -50,39 +52,40 @@ func (st *state) tryPlace(nodes []int) (*attempt, error) {
 		// their first choices; with preference ladders, the node giving
 		// the best rung, strategy order breaking ties.
 		best, bestRank := -1, 0
-		var bestPos []int
+		var bestR fitResult
 		for _, n := range order {
-			if st.filters[sh].why[n] != "" || st.room(sh, n, a.req[n], 1) == 0 || !st.f.mayFit(n, sh, a.extra[n]) {
+			if st.filters[sh].why[n] != "" || st.room(sh, n, a.req[n], 1) == 0 || !st.f.mayFit(n, sh, a.extra[n], a.nl) {
 				continue
 			}
-			r, err := st.f.fit(n, sh, a.extra[n])
+			r, err := st.f.fit(n, sh, a.extra[n], a.nl)
 			if err != nil {
 				return nil, err
 			}
 			if !r.ok || (best >= 0 && r.rank >= bestRank) {
 				continue
 			}
-			best, bestRank, bestPos = n, r.rank, r.pos
+			best, bestRank, bestR = n, r.rank, r
 			if r.rank == 0 {
 				break
 			}
 		}
 		if best >= 0 {
-			a.take(p, best, bestPos)
+			a.take(p, best, bestR)
 			a.rank += bestRank
 		}
 	}
 	return a, nil
 }
 
-func (a *attempt) take(pod, n int, pos []int) {
+func (a *attempt) take(pod, n int, r fitResult) {
 	nd := a.st.c.nodes[n]
 	if a.extra[n] == nil {
 		a.extra[n] = newBitset(len(nd.devs))
 	}
-	for _, p := range pos {
+	for _, p := range r.pos {
 		a.extra[n].set(p)
 	}
+	a.nl = a.nl.with(r, a.st.c.sharedLen())
 	if a.mine[n] == 0 {
 		a.nodes++
 	}
@@ -154,12 +157,16 @@ func (st *state) sortNodes(a *attempt, order []int) {
 // plan reserves. They come from the allocator, not from the fit cache:
 // a pod alone on its node takes the allocator's answer for an earlier pod
 // of equal claims on a node that is alike for them (the same signature
-// for what the claims read, the same devices in use, no shared devices),
-// moved to its own node's devices by position; every other pod gets a
-// run of its own.
+// for what the claims read, the same devices in use, no shared devices,
+// no non-local device the claims could select), moved to its own node's
+// devices by position; every other pod gets a run of its own. A pod on a
+// node that can use non-local devices is allocated on top of the
+// non-local devices the pods before it took, wherever they are.
 func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, error) {
 	out := make(map[string][]resourceapi.AllocationResult, len(st.podOrder))
 	byNode := map[int][]resourceapi.AllocationResult{}
+	// nonLocal holds, by node, the non-local devices of its pods' results.
+	nonLocal := map[int][]resourceapi.AllocationResult{}
 	type answer struct {
 		node    int
 		results []resourceapi.AllocationResult
@@ -172,12 +179,9 @@ func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, 
 		results := []resourceapi.AllocationResult{}
 		if len(pod.Claims) > 0 {
 			var key fitKey
-			alike := moveAnswers && len(byNode[n]) == 0 && !nd.noPrefilter && nd.sig.core >= 0
+			alike := moveAnswers && len(byNode[n]) == 0 && !nd.noPrefilter && nd.sig.core >= 0 && !st.f.dependent(n)
 			if alike {
-				if st.f.keys[n] == "" {
-					st.f.keys[n] = nd.cacheKey(st.f.values, st.f.patterns)
-				}
-				key = fitKey{node: st.f.keys[n], set: st.f.shapes[st.podShape[p]].set, used: st.f.base[n].key()}
+				key = fitKey{node: st.f.key(n), set: st.f.shapes[st.podShape[p]].set, used: st.f.base[n].key()}
 			}
 			moved := false
 			if ans, ok := answers[key]; alike && ok {
@@ -186,7 +190,16 @@ func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, 
 			if !moved {
 				var err error
 				st.f.runs++
-				results, err = st.f.eval.AllocateOn(st.f.ctx, nd.obj, nd.slices, st.f.state(n, st.f.base[n], byNode[n]), pod.Claims)
+				more := byNode[n]
+				if nd.reach.uses() {
+					more = slices.Clone(more)
+					for other, res := range nonLocal {
+						if other != n {
+							more = append(more, res...)
+						}
+					}
+				}
+				results, err = st.f.eval.AllocateOn(st.f.ctx, nd.obj, st.c.slicesFor(nd), st.f.state(n, st.f.base[n], taken{}, more), pod.Claims)
 				if err != nil {
 					if ctxErr := st.f.ctx.Err(); ctxErr != nil {
 						return nil, ctxErr
@@ -202,6 +215,9 @@ func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, 
 			}
 		}
 		byNode[n] = append(byNode[n], results...)
+		if r := st.c.nonLocalOnly(results); r != nil {
+			nonLocal[n] = append(nonLocal[n], *r)
+		}
 		out[pod.Name] = results
 	}
 	return out, nil
@@ -259,4 +275,24 @@ func (c *Cluster) moveResults(results []resourceapi.AllocationResult, from, to i
 		out[i] = *r
 	}
 	return out, true
+}
+
+// nonLocalOnly returns the results' non-local devices as one result; nil
+// when there is none.
+func (c *Cluster) nonLocalOnly(results []resourceapi.AllocationResult) *resourceapi.AllocationResult {
+	if c.sharedLen() == 0 {
+		return nil
+	}
+	var out *resourceapi.AllocationResult
+	for _, r := range results {
+		for _, d := range r.Devices.Results {
+			if _, ok := c.sharedPos(devicefit.DeviceID(d.Driver, d.Pool, d.Device)); ok {
+				if out == nil {
+					out = &resourceapi.AllocationResult{}
+				}
+				out.Devices.Results = append(out.Devices.Results, d)
+			}
+		}
+	}
+	return out
 }

@@ -202,8 +202,10 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 	}
 	c := snap.cluster
 	st := &state{c: c, job: job, n: len(job.Pods), outcomes: map[string]*outcome{}, workload: p.workload}
-	st.f = newFitter(ctx, p.eval, c, job.Key, snap.withReservations(res, job.Key))
-	st.f.shares = snap.sharesWithReservations(res, job.Key)
+	base, sbase := snap.withReservations(res, job.Key)
+	st.f = newFitter(ctx, p.eval, c, job.Key, base)
+	st.f.sbase = sbase
+	st.f.shares, st.f.sshares = snap.sharesWithReservations(res, job.Key)
 	st.resBase = snap.resourcesInUse(res, job.Key)
 	shapeIDs := map[string]int{}
 	seen := map[string]bool{}
@@ -222,6 +224,7 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 		st.podShape = append(st.podShape, sh)
 	}
 	st.f.findRelevant()
+	st.f.findNonLocal()
 	st.filterNodes(klog.FromContext(ctx))
 	st.minNeed = st.f.shapes[0].need
 	for _, s := range st.f.shapes {

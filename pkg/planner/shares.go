@@ -27,6 +27,17 @@ func (ns *nodeShares) clone() *nodeShares {
 	return out
 }
 
+// merge adds what o holds.
+func (ns *nodeShares) merge(o *nodeShares) {
+	if o == nil {
+		return
+	}
+	ns.ids = ns.ids.Union(o.ids)
+	for id, c := range o.consumed {
+		ns.consumed.Insert(structured.DeviceConsumedCapacity{DeviceID: id, ConsumedCapacity: c})
+	}
+}
+
 func (ns *nodeShares) add(sh devicefit.Share) {
 	uid := types.UID(sh.ShareID)
 	ns.ids.Insert(structured.MakeSharedDeviceID(sh.Device, &uid))
@@ -45,15 +56,31 @@ func NewSnapshotFromState(c *Cluster, st devicefit.State, opts ...SnapshotOption
 // addShares records the shares held in st.
 func (s *Snapshot) addShares(st devicefit.State) {
 	for id := range st.ShareIDs {
-		if ref, ok := s.cluster.dev(id.GetDeviceID()); ok {
-			s.sharesOf(s.shares, ref.node).ids.Insert(id)
+		if ns := s.sharesFor(id.GetDeviceID()); ns != nil {
+			ns.ids.Insert(id)
 		}
 	}
 	for id, capacity := range st.Consumed {
-		if ref, ok := s.cluster.dev(id); ok {
-			s.sharesOf(s.shares, ref.node).consumed[id] = capacity.Clone()
+		if ns := s.sharesFor(id); ns != nil {
+			ns.consumed[id] = capacity.Clone()
 		}
 	}
+}
+
+// sharesFor returns the entry of shares a device's shares go to, its
+// node's or the non-local devices', creating it; nil for a device the
+// cluster does not know.
+func (s *Snapshot) sharesFor(id structured.DeviceID) *nodeShares {
+	if ref, ok := s.cluster.dev(id); ok {
+		return s.sharesOf(s.shares, ref.node)
+	}
+	if _, ok := s.cluster.sharedPos(id); ok {
+		if s.sharedShares == nil {
+			s.sharedShares = (*nodeShares)(nil).clone()
+		}
+		return s.sharedShares
+	}
+	return nil
 }
 
 // sharesOf returns node n's entry of shares, creating it.
@@ -65,15 +92,25 @@ func (s *Snapshot) sharesOf(shares []*nodeShares, n int32) *nodeShares {
 }
 
 // sharesWithReservations returns the shares held once every reservation
-// but the job's own is counted, copying only the nodes reservations touch.
-func (s *Snapshot) sharesWithReservations(res *Reservations, except string) []*nodeShares {
+// but the job's own is counted, copying only the nodes reservations touch:
+// by node, and of the non-local devices.
+func (s *Snapshot) sharesWithReservations(res *Reservations, except string) ([]*nodeShares, *nodeShares) {
 	shares := slices.Clone(s.shares)
+	shared := s.sharedShares
 	copied := map[int32]bool{}
+	sharedCopied := false
 	res.eachJob(except, func(r Reservation) {
 		for _, held := range r.Shares {
 			for _, sh := range held {
 				ref, ok := s.cluster.dev(sh.Device)
 				if !ok {
+					if _, ok := s.cluster.sharedPos(sh.Device); ok {
+						if !sharedCopied {
+							sharedCopied = true
+							shared = shared.clone()
+						}
+						shared.add(sh)
+					}
 					continue
 				}
 				if !copied[ref.node] {
@@ -84,12 +121,14 @@ func (s *Snapshot) sharesWithReservations(res *Reservations, except string) []*n
 			}
 		}
 	})
-	return shares
+	return shares, shared
 }
 
 // state is what the allocator is told is in use on node n: the devices in
-// used held whole, the node's shares, and what more holds on top.
-func (f *fitter) state(n int, used bitset, more []resourceapi.AllocationResult) structured.AllocatedState {
+// used held whole, the node's shares, and what more holds on top; for a
+// node that can use non-local devices, also what is held of those before
+// the plan and what the plan took of them (t).
+func (f *fitter) state(n int, used bitset, t taken, more []resourceapi.AllocationResult) structured.AllocatedState {
 	nd := f.c.nodes[n]
 	a := devicefit.Allocated{}
 	for i, id := range nd.devs {
@@ -100,6 +139,20 @@ func (f *fitter) state(n int, used bitset, more []resourceapi.AllocationResult) 
 	var shares *nodeShares
 	if f.shares != nil {
 		shares = f.shares[n]
+	}
+	if nd.reach.uses() {
+		for i, id := range f.c.shared.devs {
+			if f.sbase.has(i) || t.held.has(i) {
+				a.Insert(id)
+			}
+		}
+		if f.sshares != nil || len(t.shares) > 0 {
+			shares = shares.clone()
+			shares.merge(f.sshares)
+			for _, sh := range t.shares {
+				shares.add(sh)
+			}
+		}
 	}
 	if len(devicefit.Shares(more...)) > 0 {
 		shares = shares.clone()
@@ -124,8 +177,9 @@ func (f *fitter) state(n int, used bitset, more []resourceapi.AllocationResult) 
 // usedOrShared returns the devices in use, counting every reservation, a
 // shared device with any share counting as used.
 func (s *Snapshot) usedOrShared(res *Reservations) []bitset {
-	used := s.withReservations(res, "")
-	for n, ns := range s.sharesWithReservations(res, "") {
+	used, _ := s.withReservations(res, "")
+	shares, _ := s.sharesWithReservations(res, "")
+	for n, ns := range shares {
 		if ns == nil || len(ns.consumed) == 0 {
 			continue
 		}

@@ -276,24 +276,45 @@ func appendAttr(b []byte, a resourceapi.DeviceAttribute) []byte {
 // cacheKey is n's key for a plan whose claims read the values of the
 // attributes in values (nil: all of them) and compare those in patterns
 // only with each other.
-func (n *node) cacheKey(values, patterns []int) string {
-	if n.sig.core < 0 {
+//
+// A node that can use non-local devices shares its key only with nodes
+// that can use the same ones. Where the node depends on them for the
+// plan (fitter.dependent), the plan keys its state with what it took of
+// them (fitter.fit), and the attributes of patterns that non-local
+// devices have too (nlPatterns) count by value: a constraint may compare
+// a device of its own with a non-local one. A dependent node where a
+// non-local device it can use is of a driver that also publishes on the
+// node has a key of its own, since the allocator's order of pools, and so
+// its answer, then depends on the names of the node's pools; so has one
+// whose selectors could not be matched.
+func (n *node) cacheKey(values, patterns []int, dependent bool, nlPatterns []int) string {
+	if n.sig.core < 0 || n.reach.broken || (dependent && n.reach.sameDriver) {
 		return "n" + strconv.Itoa(n.idx)
 	}
-	buf := make([]byte, 0, 8+4*len(values)+4*len(patterns))
+	if dependent && values != nil && len(nlPatterns) > 0 {
+		values = append(slices.Clone(values), nlPatterns...)
+		patterns = slices.DeleteFunc(slices.Clone(patterns), func(r int) bool { return slices.Contains(nlPatterns, r) })
+	}
+	buf := make([]byte, 0, 8+4*len(values)+4*len(patterns)+8*len(n.reach.mask))
 	buf = binary.LittleEndian.AppendUint32(buf, uint32(n.sig.core))
 	if values == nil {
 		for _, v := range n.sig.attrs {
 			buf = binary.LittleEndian.AppendUint32(buf, uint32(v))
 		}
-		return string(buf)
+	} else {
+		for _, r := range values {
+			buf = binary.LittleEndian.AppendUint32(buf, uint32(n.sig.attrs[r]))
+		}
+		buf = append(buf, '|')
+		for _, r := range patterns {
+			buf = binary.LittleEndian.AppendUint32(buf, uint32(n.sig.pats[r]))
+		}
 	}
-	for _, r := range values {
-		buf = binary.LittleEndian.AppendUint32(buf, uint32(n.sig.attrs[r]))
-	}
-	buf = append(buf, '|')
-	for _, r := range patterns {
-		buf = binary.LittleEndian.AppendUint32(buf, uint32(n.sig.pats[r]))
+	if n.reach.mask != nil {
+		buf = append(buf, 'R')
+		for _, w := range n.reach.mask {
+			buf = binary.LittleEndian.AppendUint64(buf, w)
+		}
 	}
 	return string(buf)
 }
@@ -323,6 +344,29 @@ func (mask bitset) free(used bitset) int {
 		n += bits.OnesCount64(w)
 	}
 	return n
+}
+
+// and returns the bits in both; nil when none is.
+func (b bitset) and(o bitset) bitset {
+	var out bitset
+	for i := range min(len(b), len(o)) {
+		if w := b[i] & o[i]; w != 0 {
+			if out == nil {
+				out = make(bitset, min(len(b), len(o)))
+			}
+			out[i] = w
+		}
+	}
+	return out
+}
+
+func (b bitset) intersects(o bitset) bool {
+	for i := range min(len(b), len(o)) {
+		if b[i]&o[i] != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (b bitset) count() int {

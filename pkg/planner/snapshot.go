@@ -21,16 +21,20 @@ type Snapshot struct {
 	used    []bitset      // by node; nil where nothing is in use
 	shares  []*nodeShares // by node; nil where no share is held
 	usedRes [][]int64     // by node and resource index; nil where nothing is counted
+	// sharedUsed and sharedShares are the same for the non-local devices,
+	// by shared position; nil where nothing is in use.
+	sharedUsed   bitset
+	sharedShares *nodeShares
 }
 
-// NewSnapshot records which of the cluster's devices are allocated.
-// Devices the cluster does not know (other nodes, other slices) are
-// ignored. A shared device in allocated counts as held whole; see
+// NewSnapshot records which of the cluster's devices are allocated, its
+// nodes' own and the non-local ones. Devices the cluster does not know
+// are ignored. A shared device in allocated counts as held whole; see
 // NewSnapshotFromState for shares.
 func NewSnapshot(c *Cluster, allocated devicefit.Allocated, opts ...SnapshotOption) *Snapshot {
 	s := &Snapshot{cluster: c, used: make([]bitset, len(c.nodes)), shares: make([]*nodeShares, len(c.nodes)), usedRes: make([][]int64, len(c.nodes))}
 	for id := range allocated {
-		s.mark(s.used, id)
+		s.mark(id)
 	}
 	for _, o := range opts {
 		o(s)
@@ -41,26 +45,42 @@ func NewSnapshot(c *Cluster, allocated devicefit.Allocated, opts ...SnapshotOpti
 // Cluster is the tree the snapshot was taken of.
 func (s *Snapshot) Cluster() *Cluster { return s.cluster }
 
-func (s *Snapshot) mark(used []bitset, id structured.DeviceID) {
+func (s *Snapshot) mark(id structured.DeviceID) {
 	ref, ok := s.cluster.dev(id)
 	if !ok {
+		if p, ok := s.cluster.sharedPos(id); ok {
+			if s.sharedUsed == nil {
+				s.sharedUsed = newBitset(s.cluster.sharedLen())
+			}
+			s.sharedUsed.set(p)
+		}
 		return
 	}
 	n := s.cluster.nodes[ref.node]
-	if used[ref.node] == nil {
-		used[ref.node] = newBitset(len(n.devs))
+	if s.used[ref.node] == nil {
+		s.used[ref.node] = newBitset(len(n.devs))
 	}
-	used[ref.node].set(int(ref.pos))
+	s.used[ref.node].set(int(ref.pos))
 }
 
 // withReservations returns the devices in use once every reservation but
-// the job's own is counted, copying only the nodes reservations touch.
-func (s *Snapshot) withReservations(res *Reservations, except string) []bitset {
+// the job's own is counted, copying only the nodes reservations touch:
+// the nodes' own devices by node, and the non-local ones.
+func (s *Snapshot) withReservations(res *Reservations, except string) ([]bitset, bitset) {
 	used := slices.Clone(s.used)
+	shared := s.sharedUsed
 	copied := map[int32]bool{}
+	sharedCopied := false
 	res.each(except, func(id structured.DeviceID) {
 		ref, ok := s.cluster.dev(id)
 		if !ok {
+			if p, ok := s.cluster.sharedPos(id); ok {
+				if !sharedCopied {
+					sharedCopied = true
+					shared = shared.clone(s.cluster.sharedLen())
+				}
+				shared.set(p)
+			}
 			return
 		}
 		if !copied[ref.node] {
@@ -69,7 +89,7 @@ func (s *Snapshot) withReservations(res *Reservations, except string) []bitset {
 		}
 		used[ref.node].set(int(ref.pos))
 	})
-	return used
+	return used, shared
 }
 
 // resourcesInUse returns what is taken from each node's allocatable once

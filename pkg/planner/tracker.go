@@ -23,7 +23,11 @@ type Tracker struct {
 	// mine[n] is set while node n's entries belong to the tracker alone;
 	// Snapshot clears it, since the snapshot shares them.
 	mine []bool
-	work TrackerWork
+	// shared is what is held of the non-local devices; sharedMine as
+	// mine.
+	shared     bitset
+	sharedMine bool
+	work       TrackerWork
 }
 
 // TrackerWork counts what a Tracker has done.
@@ -40,7 +44,7 @@ type TrackerWork struct {
 // NewTracker records the devices held and the usage of every node of c.
 func NewTracker(c *Cluster, held devicefit.Allocated, usage NodeUsage) *Tracker {
 	s := NewSnapshot(c, held, WithUsed(usage))
-	t := &Tracker{c: c, used: s.used, usedRes: s.usedRes, mine: make([]bool, len(c.nodes))}
+	t := &Tracker{c: c, used: s.used, usedRes: s.usedRes, mine: make([]bool, len(c.nodes)), shared: s.sharedUsed, sharedMine: true}
 	for i := range t.mine {
 		t.mine[i] = true
 	}
@@ -54,11 +58,15 @@ func (t *Tracker) Work() TrackerWork { return t.work }
 // Cluster is the tree the tracker follows.
 func (t *Tracker) Cluster() *Cluster { return t.c }
 
-// SetDevice marks the device as held or free. Devices of other nodes
-// are ignored.
+// SetDevice marks the device, a node's own or a non-local one, as held or
+// free. Devices the tree does not know are ignored.
 func (t *Tracker) SetDevice(id structured.DeviceID, held bool) {
 	ref, ok := t.c.dev(id)
 	if !ok {
+		if p, ok := t.c.sharedPos(id); ok {
+			t.work.Devices++
+			t.setShared(p, held)
+		}
 		return
 	}
 	t.work.Devices++
@@ -95,11 +103,41 @@ func (t *Tracker) SetUsage(node string, l v1.ResourceList) {
 	}
 }
 
-// Rebase follows a tree that WithNode, WithNewNode or WithoutNode made
-// from the tracker's own: the named nodes are the ones that changed, came
-// or went, and are read again from held and usage. Every other node keeps
-// its place and its entries.
+func (t *Tracker) setShared(p int, held bool) {
+	if held == t.shared.has(p) {
+		return
+	}
+	if !t.sharedMine {
+		t.shared, t.sharedMine = t.shared.clone(t.c.sharedLen()), true
+	}
+	if held {
+		if t.shared == nil {
+			t.shared = newBitset(t.c.sharedLen())
+		}
+		t.shared.set(p)
+		return
+	}
+	t.shared.unset(p)
+}
+
+// Rebase follows a tree that WithNode, WithNewNode, WithoutNode or
+// WithShared made from the tracker's own: the named nodes are the ones
+// that changed, came or went, and are read again from held and usage;
+// the non-local devices are read again when they changed. Every other
+// node keeps its place and its entries.
 func (t *Tracker) Rebase(c *Cluster, nodes []string, held devicefit.Allocated, usage NodeUsage) {
+	if c.shared != t.c.shared {
+		t.shared, t.sharedMine = nil, true
+		for p, id := range c.shared.devs {
+			if held.Has(id) {
+				t.work.Devices++
+				if t.shared == nil {
+					t.shared = newBitset(len(c.shared.devs))
+				}
+				t.shared.set(p)
+			}
+		}
+	}
 	t.c = c
 	if grow := len(c.nodes) - len(t.used); grow > 0 {
 		t.used = append(t.used, make([]bitset, grow)...)
@@ -144,8 +182,9 @@ func (t *Tracker) own(n int) {
 // Snapshot is what the tracker records now, with the shares of shared
 // devices in st (its Devices are ignored: the tracker has them).
 func (t *Tracker) Snapshot(st devicefit.State) *Snapshot {
-	s := &Snapshot{cluster: t.c, used: slices.Clone(t.used), usedRes: slices.Clone(t.usedRes), shares: make([]*nodeShares, len(t.c.nodes))}
+	s := &Snapshot{cluster: t.c, used: slices.Clone(t.used), usedRes: slices.Clone(t.usedRes), shares: make([]*nodeShares, len(t.c.nodes)), sharedUsed: t.shared}
 	clear(t.mine)
+	t.sharedMine = false
 	s.addShares(st)
 	return s
 }

@@ -13,6 +13,7 @@
 //
 // `go test` runs 30 cases of seed 1 (TestParityShort); `make parity` runs
 // 300 and prints the agreement by shape. GPUTOPO_PARITY_CASES,
-// GPUTOPO_PARITY_SEED and GPUTOPO_PARITY_ONLY (case indexes) choose the
-// cases; a disagreement prints the values that run it again.
+// GPUTOPO_PARITY_SEED, GPUTOPO_PARITY_ONLY (case indexes) and
+// GPUTOPO_PARITY_SHAPES (shapes, e.g. other-driver) choose the cases; a
+// disagreement prints the values that run it again.
 package parity
