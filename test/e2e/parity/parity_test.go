@@ -34,8 +34,7 @@ const (
 // with the reason. A disagreement of such a shape is reported, and counted
 // apart in the table, but does not fail the test; every other one does.
 // Remove an entry once the controller is fixed.
-var knownDisagreements = map[string]string{
-}
+var knownDisagreements = map[string]string{}
 
 // known returns why the case's shape is a known disagreement, if it is.
 func known(c *caseSpec) (string, bool) {
