@@ -183,6 +183,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.devmapper", "io.containerd.sna
 
 [plugins."io.containerd.cri.v1.runtime"]
   cdi_spec_dirs = [%[2]q]
+  # runc cannot lower a container's oom_score_adj below containerd's
+  # without CAP_SYS_RESOURCE, which root lacks on some machines (sandboxes,
+  # nested containers): "failed to update /proc/self/oom_score_adj:
+  # Permission denied" for the pod sandbox's -998.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
@@ -201,13 +206,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.devmapper", "io.containerd.sna
 `, socket, cdiDir, cniBin, cniConf, runc, ImagePause)
 }
 
-// cniPlugin gives a pod a dummy eth0 with one address inside its own
-// network namespace: the CRI needs a pod IP, and nothing is connected to
+// cniPlugin gives a pod an eth0 with one address inside its own network
+// namespace, one end of a veth pair whose other end stays there too (this
+// kernel has no dummy interfaces): the CRI needs a pod IP, and nothing is connected to
 // anything, on the host or outside.
 const cniPlugin = `#!/bin/sh
-# CNI plugin of the local cluster (written by test/cluster): a dummy eth0
-# with the next address of the node's subnet, inside the pod's network
-# namespace only.
+# CNI plugin of the local cluster (written by test/cluster): eth0 with the
+# next address of the node's subnet, a veth pair both of whose ends are in
+# the pod's network namespace: nothing reaches the host or beyond.
 set -eu
 dir=$(dirname "$0")
 case "$CNI_COMMAND" in
@@ -215,7 +221,8 @@ ADD)
   cat >/dev/null
   n=$(flock "$dir/ipam" sh -c 'n=$(cat "$1" 2>/dev/null || echo 1); n=$(( n %% 250 + 1 )); echo $n > "$1"; echo $n' sh "$dir/ipam")
   ip="%s.$(( n + 1 ))"
-  nsenter --net="$CNI_NETNS" ip link add "$CNI_IFNAME" type dummy
+  nsenter --net="$CNI_NETNS" ip link add "$CNI_IFNAME" type veth peer name peer0
+  nsenter --net="$CNI_NETNS" ip link set peer0 up
   nsenter --net="$CNI_NETNS" ip addr add "$ip/24" dev "$CNI_IFNAME"
   nsenter --net="$CNI_NETNS" ip link set "$CNI_IFNAME" up
   printf '{"cniVersion":"1.0.0","interfaces":[{"name":"%%s","sandbox":"%%s"}],"ips":[{"address":"%%s/24","interface":0}]}\n' "$CNI_IFNAME" "$CNI_NETNS" "$ip"
