@@ -306,7 +306,7 @@ func drainRuntime(socket string, timeout time.Duration) {
 	if err != nil {
 		return
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dialer))
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dialer))
 	if err != nil {
 		return
 	}
@@ -319,5 +319,12 @@ func drainRuntime(socket string, timeout time.Duration) {
 	for _, s := range list.Items {
 		rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: s.Id})
 		rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: s.Id})
+	}
+	// containerd puts pods without a cgroup parent under k8s.io in each
+	// hierarchy; remove it once empty (rmdir fails while another node
+	// still has pods there).
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/k8s.io")
+	for _, d := range dirs {
+		syscall.Rmdir(d)
 	}
 }
