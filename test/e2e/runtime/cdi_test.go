@@ -46,9 +46,11 @@ type seen struct {
 // sees its share and the CUDA MPS limits; and when the pods are deleted,
 // the claims' spec files are gone.
 func TestContainerSeesItsClaims(t *testing.T) {
-	ctx := framework.Ctx(t)
-	two := runProbe(t, "two-claims", map[string]string{"pair": "gpu-2-nvlink-pair", "one": "gpu-1"})
+	// The share first: a whole-GPU claim may take the shared GPU while it
+	// holds no share.
 	share := runProbe(t, "share", map[string]string{"share": "gpu-share-quarter"})
+	two := runProbe(t, "two-claims", map[string]string{"pair": "gpu-2-nvlink-pair", "one": "gpu-1"})
+	ctx := framework.Ctx(t)
 
 	specs := map[string]*cdispec.Spec{}
 	claims := map[string]*resourcev1.ResourceClaim{}
@@ -183,11 +185,14 @@ type probe struct {
 // containerd node, waits until its container reports, and parses it.
 func runProbe(t *testing.T, name string, claims map[string]string) probe {
 	t.Helper()
-	ctx := framework.Ctx(t)
+	// Longer than framework.Ctx: it spans the wait for the pod.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec: corev1.PodSpec{
-			NodeName:                      node,
+			// The scheduler must see the pod: it allocates the claims.
+			NodeSelector:                  map[string]string{"kubernetes.io/hostname": node},
 			Tolerations:                   []corev1.Toleration{{Key: cluster.TaintRuntime, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
 			TerminationGracePeriodSeconds: new(int64),
 			Containers: []corev1.Container{{
