@@ -67,7 +67,9 @@ func TestSimulatedSpec(t *testing.T) {
 	if err := json.Unmarshal(data, &got); err != nil {
 		t.Fatal(err)
 	}
-	node := func(p string) *cdispec.DeviceNode { return &cdispec.DeviceNode{Path: p, HostPath: filepath.Join(root, p)} }
+	node := func(p string) *cdispec.DeviceNode {
+		return &cdispec.DeviceNode{Path: p, HostPath: filepath.Join(root, p)}
+	}
 	wantCommon := cdispec.ContainerEdits{
 		// A real GPU's spec gives device nodes, and "void" keeps a legacy
 		// runtime from injecting more; so does a simulated one's.
