@@ -1,6 +1,7 @@
 // Package cluster runs a local Kubernetes control plane, real kubelets on a
-// fake container runtime and fake (kubelet-less) nodes, with the gputopo
-// kubelet plugin on each real node, for the demo and the e2e tests.
+// fake container runtime or on containerd, and fake (kubelet-less) nodes,
+// with the gputopo kubelet plugin on each real node, for the demo and the
+// e2e tests.
 package cluster
 
 import (
