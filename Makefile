@@ -19,7 +19,7 @@ E2E_TIMEOUT ?= 60m
 # loaded into memory.
 BUILD_FLAGS ?= -tags=grpcnotrace -ldflags='-s -w'
 
-.PHONY: all build test unit e2e parity soak chart lint demo demo-loop demo-down bench bench-scale k8s-binaries gpu-check-bundle image verify-chart verify-chart-cluster lint-dockerfile clean
+.PHONY: all build test unit e2e parity soak chart lint demo demo-loop demo-down bench bench-scale k8s-binaries gpu-check-bundle runtime-deps image verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
@@ -37,9 +37,14 @@ $(LOCALCLUSTER): FORCE
 
 FORCE:
 
-# The Kubernetes binaries, etcd included, built from the Go module proxy.
-k8s-binaries: $(LOCALCLUSTER)
+# The Kubernetes binaries, etcd included, and containerd for the nodes
+# that run real containers, built from the Go module proxy; and what those
+# nodes take from the host (runc, busybox-static), from Debian.
+k8s-binaries: $(LOCALCLUSTER) runtime-deps
 	$(LOCALCLUSTER) build
+
+runtime-deps:
+	hack/install-runtime-deps.sh
 
 # Everything CI runs: formatting and vet, unit tests, the end-to-end suite
 # on a real local cluster, and the Helm chart rendered and installed there.

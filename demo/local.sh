@@ -25,7 +25,11 @@ section "Starting the local cluster ($(basename "$TOPOLOGY"))"
   --controller-bin "$GPUTOPO_BIN/gputopo-controller" --manifest deployments/admission
 
 section "Nodes and where they sit in the network"
-kubectl get nodes -L fabric.topograph.run/tier-1,fabric.topograph.run/tier-0,gputopo.dev/profile
+kubectl get nodes -L fabric.topograph.run/tier-1,fabric.topograph.run/tier-0,gputopo.dev/profile,localcluster.gputopo.dev/runtime
+# The node on containerd runs its pods for real; its GPU 7 is shared
+# (demo/specs/runtime/pod-cdi-share.yaml takes a quarter of it).
+rnode=$(kubectl get nodes -l localcluster.gputopo.dev/runtime=containerd -o jsonpath='{.items[0].metadata.name}')
+kubectl label node "$rnode" gputopo.dev/shared-gpus=7 >/dev/null
 
 section "ResourceSlices published by the gputopo kubelet plugin"
 kubectl get resourceslices
@@ -35,9 +39,11 @@ kubectl get resourceslices --field-selector spec.nodeName="$node" -o jsonpath='{
 
 section "Installing the DeviceClass and claim templates (demo/specs)"
 kubectl apply -f demo/specs/deviceclass.yaml -f demo/specs/claims/
-section "Running the demo workloads: a 4-GPU NVLink pod, a 2-GPU bridged pair, a Job of two 8-GPU pods, 4-GPU ladder pods and a ladder Job"
+section "Running the demo workloads: a 4-GPU NVLink pod, a 2-GPU bridged pair, a Job of two 8-GPU pods, 4-GPU ladder pods, a ladder Job, and two pods in real containers"
 applied=$(date +%s.%N)
 kubectl apply -f demo/specs/workloads/
+# Two pods for the containerd node, whose containers really run.
+kubectl apply -f demo/specs/runtime/
 # kubectl wait on a label fails at once while no pod matches, and the Job
 # controller creates a Job's pods only after the apply returns: wait for
 # all of them to exist first.
@@ -79,6 +85,13 @@ if [ -f "$spec" ]; then
   echo "CDI spec $spec:"
   grep -oE '"(NVIDIA_VISIBLE_DEVICES|GPUTOPO_[A-Z_]+)=[^"]*"' "$spec" | sed 's/^/  /'
 fi
+
+section "Real containers on $rnode (containerd $(kubectl get node "$rnode" -o jsonpath='{.status.nodeInfo.containerRuntimeVersion}' | sed 's|.*://||'), runc): what the CDI specs gave them"
+kubectl wait --for=condition=Ready pod/cdi-env pod/cdi-share --timeout=120s >/dev/null
+echo "kubectl logs cdi-env   # an NVLink pair and one more GPU: two claims, one container"
+kubectl logs cdi-env | sed 's/^/  /'
+echo "kubectl logs cdi-share   # a quarter of shared GPU 7"
+kubectl logs cdi-share | sed 's/^/  /'
 
 section "kubectl gputopo topology -o wide"
 kubectl gputopo topology -o wide

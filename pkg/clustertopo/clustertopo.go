@@ -26,6 +26,9 @@ type Topology struct {
 	// order, the local cluster runs with a real kubelet; the rest are fake.
 	// The simulator has no kubelets and ignores it.
 	RealNodes int `json:"realNodes,omitempty"`
+	// ContainerdNodes is how many of the real nodes, the last ones, run
+	// containerd instead of the fake container runtime.
+	ContainerdNodes int `json:"containerdNodes,omitempty"`
 	// NamePrefix of generated node names; "gpu" when empty.
 	NamePrefix string `json:"namePrefix,omitempty"`
 	Nodes      []Node `json:"nodes,omitempty"`
@@ -42,9 +45,16 @@ type Node struct {
 	// the local cluster; fake nodes are Node objects whose ResourceSlices
 	// the harness publishes.
 	Real bool `json:"real,omitempty"`
+	// Runtime is the container runtime of a real node: empty for the
+	// fake one, which records what containers would get and runs
+	// nothing, or RuntimeContainerd, which runs them.
+	Runtime string `json:"runtime,omitempty"`
 	// Labels are extra node labels.
 	Labels map[string]string `json:"labels,omitempty"`
 }
+
+// RuntimeContainerd is Node.Runtime for a node that runs containerd.
+const RuntimeContainerd = "containerd"
 
 // DefaultNamePrefix starts generated node names.
 const DefaultNamePrefix = "gpu"
@@ -104,6 +114,9 @@ func (t Topology) Expand() ([]Node, error) {
 		if t.RealNodes < 0 || t.RealNodes > total {
 			return nil, fmt.Errorf("realNodes %d out of range 0..%d", t.RealNodes, total)
 		}
+		if t.ContainerdNodes < 0 || t.ContainerdNodes > t.RealNodes {
+			return nil, fmt.Errorf("containerdNodes %d out of range 0..%d (realNodes)", t.ContainerdNodes, t.RealNodes)
+		}
 		for s := range t.Spines {
 			for l := range t.LeavesPerSpine {
 				leaf := s*t.LeavesPerSpine + l
@@ -116,6 +129,9 @@ func (t Topology) Expand() ([]Node, error) {
 						Profile: t.Profiles[i%len(t.Profiles)],
 						Real:    i < t.RealNodes,
 					})
+					if i < t.RealNodes && i >= t.RealNodes-t.ContainerdNodes {
+						nodes[i].Runtime = RuntimeContainerd
+					}
 				}
 			}
 		}
@@ -136,6 +152,12 @@ func (t Topology) Expand() ([]Node, error) {
 		seen[n.Name] = true
 		if n.Profile == "" {
 			return nil, fmt.Errorf("node %s: profile is required", n.Name)
+		}
+		switch {
+		case n.Runtime != "" && n.Runtime != RuntimeContainerd:
+			return nil, fmt.Errorf("node %s: runtime %q: want %q or none (the fake runtime)", n.Name, n.Runtime, RuntimeContainerd)
+		case n.Runtime != "" && !n.Real:
+			return nil, fmt.Errorf("node %s: runtime %s needs a real node (real: true): a fake node has no kubelet", n.Name, n.Runtime)
 		}
 	}
 	return nodes, nil

@@ -29,6 +29,7 @@ type Options struct {
 	Profile         string
 	ProfileFile     string
 	SimHealthFile   string
+	SimDevRoot      string
 	NVMLLibraryPath string
 	NodeName        string
 	NodeLabels      map[string]string
@@ -85,6 +86,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Backend, "backend", o.Backend, "GPU discovery backend: nvml (real GPUs) or sim (simulated GPUs from a profile).")
 	fs.StringVar(&o.Profile, "profile", o.Profile, "Simulated GPU profile for --backend=sim, one of: "+strings.Join(sim.Builtin(), ", ")+".")
 	fs.StringVar(&o.ProfileFile, "profile-file", o.ProfileFile, "YAML file with a simulated GPU profile of your own (instead of --profile).")
+	fs.StringVar(&o.SimDevRoot, "sim-dev-root", o.SimDevRoot, "For --backend=sim: host directory with dev/nvidiactl, dev/nvidia<minor> of each simulated GPU and driver/; CDI specs then give containers these device nodes and driver/ at "+cdi.SimDriverDir+", as a real GPU's spec does. Empty: specs carry environment variables only.")
 	fs.StringVar(&o.SimHealthFile, "sim-health-file", o.SimHealthFile, "For --backend=sim: file listing unhealthy GPUs, one index or UUID per line with an optional reason.")
 	fs.StringVar(&o.NVMLLibraryPath, "nvml-library-path", o.NVMLLibraryPath, "Path of libnvidia-ml.so.1 as this process sees it; empty searches the driver root's library directories.")
 	fs.StringVar(&o.DriverRoot, "nvidia-driver-root", o.DriverRoot, "Root of the NVIDIA driver installation on the host: / when installed on the host, /run/nvidia/driver with the GPU Operator. CDI specs name host paths under it.")
@@ -123,8 +125,8 @@ func (o *Options) Validate() error {
 			errs = append(errs, errors.New("--backend=sim needs exactly one of --profile or --profile-file"))
 		}
 	case "nvml":
-		if o.Profile != "" || o.ProfileFile != "" || o.SimHealthFile != "" {
-			errs = append(errs, errors.New("--profile, --profile-file and --sim-health-file only apply to --backend=sim"))
+		if o.Profile != "" || o.ProfileFile != "" || o.SimHealthFile != "" || o.SimDevRoot != "" {
+			errs = append(errs, errors.New("--profile, --profile-file, --sim-health-file and --sim-dev-root only apply to --backend=sim"))
 		}
 	default:
 		errs = append(errs, fmt.Errorf("--backend must be nvml or sim, got %q", o.Backend))
@@ -220,12 +222,24 @@ func (o *Options) NewBackend(ctx context.Context) (gpu.Backend, error) {
 }
 
 // NewDriverEdits returns the CDI edits that inject the NVIDIA driver for
-// the nvml backend, and nil for simulated GPUs. It settles which
-// nvidia-cdi-hook the specs run (see Hook).
+// the nvml backend, where it settles which nvidia-cdi-hook the specs run
+// (see Hook); for simulated GPUs, the device nodes under --sim-dev-root,
+// or nil without it.
 func (o *Options) NewDriverEdits(ctx context.Context, backend gpu.Backend) (cdi.DriverEdits, error) {
 	b, ok := backend.(*nvml.Backend)
 	if !ok {
-		return nil, nil
+		if o.SimDevRoot == "" {
+			return nil, nil
+		}
+		inv, err := backend.Discover(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("discover simulated GPUs: %w", err)
+		}
+		minors := make(map[string]int, len(inv.Devices))
+		for _, d := range inv.Devices {
+			minors[d.UUID] = d.Minor
+		}
+		return cdi.NewSimulated(o.SimDevRoot, minors)
 	}
 	roots, err := o.Hook(ctx)
 	if err != nil {

@@ -37,6 +37,41 @@ var Binaries = []Binary{
 	{"kubectl", "k8s.io/kubernetes/cmd/kubectl"},
 }
 
+// ContainerdVersion is the containerd release real-runtime nodes run,
+// pinned in the module test/cluster/containerd.
+const ContainerdVersion = "v2.4.2"
+
+// ContainerdBinaries lists what `localcluster build` produces for nodes
+// with runtime containerd: the daemon with its CRI plugin, the runc shim,
+// and ctr, which imports the local images.
+var ContainerdBinaries = []Binary{
+	{"containerd", "github.com/containerd/containerd/v2/cmd/containerd"},
+	{"containerd-shim-runc-v2", "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"},
+	{"ctr", "github.com/containerd/containerd/v2/cmd/ctr"},
+}
+
+// containerdTags leave out the btrfs snapshotter, whose cgo needs the
+// btrfs headers; nodes use overlayfs.
+const containerdTags = "no_btrfs"
+
+// ContainerdLDFlags are the link flags of every containerd binary, as
+// LDFlags are of the Kubernetes ones.
+func ContainerdLDFlags() string {
+	return "-s -w -X github.com/containerd/containerd/v2/version.Version=" + ContainerdVersion
+}
+
+// toolset is binaries built from one module with one set of flags, into
+// one directory.
+type toolset struct {
+	name     string
+	version  string
+	subdir   string // of test/cluster: the module they are built from
+	outDir   string
+	tags     string
+	ldflags  string
+	binaries []Binary
+}
+
 // LDFlags are the link flags of every binary. Only link flags differ from a
 // plain `go build`, so the build cache is shared with everything else built
 // on this machine, and a rebuild only relinks.
@@ -55,8 +90,11 @@ func LDFlags() string {
 
 // BuildOptions configure Build.
 type BuildOptions struct {
-	// OutDir receives the binaries; DefaultBinDir() if empty.
+	// OutDir receives the Kubernetes binaries; DefaultBinDir() if empty.
 	OutDir string
+	// ContainerdOutDir receives the containerd binaries;
+	// DefaultContainerdBinDir() if empty.
+	ContainerdOutDir string
 	// ModuleDir is this module's directory; found from the source location
 	// or the working directory if empty.
 	ModuleDir string
@@ -66,11 +104,15 @@ type BuildOptions struct {
 	Progress io.Writer
 }
 
-// Build builds Binaries into OutDir, skipping those whose stamp file says
-// they were built from the same go.mod, go.sum, Go version and flags.
+// Build builds Binaries into OutDir and ContainerdBinaries into
+// ContainerdOutDir, skipping those whose stamp file says they were built
+// from the same go.mod, go.sum, Go version and flags.
 func Build(ctx context.Context, opts BuildOptions) error {
 	if opts.OutDir == "" {
 		opts.OutDir = DefaultBinDir()
+	}
+	if opts.ContainerdOutDir == "" {
+		opts.ContainerdOutDir = DefaultContainerdBinDir()
 	}
 	if opts.Progress == nil {
 		opts.Progress = os.Stderr
@@ -82,29 +124,48 @@ func Build(ctx context.Context, opts BuildOptions) error {
 		}
 		opts.ModuleDir = dir
 	}
-	if err := os.MkdirAll(opts.OutDir, 0o755); err != nil {
-		return fmt.Errorf("create binary dir: %w", err)
-	}
 	goVersion, err := exec.CommandContext(ctx, "go", "env", "GOVERSION").Output()
 	if err != nil {
 		return fmt.Errorf("ask go for its version: %w", err)
 	}
+	sets := []toolset{
+		{name: "Kubernetes", version: KubernetesVersion, subdir: ".", outDir: opts.OutDir, ldflags: LDFlags(), binaries: Binaries},
+		{name: "containerd", version: ContainerdVersion, subdir: "containerd", outDir: opts.ContainerdOutDir,
+			tags: containerdTags, ldflags: ContainerdLDFlags(), binaries: ContainerdBinaries},
+	}
+	for _, set := range sets {
+		if err := buildSet(ctx, opts, strings.TrimSpace(string(goVersion)), set); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func buildSet(ctx context.Context, opts BuildOptions, goVersion string, set toolset) error {
+	moduleDir := filepath.Join(opts.ModuleDir, set.subdir)
+	if err := os.MkdirAll(set.outDir, 0o755); err != nil {
+		return fmt.Errorf("create binary dir: %w", err)
+	}
 	start := time.Now()
-	for i, b := range Binaries {
-		stamp, err := buildStamp(opts.ModuleDir, strings.TrimSpace(string(goVersion)), b)
+	for i, b := range set.binaries {
+		stamp, err := buildStamp(moduleDir, goVersion, set, b)
 		if err != nil {
 			return err
 		}
-		out := filepath.Join(opts.OutDir, b.Name)
-		stampFile := filepath.Join(opts.OutDir, "."+b.Name+".stamp")
+		out := filepath.Join(set.outDir, b.Name)
+		stampFile := filepath.Join(set.outDir, "."+b.Name+".stamp")
 		if !opts.Force && isCurrent(out, stampFile, stamp) {
-			fmt.Fprintf(opts.Progress, "%s (%d/%d) is current\n", b.Name, i+1, len(Binaries))
+			fmt.Fprintf(opts.Progress, "%s (%d/%d) is current\n", b.Name, i+1, len(set.binaries))
 			continue
 		}
-		fmt.Fprintf(opts.Progress, "building %s (%d/%d)... ", b.Name, i+1, len(Binaries))
+		fmt.Fprintf(opts.Progress, "building %s (%d/%d)... ", b.Name, i+1, len(set.binaries))
 		t := time.Now()
-		cmd := exec.CommandContext(ctx, "go", "build", "-ldflags", LDFlags(), "-o", out+".tmp", b.Package)
-		cmd.Dir = opts.ModuleDir
+		args := []string{"build", "-ldflags", set.ldflags}
+		if set.tags != "" {
+			args = append(args, "-tags", set.tags)
+		}
+		cmd := exec.CommandContext(ctx, "go", append(args, "-o", out+".tmp", b.Package)...)
+		cmd.Dir = moduleDir
 		var stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stderr, &stderr
 		if err := cmd.Run(); err != nil {
@@ -120,13 +181,16 @@ func Build(ctx context.Context, opts BuildOptions) error {
 		}
 		fmt.Fprintf(opts.Progress, "done in %s\n", fmtDuration(time.Since(t)))
 	}
-	fmt.Fprintf(opts.Progress, "binaries in %s (%s)\n", opts.OutDir, fmtDuration(time.Since(start)))
+	fmt.Fprintf(opts.Progress, "%s binaries in %s (%s)\n", set.name, set.outDir, fmtDuration(time.Since(start)))
 	return nil
 }
 
-func buildStamp(moduleDir, goVersion string, b Binary) (string, error) {
+func buildStamp(moduleDir, goVersion string, set toolset, b Binary) (string, error) {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n", goVersion, os.Getenv("GOFLAGS"), b.Package, LDFlags())
+	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n", goVersion, os.Getenv("GOFLAGS"), b.Package, set.ldflags)
+	if set.tags != "" {
+		fmt.Fprintf(h, "tags %s\n", set.tags)
+	}
 	for _, f := range []string{"go.mod", "go.sum"} {
 		data, err := os.ReadFile(filepath.Join(moduleDir, f))
 		if err != nil {
@@ -134,7 +198,7 @@ func buildStamp(moduleDir, goVersion string, b Binary) (string, error) {
 		}
 		h.Write(data)
 	}
-	return KubernetesVersion + " " + hex.EncodeToString(h.Sum(nil)), nil
+	return set.version + " " + hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func isCurrent(bin, stampFile, stamp string) bool {

@@ -1,6 +1,7 @@
 // Package cluster runs a local Kubernetes control plane, real kubelets on a
-// fake container runtime and fake (kubelet-less) nodes, with the gputopo
-// kubelet plugin on each real node, for the demo and the e2e tests.
+// fake container runtime or on containerd, and fake (kubelet-less) nodes,
+// with the gputopo kubelet plugin on each real node, for the demo and the
+// e2e tests.
 package cluster
 
 import (
@@ -27,6 +28,9 @@ type Config struct {
 	Dir string
 	// BinDir holds etcd and the Kubernetes binaries; DefaultBinDir() if empty.
 	BinDir string
+	// ContainerdBinDir holds containerd, its runc shim and ctr, for nodes
+	// with runtime containerd; DefaultContainerdBinDir() if empty.
+	ContainerdBinDir string
 	// Nodes to create, e.g. from LoadTopology.
 	Nodes []NodeSpec
 	// PluginBin is the gputopo kubelet plugin. Without it no plugin runs and
@@ -86,6 +90,19 @@ func DefaultBinDir() string {
 		home = os.TempDir()
 	}
 	return filepath.Join(home, ".cache", "gputopo", "k8s-"+KubernetesVersion, "bin")
+}
+
+// DefaultContainerdBinDir is $GPUTOPO_CONTAINERD_BIN, or
+// ~/.cache/gputopo/containerd-v2.4.2/bin.
+func DefaultContainerdBinDir() string {
+	if d := os.Getenv("GPUTOPO_CONTAINERD_BIN"); d != "" {
+		return d
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		home = os.TempDir()
+	}
+	return filepath.Join(home, ".cache", "gputopo", "containerd-"+ContainerdVersion, "bin")
 }
 
 // longestSocketSuffix is the longest path under DIR the harness puts a unix
@@ -158,6 +175,17 @@ func newCluster(cfg Config) (*Cluster, error) {
 	if err := validateNodes(cfg.Nodes); err != nil {
 		return nil, fmt.Errorf("cluster config: %w", err)
 	}
+	if cfg.ContainerdBinDir == "" {
+		cfg.ContainerdBinDir = DefaultContainerdBinDir()
+	}
+	for _, n := range cfg.Nodes {
+		if n.Runtime == RuntimeContainerd {
+			if err := checkRuntimeDeps(cfg.ContainerdBinDir); err != nil {
+				return nil, fmt.Errorf("node %s runs containerd, which this machine cannot run yet: %w", n.Name, err)
+			}
+			break
+		}
+	}
 	for name := range cfg.ExtraArgs {
 		if !slices.Contains(controlPlaneProcs, name) {
 			return nil, fmt.Errorf("cluster config: ExtraArgs for %q: only %s take extra arguments", name, strings.Join(controlPlaneProcs, ", "))
@@ -203,6 +231,18 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	subnet := 0
+	for _, n := range real {
+		if n.spec.Runtime == RuntimeContainerd {
+			subnet++
+			n.podSubnet = fmt.Sprintf("198.18.%d", subnet)
+		}
+	}
+	if subnet > 0 {
+		if err := writeLocalImages(c.imagesPath()); err != nil {
+			return err
+		}
+	}
 	for i, n := range real {
 		n.kubeletPort, n.healthzPort, n.metricsPort = ports[3*i], ports[3*i+1], ports[3*i+2]
 		c.progress("starting kubelet of %s", n.spec.Name)
@@ -238,7 +278,7 @@ func (c *Cluster) start(ctx context.Context) error {
 
 // resetDir removes what an earlier cluster left in the directory.
 func (c *Cluster) resetDir() error {
-	for _, sub := range []string{"etcd", "nodes", "run", "pki", "logs", "ready", "kubeconfig", "failed"} {
+	for _, sub := range []string{"etcd", "nodes", "run", "pki", "logs", "ready", "kubeconfig", "failed", "images", "hosts"} {
 		if err := os.RemoveAll(filepath.Join(c.dir, sub)); err != nil {
 			return fmt.Errorf("clean cluster dir: %w", err)
 		}
@@ -319,6 +359,9 @@ func (c *Cluster) LogPath(proc string) string { return c.logPath(proc) }
 func (c *Cluster) logPath(proc string) string { return filepath.Join(c.dir, "logs", proc+".log") }
 
 func (c *Cluster) kubeletRoot(node string) string { return filepath.Join(c.NodeDir(node), "kubelet") }
+
+// imagesPath is the OCI layout tarball of the local images.
+func (c *Cluster) imagesPath() string { return filepath.Join(c.dir, "images", "local-images.tar") }
 
 func (c *Cluster) recordFile(node string) string {
 	return filepath.Join(c.NodeDir(node), "containers.jsonl")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -117,7 +118,16 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	}
 
 	p := pki
-	if err := c.launch("kube-apiserver", c.bin("kube-apiserver"),
+	hosts, err := c.writeHosts()
+	if err != nil {
+		return err
+	}
+	// The apiserver reaches a kubelet (logs, exec) at the node's Hostname
+	// address, its name: a private /etc/hosts maps every node name to
+	// 127.0.0.1, where each kubelet listens on its own port.
+	if err := c.launch("kube-apiserver", "unshare", "--mount", "--propagation", "private", "--",
+		"sh", "-c", `mount --bind "$0" /etc/hosts && exec "$@"`, hosts,
+		c.bin("kube-apiserver"),
 		"--etcd-servers="+etcdURL,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", c.ports.APIServer),
@@ -189,6 +199,21 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		return err
 	}
 	return c.waitDefaultServiceAccount(ctx, 60*time.Second)
+}
+
+// writeHosts writes the apiserver's /etc/hosts: localhost and every node
+// at 127.0.0.1.
+func (c *Cluster) writeHosts() (string, error) {
+	var b strings.Builder
+	b.WriteString("127.0.0.1 localhost\n::1 localhost\n")
+	for _, name := range c.order {
+		fmt.Fprintf(&b, "127.0.0.1 %s\n", name)
+	}
+	path := filepath.Join(c.dir, "hosts")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return "", fmt.Errorf("write the apiserver's hosts file: %w", err)
+	}
+	return path, nil
 }
 
 // waitHTTP polls url until it answers 200, failing early if the process dies.

@@ -19,13 +19,15 @@ import (
 	cluster "github.com/gputopo/gputopo/test/cluster"
 )
 
-// downTopology is a small cluster as `make demo` starts it: real nodes (two
-// kubelets, so two private mount namespaces) and a fake one.
+// downTopology is a small cluster as `make demo` starts it: real nodes on
+// the fake CRI and on containerd (three kubelets, so three private mount
+// namespaces; containerd's shims and containers in the last) and a fake one.
 const downTopology = `spines: 1
 leavesPerSpine: 1
-nodesPerLeaf: 3
+nodesPerLeaf: 4
 profiles: [dgx-h100, dgx1-v100]
-realNodes: 2
+realNodes: 3
+containerdNodes: 1
 `
 
 // TestClusterDownLeavesNothing proves the README's "`make demo-down` stops
@@ -137,8 +139,8 @@ func TestClusterDownLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(kubeletNS) != 2 || slices.Contains(kubeletNS, self) {
-		t.Errorf("kubelets' mount namespaces %v, want two of their own (this process: %s)", kubeletNS, self)
+	if len(kubeletNS) != 3 || slices.Contains(kubeletNS, self) {
+		t.Errorf("kubelets' mount namespaces %v, want three of their own (this process: %s)", kubeletNS, self)
 	}
 	if len(before.sockets) == 0 {
 		t.Error("the scan sees no unix socket of the running cluster")

@@ -161,7 +161,11 @@ func createPod(ctx context.Context, t *testing.T, client kubernetes.Interface, n
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 		Spec: corev1.PodSpec{
 			NodeSelector: map[string]string{"kubernetes.io/hostname": node},
-			Containers: []corev1.Container{{Name: "c", Image: "busybox",
+			// What a containerd node needs; the fake CRI takes it too (it "pulls"
+			// any image, so IfNotPresent, not Never).
+			Tolerations: []corev1.Toleration{{Key: cluster.TaintRuntime, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+			Containers: []corev1.Container{{Name: "c", Image: cluster.ImageBusybox, ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:   []string{"sleep", "inf"},
 				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "g"}}}}},
 			ResourceClaims: []corev1.PodResourceClaim{{Name: "g", ResourceClaimTemplateName: &tmpl}},
 		},

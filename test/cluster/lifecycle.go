@@ -443,17 +443,20 @@ func pidFileProcs(dir string, known []*proc) []*proc {
 	return procs
 }
 
-// stopInOrder stops plugins and kubelets, then the scheduler, controller
-// manager and apiserver, then etcd; each group in parallel.
+// stopInOrder stops plugins and kubelets, then containerd (after removing
+// its pods), then the scheduler, controller manager and apiserver, then
+// etcd; each group in parallel.
 func stopInOrder(procs []*proc) {
 	rank := func(name string) int {
 		switch {
 		case strings.HasPrefix(name, "plugin-"), strings.HasPrefix(name, "kubelet-"):
 			return 0
-		case name == "etcd":
-			return 2
-		default:
+		case strings.HasPrefix(name, containerdProcPrefix):
 			return 1
+		case name == "etcd":
+			return 3
+		default:
+			return 2
 		}
 	}
 	sort.Slice(procs, func(i, j int) bool { return rank(procs[i].name) < rank(procs[j].name) })
@@ -462,7 +465,14 @@ func stopInOrder(procs []*proc) {
 		var wg sync.WaitGroup
 		for ; j < len(procs) && rank(procs[j].name) == rank(procs[i].name); j++ {
 			p := procs[j]
-			wg.Go(func() { p.stop(stopTimeout) })
+			wg.Go(func() {
+				if node, ok := strings.CutPrefix(p.name, containerdProcPrefix); ok {
+					// DIR/run/NAME.pid: the node's socket is under DIR/nodes.
+					dir := filepath.Dir(filepath.Dir(p.pidFile))
+					drainRuntime(filepath.Join(dir, "nodes", node, "containerd.sock"), 30*time.Second)
+				}
+				p.stop(stopTimeout)
+			})
 		}
 		wg.Wait()
 		i = j

@@ -33,6 +33,8 @@ type nodeState struct {
 	healthzPort int
 	metricsPort int
 	cri         *FakeCRI
+	// podSubnet is the first three octets of a containerd node's pod IPs.
+	podSubnet string
 }
 
 // NodeInfo describes a node in the ready file.
@@ -64,32 +66,45 @@ func (c *Cluster) startRealNode(ctx context.Context, n *nodeState) error {
 	if err := c.pki.IssueKubeconfig(kubeconfig, c.server, "system:node:"+name, "system:nodes"); err != nil {
 		return fmt.Errorf("issue kubelet credentials of node %s: %w", name, err)
 	}
-	socket := filepath.Join(nodeDir, "cri.sock")
-	cri, err := StartFakeCRI(socket, c.recordFile(name))
-	if err != nil {
-		return fmt.Errorf("start fake CRI of node %s: %w", name, err)
-	}
-	n.cri = cri
-	config := filepath.Join(nodeDir, "kubelet-config.yaml")
-	if err := writeKubeletConfig(config, root, socket, c.pki.CA.CertFile, n.kubeletPort, n.healthzPort, c.cfg.FeatureGates); err != nil {
-		return fmt.Errorf("write kubelet config of node %s: %w", name, err)
-	}
 	// The kubelet writes /var/lib/kubelet/device-plugins and /var/log/containers
 	// whatever --root-dir says: give it a private mount namespace with tmpfs
 	// over both, so kubelets do not clash and nothing reaches the host. The
 	// mounts vanish with the namespace when the kubelet exits.
 	argv := []string{"unshare", "--mount", "--propagation", "private", "--",
-		"sh", "-c", `mount -t tmpfs -o size=64m tmpfs /var/lib && mount -t tmpfs -o size=64m tmpfs /var/log && exec "$@"`, "sh",
+		"sh", "-c", `mount -t tmpfs -o size=64m tmpfs /var/lib && mount -t tmpfs -o size=64m tmpfs /var/log && exec "$@"`, "sh"}
+	socket := filepath.Join(nodeDir, "cri.sock")
+	if n.spec.Runtime == RuntimeContainerd {
+		pid, err := c.startContainerd(ctx, n, c.imagesPath())
+		if err != nil {
+			return err
+		}
+		socket = c.containerdSocket(name)
+		// containerd's namespaces: the kubelet's mounts (volumes, tokens)
+		// must be those containerd gives containers, and /proc there is
+		// that PID namespace's.
+		argv = []string{"nsenter", "--target=" + strconv.Itoa(pid), "--mount", "--pid", "--"}
+	} else {
+		cri, err := StartFakeCRI(socket, c.recordFile(name))
+		if err != nil {
+			return fmt.Errorf("start fake CRI of node %s: %w", name, err)
+		}
+		n.cri = cri
+	}
+	config := filepath.Join(nodeDir, "kubelet-config.yaml")
+	if err := writeKubeletConfig(config, root, socket, c.pki.CA.CertFile, n.kubeletPort, n.healthzPort, c.cfg.FeatureGates, n.spec.Runtime); err != nil {
+		return fmt.Errorf("write kubelet config of node %s: %w", name, err)
+	}
+	argv = append(argv,
 		c.bin("kubelet"),
-		"--config=" + config,
-		"--kubeconfig=" + kubeconfig,
-		"--root-dir=" + root,
-		"--cert-dir=" + filepath.Join(root, "pki"),
-		"--hostname-override=" + name,
+		"--config="+config,
+		"--kubeconfig="+kubeconfig,
+		"--root-dir="+root,
+		"--cert-dir="+filepath.Join(root, "pki"),
+		"--hostname-override="+name,
 		// Logs "Registered DRA plugin", which StartPlugin waits for.
 		"--vmodule=dra_plugin_manager=3",
-		"--node-labels=" + LabelString(n.spec.AllLabels()),
-	}
+		"--node-labels="+LabelString(n.spec.AllLabels()),
+	)
 	if err := c.launchOpts("kubelet-"+name, procOpts{workDir: workDir}, argv...); err != nil {
 		return err
 	}
@@ -99,7 +114,7 @@ func (c *Cluster) startRealNode(ctx context.Context, n *nodeState) error {
 	return nil
 }
 
-func writeKubeletConfig(path, root, socket, clientCA string, port, healthzPort int, gates map[string]bool) error {
+func writeKubeletConfig(path, root, socket, clientCA string, port, healthzPort int, gates map[string]bool, runtime string) error {
 	// A map, not the typed struct: enforceNodeAllocatable and evictionHard
 	// must be written empty, which omitempty would drop.
 	cfg := map[string]any{
@@ -129,6 +144,12 @@ func writeKubeletConfig(path, root, socket, clientCA string, port, healthzPort i
 		},
 		"authorization": map[string]any{"mode": "AlwaysAllow"},
 	}
+	if runtime == RuntimeContainerd {
+		cfg["registerWithTaints"] = []map[string]string{{"key": TaintRuntime, "value": runtime, "effect": "NoSchedule"}}
+		// The local images cannot be pulled again: never collect them.
+		cfg["imageGCHighThresholdPercent"] = 100
+		cfg["imageGCLowThresholdPercent"] = 99
+	}
 	data, err := yaml.Marshal(cfg)
 	if err != nil {
 		return err
@@ -149,6 +170,9 @@ func (c *Cluster) pluginArgs(n NodeSpec) []string {
 		"--cdi-root=" + filepath.Join(nodeDir, "cdi"),
 		"--metrics-address=127.0.0.1:" + strconv.Itoa(ns.metricsPort),
 		"--sim-health-file=" + filepath.Join(nodeDir, "unhealthy"),
+	}
+	if n.Runtime == RuntimeContainerd {
+		args = append(args, "--sim-dev-root="+c.SimDevRoot(n.Name))
 	}
 	return append(args, c.cfg.PluginArgs...)
 }

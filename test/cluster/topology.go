@@ -36,6 +36,9 @@ func (n NodeSpec) AllLabels() map[string]string {
 	if !n.Real {
 		l[LabelFake] = "true"
 	}
+	if n.Runtime != "" {
+		l[LabelRuntime] = n.Runtime
+	}
 	for k, v := range n.Labels {
 		l[k] = v
 	}

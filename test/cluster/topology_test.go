@@ -75,14 +75,22 @@ func TestDemoTopology(t *testing.T) {
 		t.Fatal(err)
 	}
 	profiles, real := map[string]int{}, 0
+	var containerd []string
 	for _, n := range nodes {
 		profiles[n.Profile]++
 		if n.Real {
 			real++
 		}
+		if n.Runtime == RuntimeContainerd {
+			containerd = append(containerd, n.Name)
+		}
 	}
 	if len(nodes) != 8 || real != 8 || len(profiles) != 3 {
 		t.Errorf("demo topology: %d nodes, %d real, profiles %v; want 8 nodes, all real, 3 profiles", len(nodes), real, profiles)
+	}
+	// demo/specs/runtime pins its pods to this node by the runtime label.
+	if diff := cmp.Diff([]string{"gpu-s1-l3-n1"}, containerd); diff != "" {
+		t.Errorf("demo topology: nodes on containerd (-want +got):\n%s", diff)
 	}
 }
 

@@ -257,6 +257,9 @@ func (s *Suite) dumpLogs(dir string) {
 		if n.Real {
 			procs = append(procs, "plugin-"+n.Name, "kubelet-"+n.Name)
 		}
+		if n.Runtime == cluster.RuntimeContainerd {
+			procs = append(procs, "containerd-"+n.Name)
+		}
 	}
 	for _, p := range procs {
 		path := filepath.Join(dir, "logs", p+".log")

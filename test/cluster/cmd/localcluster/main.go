@@ -1,6 +1,6 @@
 // Command localcluster builds and runs a local Kubernetes cluster for the
 // gputopo demo and e2e tests: a real control plane, real kubelets on a fake
-// container runtime, and fake nodes. No Docker needed. `localcluster help`
+// container runtime or on containerd, and fake nodes. No Docker needed. `localcluster help`
 // lists the subcommands and their flags.
 package main
 
@@ -29,7 +29,7 @@ type subcommand struct {
 }
 
 var subcommands = []subcommand{
-	{"build", "", "build the Kubernetes binaries and etcd from the Go module proxy", setupBuild},
+	{"build", "", "build the Kubernetes binaries, etcd and containerd from the Go module proxy", setupBuild},
 	{"up", "", "start a cluster and return when it is ready (--foreground: supervise it here)", setupUp},
 	{"down", "", "stop the cluster in --dir; idempotent", setupDown},
 	{"plugin", "start|stop|kill|restart", "drive the gputopo kubelet plugin of one real node", setupPlugin},
@@ -95,10 +95,11 @@ func main() {
 }
 
 func setupBuild(fs *flag.FlagSet) func(context.Context, []string) error {
-	out := fs.String("out", cluster.DefaultBinDir(), "directory for the binaries (env GPUTOPO_K8S_BIN)")
+	out := fs.String("out", cluster.DefaultBinDir(), "directory for the Kubernetes binaries (env GPUTOPO_K8S_BIN)")
+	containerdOut := fs.String("containerd-out", cluster.DefaultContainerdBinDir(), "directory for containerd, its runc shim and ctr (env GPUTOPO_CONTAINERD_BIN)")
 	force := fs.Bool("force", false, "rebuild binaries that are current")
 	return func(ctx context.Context, _ []string) error {
-		return cluster.Build(ctx, cluster.BuildOptions{OutDir: *out, Force: *force})
+		return cluster.Build(ctx, cluster.BuildOptions{OutDir: *out, ContainerdOutDir: *containerdOut, Force: *force})
 	}
 }
 
