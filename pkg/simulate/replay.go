@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -60,11 +61,19 @@ type Metrics struct {
 	Waited         int     `json:"waited"`
 	MeanQueueWaitS float64 `json:"meanQueueWaitS"`
 	P95QueueWaitS  float64 `json:"p95QueueWaitS"`
+	// Job completion times (from arrival to the end of the run, the run
+	// time stretched by the locality model) over every placed job of a
+	// timed trace, and the makespan, from the first arrival to the last
+	// completion.
+	MeanJCTS  float64 `json:"meanJCTS,omitempty"`
+	P95JCTS   float64 `json:"p95JCTS,omitempty"`
+	MakespanS float64 `json:"makespanS,omitempty"`
 	AllocatorRuns  int     `json:"allocatorRuns"`
 	ReplaySeconds  float64 `json:"replaySeconds"`
 
 	latencies []float64 // ms, one per plan
 	waits     []float64 // s, one per placed job
+	jcts      []float64 // s, one per placed job
 }
 
 // Sample is the mean of a measure over one stretch of a timed replay.
@@ -220,10 +229,11 @@ type shape struct {
 	pods, gpus, milli int
 	shared            bool
 	cpu, mem          int64
+	models            string
 }
 
 func shapeOf(j Job) shape {
-	return shape{j.Pods, j.GPUsPerPod, j.MilliGPU, j.Shared, j.CPUMilli, j.MemoryMiB}
+	return shape{j.Pods, j.GPUsPerPod, j.MilliGPU, j.Shared, j.CPUMilli, j.MemoryMiB, strings.Join(j.GPUModels, "|")}
 }
 
 func (r *run) timed() error {

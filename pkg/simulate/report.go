@@ -86,6 +86,12 @@ func WriteTable(w io.Writer, r *Result) error {
 		when = "time mean"
 	}
 	row("GPU allocation, milli-GPUs, "+when, func(m Metrics) string { return pct(m.MilliAllocationRatio) })
+	if len(r.PerSeed) > 1 {
+		row("  min – max over seeds", func(m Metrics) string {
+			lo, hi := r.spread(m.Scheduler)
+			return fmt.Sprintf("%s – %s", pct(lo), pct(hi))
+		})
+	}
 	row("GPUs holding anything, "+when, func(m Metrics) string { return pct(m.AllocationRatio) })
 	if t.Timed {
 		row("jobs that waited", func(m Metrics) string { return fmt.Sprintf("%d", m.Waited) })
@@ -149,6 +155,27 @@ func WriteTable(w io.Writer, r *Result) error {
 	}
 	fmt.Fprintf(w, "\ntotal wall time %.1f s\n", r.WallSeconds)
 	return nil
+}
+
+// spread is the least and the greatest milli-GPU allocation of a
+// scheduler over the seeds.
+func (r *Result) spread(scheduler string) (lo, hi float64) {
+	for i, s := range r.PerSeed {
+		m := s.Gputopo
+		switch scheduler {
+		case r.Baseline.Scheduler:
+			m = s.Baseline
+		case r.FirstFit.Scheduler:
+			m = s.FirstFit
+		}
+		if i == 0 || m.Allocation < lo {
+			lo = m.Allocation
+		}
+		if i == 0 || m.Allocation > hi {
+			hi = m.Allocation
+		}
+	}
+	return lo, hi
 }
 
 // seconds2 prints a duration in seconds the short way: 42 s, 3.5 min, 2.1 h.

@@ -38,6 +38,9 @@ type Job struct {
 	// CPUMilli and MemoryMiB are what one pod asks of its node; 0 when the
 	// trace does not say.
 	CPUMilli, MemoryMiB int64
+	// GPUModels are the GPU models the pods may use (an Alibaba pod's
+	// gpu_spec); empty: any. Enforced with Options.GPUModels.
+	GPUModels []string
 	// Arrival and Duration are set in timed traces only; a job of a
 	// timed trace leaves Duration after it was placed.
 	Arrival, Duration time.Duration
@@ -59,6 +62,7 @@ type Trace struct {
 	Timed       bool
 	SharedPods  int // pods asking for a share of a GPU
 	CPUOnlyPods int // pods without GPUs: jobs of GPUsPerPod 0
+	ModelPods   int // pods that name the GPU models they may use
 }
 
 // LoadTrace reads a trace file. format is FormatAlibaba, FormatJobs or
