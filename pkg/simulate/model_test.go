@@ -126,7 +126,9 @@ func TestFGDWorkload(t *testing.T) {
 	add(4, Job{Pods: 1, GPUsPerPod: 1, MilliGPU: 500, Shared: true, CPUMilli: 2000})
 	add(2, Job{Pods: 1, MemoryMiB: 100})
 	add(1, Job{Pods: 1, GPUsPerPod: 4, MilliGPU: 4000, CPUMilli: 500})
-	cpu := func(m int64) v1.ResourceList { return v1.ResourceList{v1.ResourceCPU: *resource.NewMilliQuantity(m, resource.DecimalSI)} }
+	cpu := func(m int64) v1.ResourceList {
+		return v1.ResourceList{v1.ResourceCPU: *resource.NewMilliQuantity(m, resource.DecimalSI)}
+	}
 	want := planner.Workload{
 		{GPUs: 1, MilliGPU: 1000, Requests: cpu(4000), Weight: 12},
 		{GPUs: 1, MilliGPU: 500, Requests: cpu(2000), Weight: 4},

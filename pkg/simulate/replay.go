@@ -65,11 +65,11 @@ type Metrics struct {
 	// time stretched by the locality model) over every placed job of a
 	// timed trace, and the makespan, from the first arrival to the last
 	// completion.
-	MeanJCTS  float64 `json:"meanJCTS,omitempty"`
-	P95JCTS   float64 `json:"p95JCTS,omitempty"`
-	MakespanS float64 `json:"makespanS,omitempty"`
-	AllocatorRuns  int     `json:"allocatorRuns"`
-	ReplaySeconds  float64 `json:"replaySeconds"`
+	MeanJCTS      float64 `json:"meanJCTS,omitempty"`
+	P95JCTS       float64 `json:"p95JCTS,omitempty"`
+	MakespanS     float64 `json:"makespanS,omitempty"`
+	AllocatorRuns int     `json:"allocatorRuns"`
+	ReplaySeconds float64 `json:"replaySeconds"`
 
 	latencies []float64 // ms, one per plan
 	waits     []float64 // s, one per placed job
