@@ -20,6 +20,7 @@ import (
 
 type simulateFlags struct {
 	cluster, trace, format, output, published, strategy string
+	locality                                            string
 	demand, multiNode                                   float64
 	seed                                                uint64
 	seeds, jobs                                         int
@@ -91,6 +92,7 @@ opted in, and fgd-expected-results beside the trace's directory.`,
 	fl.StringVar(&f.claims.DeviceClass, "device-class", "", "DeviceClass manifest of the pods' claims (default: the built-in demo/specs/"+simulate.EmbeddedClaimFiles.DeviceClass+")")
 	fl.StringVar(&f.claims.Whole, "whole-template", "", "ResourceClaimTemplate for whole GPUs: one request whose count is set to the pod's GPUs (default: the built-in demo/specs/"+simulate.EmbeddedClaimFiles.Whole+")")
 	fl.StringVar(&f.claims.Share, "share-template", "", "ResourceClaimTemplate for a share of a GPU: one request whose milliGPU is set to the pod's share (default: the built-in demo/specs/"+simulate.EmbeddedClaimFiles.Share+")")
+	fl.StringVar(&f.locality, "locality", simulate.DefaultLocality().String(), "Timed traces: a job runs for its duration times the factor of the highest tier its pods span, as tier=factor pairs (node, leaf, spine, cross; unnamed tiers keep the default), or none")
 	fl.IntVar(&f.jobs, "jobs", 1000, "Philly: number of jobs")
 	fl.Float64Var(&f.multiNode, "multinode-fraction", 0.1, "Philly: fraction of multi-node jobs (2-8 pods of 8 GPUs)")
 	fl.IntVar(&f.grouping.NodesPerLeaf, "nodes-per-leaf", f.grouping.NodesPerLeaf, "Node-list clusters: consecutive nodes per leaf")
@@ -126,6 +128,9 @@ func (f *simulateFlags) validate() error {
 	if f.strategy != "" && !slices.Contains(placement.Strategies, placement.Strategy(f.strategy)) {
 		errs = append(errs, fmt.Errorf("unknown --strategy %q: want one of %s", f.strategy, strategies()))
 	}
+	if _, err := simulate.ParseLocality(f.locality); err != nil {
+		errs = append(errs, fmt.Errorf("--locality: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -149,6 +154,11 @@ func runSimulate(cmd *cobra.Command, f *simulateFlags) error {
 	}
 	opt := simulate.Options{Demand: f.demand, Seed: f.seed, Seeds: f.seeds, Strategy: planner.Strategy(f.strategy), CPUPodsOptIn: f.cpuPodsOptIn, MaxDomainWait: f.maxDomainWait,
 		GPUModels: f.fair, FGDWorkload: f.fair}
+	loc, err := simulate.ParseLocality(f.locality)
+	if err != nil {
+		return err
+	}
+	opt.Locality = &loc
 	var src simulate.Source
 	var published []simulate.Published
 	if f.format == simulate.FormatPhilly {

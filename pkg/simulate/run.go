@@ -57,6 +57,9 @@ type Options struct {
 	// artifact's target workload (see fgdWorkload) instead of every shape
 	// of the arrived jobs.
 	FGDWorkload bool
+	// Locality stretches the run time of a job of a timed trace by the
+	// highest tier its pods span; nil is DefaultLocality.
+	Locality *Locality
 	// MaxDomainWait is how long gputopo keeps a multi-node job of a timed
 	// trace waiting for a domain of its size rule before it may take a
 	// bigger one: 0 places it at once wherever it fits, a negative value
@@ -75,6 +78,8 @@ type Result struct {
 	// take shares; without it they take whole GPUs.
 	Sharing bool     `json:"sharing"`
 	Seeds   []uint64 `json:"seeds"`
+	// Locality is the locality model of timed traces.
+	Locality string `json:"locality,omitempty"`
 	Metrics
 	Baseline Metrics `json:"baseline"`
 	FirstFit Metrics `json:"firstFit"`
@@ -183,6 +188,9 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 		}
 		if k == 0 {
 			res.Trace = traceInfo(tr, jobs, sampled)
+			if tr.Timed {
+				res.Locality = opt.locality().String()
+			}
 		}
 		w := workloadOf(jobs, c.Sharing)
 		if opt.FGDWorkload {
@@ -196,7 +204,7 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 			{&base, newSchedulerModel(c, cl, seed, newLedger(c))},
 			{&first, newFirstFit(c, cl)},
 		} {
-			m, err := replay(ctx, c, jobs, tr.Timed, p.p)
+			m, err := replay(ctx, c, jobs, tr.Timed, p.p, opt.locality())
 			if err != nil {
 				return nil, fmt.Errorf("seed %d, %s: %w", seed, p.p.name(), err)
 			}
@@ -250,6 +258,13 @@ func workloadOf(jobs []Job, sharing bool) planner.Workload {
 		w[i] = planner.WorkloadClass{GPUs: k.gpus, MilliGPU: k.milli, Requests: requests(k.cpu, k.mem), Weight: count[k]}
 	}
 	return w
+}
+
+func (o Options) locality() Locality {
+	if o.Locality == nil {
+		return DefaultLocality()
+	}
+	return *o.Locality
 }
 
 // withoutModels is tr with no job naming GPU models.
@@ -352,21 +367,28 @@ func mean(runs []Metrics) Metrics {
 	out.MultiNodeJobs = count(func(m Metrics) int { return m.MultiNodeJobs })
 	out.MultiNodePlaced = count(func(m Metrics) int { return m.MultiNodePlaced })
 	out.SameDomain = count(func(m Metrics) int { return m.SameDomain })
+	out.CrossSpine = count(func(m Metrics) int { return m.CrossSpine })
 	out.Waited = count(func(m Metrics) int { return m.Waited })
 	out.AllocatorRuns = count(func(m Metrics) int { return m.AllocatorRuns })
 	out.AllocatedGPUs = avg(func(m Metrics) float64 { return m.AllocatedGPUs })
 	out.AllocationRatio = avg(func(m Metrics) float64 { return m.AllocationRatio })
 	out.MilliAllocationRatio = avg(func(m Metrics) float64 { return m.MilliAllocationRatio })
 	out.Utilization = avg(func(m Metrics) float64 { return m.Utilization })
+	out.UsefulUtilization = avg(func(m Metrics) float64 { return m.UsefulUtilization })
 	out.SameDomainRatio = avg(func(m Metrics) float64 { return m.SameDomainRatio })
 	out.Fragmentation = avg(func(m Metrics) float64 { return m.Fragmentation })
 	out.LeafFragmentation = avg(func(m Metrics) float64 { return m.LeafFragmentation })
 	out.ReplaySeconds = avg(func(m Metrics) float64 { return m.ReplaySeconds })
+	out.MakespanS = avg(func(m Metrics) float64 { return m.MakespanS })
 	for _, r := range runs {
 		out.latencies = append(out.latencies, r.latencies...)
 		out.waits = append(out.waits, r.waits...)
+		out.jcts = append(out.jcts, r.jcts...)
+		out.multiJCTs = append(out.multiJCTs, r.multiJCTs...)
 	}
 	out.PlanLatencyP50Ms, out.PlanLatencyP99Ms, out.PlanLatencyMaxMs = percentile(out.latencies, 0.50), percentile(out.latencies, 0.99), percentile(out.latencies, 1)
 	out.MeanQueueWaitS, out.P95QueueWaitS = average(out.waits), percentile(out.waits, 0.95)
+	out.MeanJCTS, out.P95JCTS = average(out.jcts), percentile(out.jcts, 0.95)
+	out.MultiNodeMeanJCTS = average(out.multiJCTs)
 	return out
 }
