@@ -21,10 +21,10 @@ import (
 type simulateFlags struct {
 	cluster, trace, format, output, published, strategy string
 	locality                                            string
-	demand, multiNode                                   float64
+	demand, multiNode, limitFactor                      float64
 	seed                                                uint64
 	seeds, jobs                                         int
-	sharing, cpuPodsOptIn, fair                         bool
+	sharing, cpuPodsOptIn, fair, progress               bool
 	maxDomainWait                                       time.Duration
 	grouping                                            simulate.Grouping
 	claims                                              simulate.ClaimFiles
@@ -93,6 +93,8 @@ opted in, and fgd-expected-results beside the trace's directory.`,
 	fl.StringVar(&f.claims.Whole, "whole-template", "", "ResourceClaimTemplate for whole GPUs: one request whose count is set to the pod's GPUs (default: the built-in demo/specs/"+simulate.EmbeddedClaimFiles.Whole+")")
 	fl.StringVar(&f.claims.Share, "share-template", "", "ResourceClaimTemplate for a share of a GPU: one request whose milliGPU is set to the pod's share (default: the built-in demo/specs/"+simulate.EmbeddedClaimFiles.Share+")")
 	fl.StringVar(&f.locality, "locality", simulate.DefaultLocality().String(), "Timed traces: a job runs for its duration times the factor of the highest tier its pods span, as tier=factor pairs (node, leaf, spine, cross; unnamed tiers keep the default), or none")
+	fl.Float64Var(&f.limitFactor, "limit-factor", 0, "Timed traces: every job declares a run-time limit of its duration times this factor (at least 1), and the queue backfills as EASY backfill does with those limits; 0: no limits, every waiting job that fits starts")
+	fl.BoolVar(&f.progress, "progress", false, "Print a line per seed to stderr as it is done")
 	fl.IntVar(&f.jobs, "jobs", 1000, "Philly: number of jobs")
 	fl.Float64Var(&f.multiNode, "multinode-fraction", 0.1, "Philly: fraction of multi-node jobs (2-8 pods of 8 GPUs)")
 	fl.IntVar(&f.grouping.NodesPerLeaf, "nodes-per-leaf", f.grouping.NodesPerLeaf, "Node-list clusters: consecutive nodes per leaf")
@@ -128,6 +130,9 @@ func (f *simulateFlags) validate() error {
 	if f.strategy != "" && !slices.Contains(placement.Strategies, placement.Strategy(f.strategy)) {
 		errs = append(errs, fmt.Errorf("unknown --strategy %q: want one of %s", f.strategy, strategies()))
 	}
+	if f.limitFactor != 0 && f.limitFactor < 1 {
+		errs = append(errs, fmt.Errorf("--limit-factor %v: want 0 (no limits) or at least 1 (a limit never below the run time)", f.limitFactor))
+	}
 	if _, err := simulate.ParseLocality(f.locality); err != nil {
 		errs = append(errs, fmt.Errorf("--locality: %w", err))
 	}
@@ -159,6 +164,10 @@ func runSimulate(cmd *cobra.Command, f *simulateFlags) error {
 		return err
 	}
 	opt.Locality = &loc
+	opt.LimitFactor = f.limitFactor
+	if f.progress {
+		opt.Progress = cmd.ErrOrStderr()
+	}
 	var src simulate.Source
 	var published []simulate.Published
 	if f.format == simulate.FormatPhilly {

@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"fmt"
@@ -313,7 +314,14 @@ func (r *run) timed() error {
 		}
 	}
 	var last time.Duration // the last completion
+	// limits: jobs declare run-time limits, and the queue backfills as
+	// EASY does; ends holds the declared end of each running job.
+	limits := jobs[0].Limit > 0
+	ends := map[int]declaredEnd{}
 	start := func(i int, at time.Duration, nodes []int) {
+		if limits {
+			ends[i] = declaredEnd{at: at + jobs[i].Limit, gpus: jobs[i].GPUs()}
+		}
 		w := (at - jobs[i].Arrival).Seconds()
 		r.m.waits = append(r.m.waits, w)
 		if w > 0 {
@@ -328,14 +336,28 @@ func (r *run) timed() error {
 		heap.Push(&due, departure{at: end, seq: i, key: fmt.Sprintf("j%d-%s", i, jobs[i].Name)})
 	}
 	// scan places every queued job that fits now, in arrival order.
+	// With limits, the first job that does not fit holds a reservation
+	// at shadow, when the declared ends free enough GPUs for it, extra
+	// GPUs being left over then.
 	scan := func(at time.Duration) error {
 		failed := map[shape]bool{}
 		kept := queue[:0]
+		reserved := false
+		var shadow time.Duration
+		extra := 0
 		for _, i := range queue {
 			sh := shapeOf(jobs[i])
 			if failed[sh] {
 				kept = append(kept, i)
 				continue
+			}
+			before := true // the job ends before the reservation
+			if reserved {
+				before = at+jobs[i].Limit <= shadow
+				if !before && jobs[i].GPUs() > extra {
+					kept = append(kept, i)
+					continue
+				}
 			}
 			pl, err := r.tryAt(i, at)
 			if err != nil {
@@ -343,10 +365,17 @@ func (r *run) timed() error {
 			}
 			if pl.ok {
 				start(i, at, pl.nodes)
+				if !before {
+					extra -= jobs[i].GPUs()
+				}
 				continue
 			}
 			failed[sh] = true
 			kept = append(kept, i)
+			if limits && !reserved {
+				reserved = true
+				shadow, extra = reservation(at, r.c.GPUs-int(r.gpus), jobs[i].GPUs(), ends)
+			}
 		}
 		queue = kept
 		return nil
@@ -360,6 +389,7 @@ func (r *run) timed() error {
 		r.usefulSum -= r.useful[d.key]
 		delete(r.held, d.key)
 		delete(r.useful, d.key)
+		delete(ends, d.seq)
 	}
 	for i, j := range jobs {
 		for due.Len() > 0 && due[0].at <= j.Arrival {
@@ -376,6 +406,15 @@ func (r *run) timed() error {
 		u := r.p.usage()
 		fragSum += u.Fragmentation
 		leafFragSum += u.LeafFragmentation
+		if limits && len(queue) > 0 {
+			// A job arriving while others wait takes its turn behind
+			// the reservation.
+			queue = append(queue, i)
+			if err := scan(j.Arrival); err != nil {
+				return err
+			}
+			continue
+		}
 		pl, err := r.tryAt(i, j.Arrival)
 		if err != nil {
 			return err
@@ -428,6 +467,41 @@ func (r *run) timed() error {
 	}
 	r.m.Utilization = r.m.MilliAllocationRatio
 	return nil
+}
+
+// declaredEnd is when a running job says it ends (its start plus its
+// declared limit) and the GPUs it frees then.
+type declaredEnd struct {
+	at   time.Duration
+	gpus int
+}
+
+// reservation is when a job of need GPUs may start, going by the declared
+// ends of the running jobs (by job index; a job past its declared end
+// counts as ending now) with free GPUs free now; extra is how many GPUs
+// are left over then. When the running jobs never free enough there is
+// no reservation: shadow lies beyond any time, with no extra.
+func reservation(now time.Duration, free, need int, ends map[int]declaredEnd) (shadow time.Duration, extra int) {
+	if free >= need {
+		return now, free - need
+	}
+	type end struct {
+		declaredEnd
+		i int
+	}
+	es := make([]end, 0, len(ends))
+	for i, e := range ends {
+		e.at = max(e.at, now)
+		es = append(es, end{e, i})
+	}
+	slices.SortFunc(es, func(a, b end) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.i, b.i)) })
+	for _, e := range es {
+		free += e.gpus
+		if free >= need {
+			return e.at, free - need
+		}
+	}
+	return time.Duration(math.MaxInt64), 0
 }
 
 // percentile is the nearest-rank percentile of xs.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -57,9 +58,20 @@ type Options struct {
 	// artifact's target workload (see fgdWorkload) instead of every shape
 	// of the arrived jobs.
 	FGDWorkload bool
+	// LimitFactor declares every job of a timed trace a run-time limit
+	// of its trace duration times this factor (a user's overestimate,
+	// at least 1); 0 declares none. With limits the queue backfills as
+	// EASY backfill does: the oldest waiting job holds a reservation at
+	// the time the declared limits say enough GPUs free up, and a later
+	// job starts before it only if its own limit ends by then or it
+	// takes only GPUs the reservation leaves over. Without limits every
+	// waiting job that fits starts.
+	LimitFactor float64
 	// Locality stretches the run time of a job of a timed trace by the
 	// highest tier its pods span; nil is DefaultLocality.
 	Locality *Locality
+	// Progress, when set, gets a line per seed as it is done.
+	Progress io.Writer
 	// MaxDomainWait is how long gputopo keeps a multi-node job of a timed
 	// trace waiting for a domain of its size rule before it may take a
 	// bigger one: 0 places it at once wherever it fits, a negative value
@@ -174,6 +186,9 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 		if !opt.GPUModels && tr.ModelPods > 0 {
 			tr = withoutModels(tr)
 		}
+		if tr.Timed && opt.LimitFactor > 0 {
+			tr = withLimits(tr, opt.LimitFactor)
+		}
 		jobs := tr.Jobs
 		sampled := 0
 		if !tr.Timed {
@@ -211,6 +226,10 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 			*p.out = append(*p.out, m)
 		}
 		res.PerSeed = append(res.PerSeed, SeedResult{Seed: seed, Gputopo: seedMeasure(ours[k]), Baseline: seedMeasure(base[k]), FirstFit: seedMeasure(first[k])})
+		if opt.Progress != nil {
+			fmt.Fprintf(opt.Progress, "seed %d: milli-GPU allocation gputopo %.4f, default scheduler %.4f, first fit %.4f; mean JCT %.0f s, %.0f s, %.0f s\n",
+				seed, ours[k].MilliAllocationRatio, base[k].MilliAllocationRatio, first[k].MilliAllocationRatio, ours[k].MeanJCTS, base[k].MeanJCTS, first[k].MeanJCTS)
+		}
 	}
 	res.Metrics, res.Baseline, res.FirstFit = mean(ours), mean(base), mean(first)
 	res.WallSeconds = time.Since(start).Seconds()
@@ -265,6 +284,17 @@ func (o Options) locality() Locality {
 		return DefaultLocality()
 	}
 	return *o.Locality
+}
+
+// withLimits is tr with every job declaring a run-time limit of its
+// duration times factor.
+func withLimits(tr *Trace, factor float64) *Trace {
+	out := *tr
+	out.Jobs = slices.Clone(tr.Jobs)
+	for i := range out.Jobs {
+		out.Jobs[i].Limit = time.Duration(float64(out.Jobs[i].Duration) * factor)
+	}
+	return &out
 }
 
 // withoutModels is tr with no job naming GPU models.

@@ -42,8 +42,12 @@ type Job struct {
 	// gpu_spec); empty: any. Enforced with Options.GPUModels.
 	GPUModels []string
 	// Arrival and Duration are set in timed traces only; a job of a
-	// timed trace leaves Duration after it was placed.
+	// timed trace leaves Duration after it was placed (stretched by the
+	// locality model). Schedulers never see Duration.
 	Arrival, Duration time.Duration
+	// Limit is the run-time limit the job declares, as a user declares
+	// one to a batch scheduler: 0 for none. EASY backfill reads it.
+	Limit time.Duration
 }
 
 // GPUs is what the job requests in all, a share counting as a GPU.
