@@ -54,9 +54,9 @@ type Options struct {
 	// scheduler, as the FGD artifact enforces them. Without it they are
 	// ignored.
 	GPUModels bool
-	// FGDWorkload measures gputopo's fragmentation against the FGD
-	// artifact's target workload (see fgdWorkload) instead of every shape
-	// of the arrived jobs.
+	// FGDWorkload measures gputopo's fragmentation on an Alibaba trace
+	// against the FGD artifact's target workload (see fgdWorkload)
+	// instead of every shape of the arrived jobs.
 	FGDWorkload bool
 	// LimitFactor declares every job of a timed trace a run-time limit
 	// of its trace duration times this factor (a user's overestimate,
@@ -208,7 +208,7 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 			}
 		}
 		w := workloadOf(jobs, c.Sharing)
-		if opt.FGDWorkload {
+		if opt.FGDWorkload && tr.Format == FormatAlibaba {
 			w = fgdWorkload(tr.Jobs, c.Sharing)
 		}
 		for _, p := range []struct {
@@ -227,8 +227,12 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 		}
 		res.PerSeed = append(res.PerSeed, SeedResult{Seed: seed, Gputopo: seedMeasure(ours[k]), Baseline: seedMeasure(base[k]), FirstFit: seedMeasure(first[k])})
 		if opt.Progress != nil {
-			fmt.Fprintf(opt.Progress, "seed %d: milli-GPU allocation gputopo %.4f, default scheduler %.4f, first fit %.4f; mean JCT %.0f s, %.0f s, %.0f s\n",
-				seed, ours[k].MilliAllocationRatio, base[k].MilliAllocationRatio, first[k].MilliAllocationRatio, ours[k].MeanJCTS, base[k].MeanJCTS, first[k].MeanJCTS)
+			fmt.Fprintf(opt.Progress, "seed %d: milli-GPU allocation gputopo %.4f, default scheduler %.4f, first fit %.4f",
+				seed, ours[k].MilliAllocationRatio, base[k].MilliAllocationRatio, first[k].MilliAllocationRatio)
+			if tr.Timed {
+				fmt.Fprintf(opt.Progress, "; mean JCT %.0f s, %.0f s, %.0f s", ours[k].MeanJCTS, base[k].MeanJCTS, first[k].MeanJCTS)
+			}
+			fmt.Fprintln(opt.Progress)
 		}
 	}
 	res.Metrics, res.Baseline, res.FirstFit = mean(ours), mean(base), mean(first)
