@@ -133,13 +133,17 @@ type fragModel struct {
 	shapes []gpuShape
 	shape  []int     // by class
 	req    [][]int64 // by class
-	sel    []*nodeaffinity.NodeSelector
-	// anySel: some class has a node affinity.
-	anySel bool
+	// sels are the distinct node affinities of the classes, selOf the
+	// one of each class (-1: none), blockedBy the classes blocked on a
+	// node by which of sels it matches (a bit each).
+	sels      []*nodeaffinity.NodeSelector
+	selOf     []int
+	blockedBy map[uint64][]bool
 }
 
 func newFragModel(w Workload, res *resources) *fragModel {
-	m := &fragModel{w: w, weight: make([]float64, len(w)), shape: make([]int, len(w)), req: make([][]int64, len(w))}
+	m := &fragModel{w: w, weight: make([]float64, len(w)), shape: make([]int, len(w)), req: make([][]int64, len(w)), selOf: make([]int, len(w)), blockedBy: map[uint64][]bool{}}
+	selIdx := map[string]int{}
 	sum := 0.0
 	for _, c := range w {
 		sum += c.Weight
@@ -150,12 +154,17 @@ func newFragModel(w Workload, res *resources) *fragModel {
 			m.req[i] = res.vector(c.Requests)
 			m.req[i][res.idx[v1.ResourcePods]]++
 		}
+		m.selOf[i] = -1
 		if c.NodeAffinity != nil {
-			if m.sel == nil {
-				m.sel = make([]*nodeaffinity.NodeSelector, len(w))
+			k := c.NodeAffinity.String()
+			j, ok := selIdx[k]
+			if !ok {
+				j = len(m.sels)
+				sel, _ := nodeaffinity.NewNodeSelector(c.NodeAffinity) // validated
+				m.sels = append(m.sels, sel)
+				selIdx[k] = j
 			}
-			m.sel[i], _ = nodeaffinity.NewNodeSelector(c.NodeAffinity) // validated
-			m.anySel = true
+			m.selOf[i] = j
 		}
 		if c.GPUs == 0 {
 			m.shape[i] = -1
@@ -205,16 +214,32 @@ func (m *fragModel) change(s *fragStats, free int, shared bool, sign int) {
 }
 
 // blocked says, by class, whether a pod of the class may not run on
-// node obj at all; nil when every class may run everywhere.
-func (m *fragModel) blocked(obj *v1.Node) []bool {
-	if !m.anySel {
-		return nil
+// node obj at all (nil when every class may run everywhere), and which
+// of the distinct node affinities the node matches, which decides it;
+// ok is false past 64 distinct affinities, when that does not fit.
+func (m *fragModel) blocked(obj *v1.Node) (out []bool, matched uint64, ok bool) {
+	if len(m.sels) == 0 {
+		return nil, 0, true
 	}
-	out := make([]bool, len(m.w))
-	for i, sel := range m.sel {
-		out[i] = sel != nil && (obj == nil || !sel.Match(obj))
+	for j, sel := range m.sels {
+		if obj != nil && sel.Match(obj) && j < 64 {
+			matched |= 1 << j
+		}
 	}
-	return out
+	if len(m.sels) <= 64 {
+		if out, hit := m.blockedBy[matched]; hit {
+			return out, matched, true
+		}
+	}
+	out = make([]bool, len(m.w))
+	for i, j := range m.selOf {
+		out[i] = j >= 0 && (obj == nil || !m.sels[j].Match(obj))
+	}
+	if len(m.sels) > 64 {
+		return out, 0, false
+	}
+	m.blockedBy[matched] = out
+	return out, matched, true
 }
 
 // frag is the expected free compute the workload cannot use on a node
@@ -396,8 +421,9 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 		if allFree(buf) && nd.leaf != nil {
 			freeNodes[nd.leaf]++
 		}
-		blocked := m.blocked(nd.obj)
-		key, memo := st.scoreKey(n, buf, d, blocked)
+		blocked, matched, keyed := m.blocked(nd.obj)
+		key, memo := st.scoreKey(n, buf, d, matched)
+		memo = memo && keyed
 		if memo {
 			if v, hit := scores[key]; hit {
 				if v.found {
@@ -499,8 +525,9 @@ type scoreKey struct {
 	shared uint16
 	res    uint8 // resources in rest; noRest: the node's are not checked
 	rest   [4]int64
-	// blocked has a bit per workload class the node rules out.
-	blocked uint64
+	// matched has a bit per distinct node affinity of the workload the
+	// node matches: what decides the classes it rules out.
+	matched uint64
 }
 
 const noRest = 0xff
@@ -515,19 +542,14 @@ type memoScore struct {
 var scoreMemo = true
 
 // scoreKey returns node n's key, or false when its choice cannot be
-// shared: a share names its GPU, and keys hold up to 16 GPUs, 4
-// resources and 64 blocked workload classes.
-func (st *state) scoreKey(n int, slots []slot, d podDemand, blocked []bool) (scoreKey, bool) {
+// shared: a share names its GPU, and keys hold up to 16 GPUs and 4
+// resources.
+func (st *state) scoreKey(n int, slots []slot, d podDemand, matched uint64) (scoreKey, bool) {
 	nd := st.c.nodes[n]
-	if !scoreMemo || (d.gpus > 0 && d.milli < topology.MilliPerGPU) || len(slots) > 16 || len(nd.alloc) > 4 || len(blocked) > 64 {
+	if !scoreMemo || (d.gpus > 0 && d.milli < topology.MilliPerGPU) || len(slots) > 16 || len(nd.alloc) > 4 {
 		return scoreKey{}, false
 	}
-	k := scoreKey{slots: uint8(len(slots)), res: noRest}
-	for i, b := range blocked {
-		if b {
-			k.blocked |= 1 << i
-		}
-	}
+	k := scoreKey{slots: uint8(len(slots)), res: noRest, matched: matched}
 	for i, sl := range slots {
 		k.free[i] = int16(sl.free)
 		if sl.shared {
