@@ -20,10 +20,11 @@ import (
 
 type simulateFlags struct {
 	cluster, trace, format, output, published, strategy string
-	demand, multiNode                                   float64
+	locality                                            string
+	demand, multiNode, limitFactor                      float64
 	seed                                                uint64
 	seeds, jobs                                         int
-	sharing, cpuPodsOptIn                               bool
+	sharing, cpuPodsOptIn, fair, progress               bool
 	maxDomainWait                                       time.Duration
 	grouping                                            simulate.Grouping
 	claims                                              simulate.ClaimFiles
@@ -54,9 +55,19 @@ what they ask for reaches --demand × the cluster's GPUs, counted in
 milli-GPUs, and never leave, as in the FGD paper. Timed traces (job CSVs
 with arrival_s,duration_s, philly) replay arrivals and departures: a job
 that does not fit waits in arrival order, and every job that fits when
-GPUs free up starts (backfill). The FGD paper's published ratios are
-shown only for its setting: an Alibaba trace with --sharing, when
-fgd-expected-results sits beside the trace's directory.`,
+GPUs free up starts (backfill).
+
+With --fair (the default) Alibaba lists replay in the FGD artifact's
+setup: only the nodes with GPUs, the GPU models a pod's gpu_spec names
+enforced for every scheduler, and gputopo's fragmentation measured
+against the artifact's target workload (the trace's most common pod
+shapes covering 95 % of its pods, pods without GPUs and GPU models
+included, CPU counted but not memory). --fair=false replays every node of
+the list, ignores gpu_spec and measures fragmentation against every
+shape of the arrived pods. The FGD paper's published ratios are shown
+only where the setup is the artifact's: an Alibaba pod list, --fair,
+--sharing, a --seed above 0 (the artifact shuffles), pods without GPUs
+opted in, and fgd-expected-results beside the trace's directory.`,
 		Example: examples(inv,
 			"simulate --cluster pkg/simulate/testdata/dgx-h100-2x4x4.yaml --trace-format philly --jobs 1000 --seeds 10",
 			"a generated Philly mix on a cluster topology, averaged over 10 seeds"),
@@ -76,10 +87,14 @@ fgd-expected-results sits beside the trace's directory.`,
 	fl.StringVar(&f.strategy, "strategy", "", "gputopo strategy: "+strategies()+" (default: the planner's; for one-pod jobs, fragmentation-aware)")
 	fl.BoolVar(&f.sharing, "sharing", false, "Publish every GPU for sharing: pods asking for a share of a GPU take that share")
 	fl.DurationVar(&f.maxDomainWait, "max-domain-wait", -1, "Timed traces: how long gputopo keeps a multi-node job waiting for a domain of its size rule before it may take a bigger one (0: place at once; negative: no limit)")
+	fl.BoolVar(&f.fair, "fair", true, "Alibaba lists: the FGD artifact's setup (GPU nodes only, gpu_spec's GPU models enforced, its target workload for fragmentation); false: every node, gpu_spec ignored, every arrived pod shape")
 	fl.BoolVar(&f.cpuPodsOptIn, "cpu-pods-opt-in", true, "Pods without GPUs (Alibaba traces) opt in to gputopo's placement, as every pod goes through FGD in the paper; false leaves them to the default scheduler's model")
 	fl.StringVar(&f.claims.DeviceClass, "device-class", "", "DeviceClass manifest of the pods' claims (default: the built-in demo/specs/"+simulate.EmbeddedClaimFiles.DeviceClass+")")
 	fl.StringVar(&f.claims.Whole, "whole-template", "", "ResourceClaimTemplate for whole GPUs: one request whose count is set to the pod's GPUs (default: the built-in demo/specs/"+simulate.EmbeddedClaimFiles.Whole+")")
 	fl.StringVar(&f.claims.Share, "share-template", "", "ResourceClaimTemplate for a share of a GPU: one request whose milliGPU is set to the pod's share (default: the built-in demo/specs/"+simulate.EmbeddedClaimFiles.Share+")")
+	fl.StringVar(&f.locality, "locality", simulate.DefaultLocality().String(), "Timed traces: a job runs for its duration times the factor of the highest tier its pods span, as tier=factor pairs (node, leaf, spine, cross; unnamed tiers keep the default), or none")
+	fl.Float64Var(&f.limitFactor, "limit-factor", 0, "Timed traces: every job declares a run-time limit of its duration times this factor (at least 1), and the queue backfills as EASY backfill does with those limits; 0: no limits, every waiting job that fits starts")
+	fl.BoolVar(&f.progress, "progress", false, "Print a line per seed to stderr as it is done")
 	fl.IntVar(&f.jobs, "jobs", 1000, "Philly: number of jobs")
 	fl.Float64Var(&f.multiNode, "multinode-fraction", 0.1, "Philly: fraction of multi-node jobs (2-8 pods of 8 GPUs)")
 	fl.IntVar(&f.grouping.NodesPerLeaf, "nodes-per-leaf", f.grouping.NodesPerLeaf, "Node-list clusters: consecutive nodes per leaf")
@@ -115,6 +130,12 @@ func (f *simulateFlags) validate() error {
 	if f.strategy != "" && !slices.Contains(placement.Strategies, placement.Strategy(f.strategy)) {
 		errs = append(errs, fmt.Errorf("unknown --strategy %q: want one of %s", f.strategy, strategies()))
 	}
+	if f.limitFactor != 0 && f.limitFactor < 1 {
+		errs = append(errs, fmt.Errorf("--limit-factor %v: want 0 (no limits) or at least 1 (a limit never below the run time)", f.limitFactor))
+	}
+	if _, err := simulate.ParseLocality(f.locality); err != nil {
+		errs = append(errs, fmt.Errorf("--locality: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -127,6 +148,7 @@ func runSimulate(cmd *cobra.Command, f *simulateFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 	defer stop()
+	f.grouping.GPUNodesOnly = f.fair
 	c, err := simulate.LoadCluster(f.cluster, f.grouping, simulate.ClusterOptions{Sharing: f.sharing})
 	if err != nil {
 		return err
@@ -135,7 +157,17 @@ func runSimulate(cmd *cobra.Command, f *simulateFlags) error {
 	if err != nil {
 		return err
 	}
-	opt := simulate.Options{Demand: f.demand, Seed: f.seed, Seeds: f.seeds, Strategy: planner.Strategy(f.strategy), CPUPodsOptIn: f.cpuPodsOptIn, MaxDomainWait: f.maxDomainWait}
+	opt := simulate.Options{Demand: f.demand, Seed: f.seed, Seeds: f.seeds, Strategy: planner.Strategy(f.strategy), CPUPodsOptIn: f.cpuPodsOptIn, MaxDomainWait: f.maxDomainWait,
+		GPUModels: f.fair, FGDWorkload: f.fair}
+	loc, err := simulate.ParseLocality(f.locality)
+	if err != nil {
+		return err
+	}
+	opt.Locality = &loc
+	opt.LimitFactor = f.limitFactor
+	if f.progress {
+		opt.Progress = cmd.ErrOrStderr()
+	}
 	var src simulate.Source
 	var published []simulate.Published
 	if f.format == simulate.FormatPhilly {
@@ -157,7 +189,7 @@ func runSimulate(cmd *cobra.Command, f *simulateFlags) error {
 		if tr.Format == simulate.FormatAlibaba {
 			opt.Inflate = true
 		}
-		if simulate.PaperSetting(tr, f.sharing) {
+		if simulate.PaperSetting(tr, c, opt) {
 			file := f.published
 			if file == "" {
 				file = simulate.PublishedFile(f.trace)

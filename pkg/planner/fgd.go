@@ -9,6 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -42,12 +43,17 @@ const fragTolerance = 20
 // WorkloadClass is one kind of pod of the expected workload.
 type WorkloadClass struct {
 	// GPUs per pod; MilliGPU per GPU: 1000 for whole GPUs, less for a
-	// share of one GPU.
+	// share of one GPU. A class of 0 GPUs (and 0 MilliGPU) is a pod
+	// without GPUs: every free GPU is stranded for it, as FGD counts it.
 	GPUs, MilliGPU int
 	// Requests is what the pod asks of its node besides GPUs (cpu,
 	// memory, ...); a node without that much left of its allocatable
 	// strands all its free GPUs for the kind.
 	Requests v1.ResourceList
+	// NodeAffinity, when set, is where a pod of the kind may run (a GPU
+	// model it asks for, say): every free GPU of a node it does not
+	// match is stranded for the kind.
+	NodeAffinity *v1.NodeSelector
 	// Weight is how common the kind is; weights need not sum to 1.
 	Weight float64
 }
@@ -69,12 +75,18 @@ func (w Workload) Validate() error {
 	sum := 0.0
 	for _, c := range w {
 		switch {
+		case c.GPUs == 0 && c.MilliGPU == 0:
 		case c.GPUs < 1 || c.MilliGPU < 1 || c.MilliGPU > topology.MilliPerGPU:
-			return fmt.Errorf("workload class %+v: GPUs must be at least 1 and MilliGPU in 1..%d", c, topology.MilliPerGPU)
+			return fmt.Errorf("workload class %+v: GPUs must be at least 1 and MilliGPU in 1..%d, or both 0", c, topology.MilliPerGPU)
 		case c.MilliGPU < topology.MilliPerGPU && c.GPUs != 1:
 			return fmt.Errorf("workload class %+v: only a one-GPU pod can ask for a share of a GPU", c)
 		case c.Weight < 0 || math.IsNaN(c.Weight) || math.IsInf(c.Weight, 0):
 			return fmt.Errorf("workload class %+v: weight must be a number of at least 0", c)
+		}
+		if c.NodeAffinity != nil {
+			if _, err := nodeaffinity.NewNodeSelector(c.NodeAffinity); err != nil {
+				return fmt.Errorf("workload class %+v: node affinity: %w", c, err)
+			}
 		}
 		for name, q := range c.Requests {
 			if q.Sign() < 0 {
@@ -113,18 +125,26 @@ type slot struct {
 type gpuShape struct{ gpus, milli int }
 
 // fragModel is a workload prepared for scoring: its distinct GPU shapes,
-// and each class's shape and requests (by resource index, one pod slot
-// included; nil where the cluster counts no resource).
+// and each class's shape (-1 without GPUs), requests (by resource index,
+// one pod slot included; nil where the cluster counts no resource) and
+// node affinity (nil: every node).
 type fragModel struct {
 	w      Workload
 	weight []float64 // by class, summing to 1
 	shapes []gpuShape
 	shape  []int     // by class
 	req    [][]int64 // by class
+	// sels are the distinct node affinities of the classes, selOf the
+	// one of each class (-1: none), blockedBy the classes blocked on a
+	// node by which of sels it matches (a bit each).
+	sels      []*nodeaffinity.NodeSelector
+	selOf     []int
+	blockedBy map[uint64][]bool
 }
 
 func newFragModel(w Workload, res *resources) *fragModel {
-	m := &fragModel{w: w, weight: make([]float64, len(w)), shape: make([]int, len(w)), req: make([][]int64, len(w))}
+	m := &fragModel{w: w, weight: make([]float64, len(w)), shape: make([]int, len(w)), req: make([][]int64, len(w)), selOf: make([]int, len(w)), blockedBy: map[uint64][]bool{}}
+	selIdx := map[string]int{}
 	sum := 0.0
 	for _, c := range w {
 		sum += c.Weight
@@ -134,6 +154,22 @@ func newFragModel(w Workload, res *resources) *fragModel {
 		if len(res.names) > 0 {
 			m.req[i] = res.vector(c.Requests)
 			m.req[i][res.idx[v1.ResourcePods]]++
+		}
+		m.selOf[i] = -1
+		if c.NodeAffinity != nil {
+			k := c.NodeAffinity.String()
+			j, ok := selIdx[k]
+			if !ok {
+				j = len(m.sels)
+				sel, _ := nodeaffinity.NewNodeSelector(c.NodeAffinity) // validated
+				m.sels = append(m.sels, sel)
+				selIdx[k] = j
+			}
+			m.selOf[i] = j
+		}
+		if c.GPUs == 0 {
+			m.shape[i] = -1
+			continue
 		}
 		k := gpuShape{c.GPUs, c.MilliGPU}
 		j := slices.Index(m.shapes, k)
@@ -178,13 +214,43 @@ func (m *fragModel) change(s *fragStats, free int, shared bool, sign int) {
 	}
 }
 
+// blocked says, by class, whether a pod of the class may not run on
+// node obj at all (nil when every class may run everywhere), and which
+// of the distinct node affinities the node matches, which decides it;
+// ok is false past 64 distinct affinities, when that does not fit.
+func (m *fragModel) blocked(obj *v1.Node) (out []bool, matched uint64, ok bool) {
+	if len(m.sels) == 0 {
+		return nil, 0, true
+	}
+	for j, sel := range m.sels {
+		if obj != nil && sel.Match(obj) && j < 64 {
+			matched |= 1 << j
+		}
+	}
+	if len(m.sels) <= 64 {
+		if out, hit := m.blockedBy[matched]; hit {
+			return out, matched, true
+		}
+	}
+	out = make([]bool, len(m.w))
+	for i, j := range m.selOf {
+		out[i] = j >= 0 && (obj == nil || !m.sels[j].Match(obj))
+	}
+	if len(m.sels) > 64 {
+		return out, 0, false
+	}
+	m.blockedBy[matched] = out
+	return out, matched, true
+}
+
 // frag is the expected free compute the workload cannot use on a node
-// with stats s and rest left of its allocatable (nil: not counted).
-func (m *fragModel) frag(s *fragStats, rest []int64) float64 {
+// with stats s, rest left of its allocatable (nil: not counted) and the
+// classes blocked there (nil: none).
+func (m *fragModel) frag(s *fragStats, rest []int64, blocked []bool) float64 {
 	f := 0.0
 	for i, c := range m.w {
 		k := m.shape[i]
-		if s.usable[k] < c.GPUs || !fits(m.req[i], rest) {
+		if k < 0 || (blocked != nil && blocked[i]) || s.usable[k] < c.GPUs || !fits(m.req[i], rest) {
 			f += m.weight[i] * float64(s.total)
 		} else {
 			f += m.weight[i] * float64(s.stranded[k])
@@ -363,7 +429,9 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 		if allFree(buf) && nd.leaf != nil {
 			freeNodes[nd.leaf]++
 		}
-		key, memo := st.scoreKey(n, buf, d)
+		blocked, matched, keyed := m.blocked(nd.obj)
+		key, memo := st.scoreKey(n, buf, d, matched)
+		memo = memo && keyed
 		if memo {
 			if v, hit := scores[key]; hit {
 				if v.found {
@@ -373,7 +441,7 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 				continue
 			}
 		}
-		c, found := st.score(n, buf, d, m, spread)
+		c, found := st.score(n, buf, d, m, spread, blocked)
 		if memo {
 			scores[key] = memoScore{c, found}
 		}
@@ -465,6 +533,9 @@ type scoreKey struct {
 	shared uint16
 	res    uint8 // resources in rest; noRest: the node's are not checked
 	rest   [4]int64
+	// matched has a bit per distinct node affinity of the workload the
+	// node matches: what decides the classes it rules out.
+	matched uint64
 }
 
 const noRest = 0xff
@@ -481,12 +552,12 @@ var scoreMemo = true
 // scoreKey returns node n's key, or false when its choice cannot be
 // shared: a share names its GPU, and keys hold up to 16 GPUs and 4
 // resources.
-func (st *state) scoreKey(n int, slots []slot, d podDemand) (scoreKey, bool) {
+func (st *state) scoreKey(n int, slots []slot, d podDemand, matched uint64) (scoreKey, bool) {
 	nd := st.c.nodes[n]
 	if !scoreMemo || (d.gpus > 0 && d.milli < topology.MilliPerGPU) || len(slots) > 16 || len(nd.alloc) > 4 {
 		return scoreKey{}, false
 	}
-	k := scoreKey{slots: uint8(len(slots)), res: noRest}
+	k := scoreKey{slots: uint8(len(slots)), res: noRest, matched: matched}
 	for i, sl := range slots {
 		k.free[i] = int16(sl.free)
 		if sl.shared {
@@ -504,12 +575,12 @@ func (st *state) scoreKey(n int, slots []slot, d podDemand) (scoreKey, bool) {
 
 // score finds the best place on node n (slots: its GPUs) for the job's
 // pod of demand d; lower scores are better.
-func (st *state) score(n int, slots []slot, d podDemand, m *fragModel, spread bool) (choice, bool) {
+func (st *state) score(n int, slots []slot, d podDemand, m *fragModel, spread bool, blocked []bool) (choice, bool) {
 	rest, after := st.rest(n)
 	stats := m.stats(slots)
 	var before float64
 	if st.job.Strategy != StrategyConsolidated && !spread {
-		before = m.frag(&stats, rest)
+		before = m.frag(&stats, rest, blocked)
 	}
 	best, found := choice{}, false
 	consider := func(gpu string, gpuLeft int, s fragStats) {
@@ -520,7 +591,7 @@ func (st *state) score(n int, slots []slot, d podDemand, m *fragModel, spread bo
 		case spread:
 			c.score = -float64(s.total)
 		default:
-			c.score = m.frag(&s, after) - before
+			c.score = m.frag(&s, after, blocked) - before
 			c.rise = c.score
 		}
 		if !found || c.better(best, spread) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
@@ -190,11 +191,14 @@ func TestReservationsHoldShares(t *testing.T) {
 
 func TestWorkloadValidate(t *testing.T) {
 	for name, w := range map[string]planner.Workload{
-		"empty":            {},
-		"share of 2 GPUs":  {{GPUs: 2, MilliGPU: 500, Weight: 1}},
-		"over a whole GPU": {{GPUs: 1, MilliGPU: 1500, Weight: 1}},
-		"negative weight":  {{GPUs: 1, MilliGPU: 1000, Weight: -1}},
-		"no weight":        {{GPUs: 1, MilliGPU: 1000}},
+		"empty":             {},
+		"share of 2 GPUs":   {{GPUs: 2, MilliGPU: 500, Weight: 1}},
+		"over a whole GPU":  {{GPUs: 1, MilliGPU: 1500, Weight: 1}},
+		"negative weight":   {{GPUs: 1, MilliGPU: 1000, Weight: -1}},
+		"no weight":         {{GPUs: 1, MilliGPU: 1000}},
+		"a share of no GPU": {{GPUs: 0, MilliGPU: 500, Weight: 1}},
+		"bad node affinity": {{GPUs: 1, MilliGPU: 1000, Weight: 1, NodeAffinity: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
+			MatchExpressions: []v1.NodeSelectorRequirement{{Key: "model", Operator: "Near", Values: []string{"a"}}}}}}}},
 	} {
 		if err := w.Validate(); err == nil {
 			t.Errorf("%s: want an error", name)
@@ -202,6 +206,39 @@ func TestWorkloadValidate(t *testing.T) {
 	}
 	if err := planner.DefaultWorkload().Validate(); err != nil {
 		t.Errorf("default workload: %v", err)
+	}
+	if err := (planner.Workload{{GPUs: 0, MilliGPU: 0, Weight: 1}}).Validate(); err != nil {
+		t.Errorf("a class of pods without GPUs: %v", err)
+	}
+}
+
+// A kind of pod that may only run on some nodes finds every free GPU
+// elsewhere stranded: a quarter goes where it strands nothing more for
+// the halves that may come, which without the affinity is the first
+// node and with it the node halves may not use. Pods without GPUs in
+// the workload strand every free GPU wherever they go, which changes no
+// choice.
+func TestFragmentationHonoursWorkloadNodeAffinity(t *testing.T) {
+	onModel := func(m string) *v1.NodeSelector {
+		return &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
+			MatchExpressions: []v1.NodeSelectorRequirement{{Key: "model", Operator: v1.NodeSelectorOpIn, Values: []string{m}}}}}}
+	}
+	c := sharedClusterOf(t, makeCluster().Leaf("spine-0", 0, "dgx-h100", 2).Label("model", "a", "l0n0").Label("model", "b", "l0n1"))
+	for name, tc := range map[string]struct {
+		w    planner.Workload
+		want where
+	}{
+		"halves anywhere":       {planner.Workload{{GPUs: 1, MilliGPU: 500, Weight: 1}}, where{"l0n0/gpu-0"}},
+		"halves on a only":      {planner.Workload{{GPUs: 1, MilliGPU: 500, Weight: 1, NodeAffinity: onModel("a")}}, where{"l0n1/gpu-0"}},
+		"halves on b only":      {planner.Workload{{GPUs: 1, MilliGPU: 500, Weight: 1, NodeAffinity: onModel("b")}}, where{"l0n0/gpu-0"}},
+		"and pods without GPUs": {planner.Workload{{GPUs: 1, MilliGPU: 500, Weight: 1, NodeAffinity: onModel("a")}, {Weight: 3}}, where{"l0n1/gpu-0"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := planner.New(newEvaluator(t), planner.WithWorkload(tc.w))
+			if got := planAll(t, p, planner.NewSnapshot(c, nil), shareJob(t, "q", 250)); !cmp.Equal(tc.want, got) {
+				t.Errorf("placed on %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
 

@@ -134,11 +134,16 @@ func (f *csvFile) str(rec []string, col string) string {
 	return ""
 }
 
+// LabelGPUModel is the node label that names the GPU model of an Alibaba
+// node, as the trace's cluster labels it; a pod's gpu_spec selects on it.
+const LabelGPUModel = "alibabacloud.com/gpu-card-model"
+
 // ParseAlibabaNodes reads an Alibaba GPU v2023 node list
 // (sn,cpu_milli,memory_mib,gpu,model). Every GPU count and model gets a
-// synthetic PCIe-only profile (see AlibabaProfile); nodes without GPUs
-// are kept for the CPU and memory they offer, when the list gives them,
-// and skipped otherwise. Consecutive nodes of the list share a leaf.
+// synthetic PCIe-only profile (see AlibabaProfile) and the model as
+// LabelGPUModel; nodes without GPUs are kept for the CPU and memory they
+// offer, when the list gives them and g.GPUNodesOnly is not set, and
+// skipped otherwise. Consecutive nodes kept share a leaf.
 func ParseAlibabaNodes(r io.Reader, name string, g Grouping) ([]NodeSpec, error) {
 	if g.NodesPerLeaf < 1 || g.LeavesPerSpine < 1 {
 		return nil, fmt.Errorf("nodes per leaf and leaves per spine must be at least 1, got %d and %d", g.NodesPerLeaf, g.LeavesPerSpine)
@@ -165,11 +170,13 @@ func ParseAlibabaNodes(r io.Reader, name string, g Grouping) ([]NodeSpec, error)
 			return nil, bad(err)
 		}
 		var p *sim.Profile
+		var labels map[string]string
 		switch {
-		case gpus == 0 && cpu == 0:
+		case gpus == 0 && (cpu == 0 || g.GPUNodesOnly):
 			continue
 		case gpus > 0:
 			model := f.str(rec, "model")
+			labels = map[string]string{LabelGPUModel: model}
 			key := fmt.Sprintf("%s/%d", model, gpus)
 			if p = profiles[key]; p == nil {
 				if p, err = AlibabaProfile(model, gpus); err != nil {
@@ -184,6 +191,7 @@ func ParseAlibabaNodes(r io.Reader, name string, g Grouping) ([]NodeSpec, error)
 			Leaf:     clustertopo.LeafName(leaf),
 			Spine:    clustertopo.SpineName(leaf / g.LeavesPerSpine),
 			Profile:  p,
+			Labels:   labels,
 			CPUMilli: cpu, MemoryMiB: mem,
 		})
 	}
@@ -252,10 +260,12 @@ pcieRoots: %d
 }
 
 // ParseAlibabaPods reads an Alibaba GPU v2023 pod list
-// (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...). Every GPU pod is a
-// one-pod job in trace order; a pod without GPUs is one too, for the CPU
-// and memory it takes, when the list gives them. A pod asking for a share
-// of one GPU (num_gpu 1, gpu_milli < 1000) is Shared.
+// (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]). Every GPU
+// pod is a one-pod job in trace order; a pod without GPUs is one too, for
+// the CPU and memory it takes, when the list gives them. A pod asking for
+// a share of one GPU (num_gpu 1, gpu_milli < 1000) is Shared. gpu_spec,
+// when given, lists the GPU models the pod may use, separated by '|'
+// (Job.GPUModels; empty: any).
 func ParseAlibabaPods(r io.Reader, name string) (*Trace, error) {
 	f, err := openCSV(r, name, "name", "num_gpu", "gpu_milli")
 	if err != nil {
@@ -300,6 +310,14 @@ func ParseAlibabaPods(r io.Reader, name string) (*Trace, error) {
 		if milli < 1000 {
 			j.Shared = true
 			tr.SharedPods++
+		}
+		for m := range strings.SplitSeq(f.str(rec, "gpu_spec"), "|") {
+			if m = strings.TrimSpace(m); m != "" && !slices.Contains(j.GPUModels, m) {
+				j.GPUModels = append(j.GPUModels, m)
+			}
+		}
+		if len(j.GPUModels) > 0 {
+			tr.ModelPods++
 		}
 		if j.CPUMilli, j.MemoryMiB, err = f.nodeResources(rec); err != nil {
 			return nil, bad(err)

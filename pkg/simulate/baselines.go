@@ -3,6 +3,7 @@ package simulate
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"time"
@@ -137,7 +138,8 @@ func newFirstFit(c *Cluster, cl *Claims) *podScheduler {
 // with DRA claims: from a rotating start, it looks for feasible nodes
 // until it has found numFeasibleNodesToFind of them; it scores those with
 // NodeResourcesFit's LeastAllocated and NodeResourcesBalancedAllocation
-// over CPU and memory (DRA devices are not scored) and picks the best,
+// over CPU and memory as kube-scheduler 1.37 computes them (DRA devices
+// are not scored) and picks the best,
 // breaking ties at random; the allocator, first fit over the node's
 // devices, picks the GPUs.
 func newSchedulerModel(c *Cluster, cl *Claims, seed uint64, l *ledger) *podScheduler {
@@ -190,7 +192,9 @@ func numFeasibleNodesToFind(nodes int) int {
 	return max(nodes*pct/100, 100)
 }
 
-// nodeScore is LeastAllocated plus BalancedAllocation, each 0-100.
+// nodeScore is kube-scheduler 1.37's NodeResourcesFit score
+// (LeastAllocated) plus NodeResourcesBalancedAllocation, each 0-100 and
+// of weight 1, over CPU and memory.
 func (s *podScheduler) nodeScore(n int, j Job) int64 {
 	nd := &s.c.Nodes[n]
 	allocCPU, allocMem := nd.CPUMilli, nd.MemoryMiB
@@ -201,21 +205,42 @@ func (s *podScheduler) nodeScore(n int, j Job) int64 {
 		allocMem = unknownMemoryMiB
 	}
 	cpu, mem := scoredRequests(j)
-	reqCPU, reqMem := s.scoreCPU[n]+cpu, s.scoreMem[n]+mem
+	return leastAllocated(s.scoreCPU[n]+cpu, s.scoreMem[n]+mem, allocCPU, allocMem) +
+		balancedAllocation(j.CPUMilli, j.MemoryMiB, s.cpu[n], s.mem[n], allocCPU, allocMem)
+}
+
+// leastAllocated is LeastAllocated over CPU and memory of weight 1 each:
+// the node's requests with the pod's, non-zero defaults counted.
+func leastAllocated(reqCPU, reqMem, allocCPU, allocMem int64) int64 {
 	least := func(req, alloc int64) int64 {
 		if req > alloc {
 			return 0
 		}
 		return (alloc - req) * 100 / alloc
 	}
-	leastAllocated := (least(reqCPU, allocCPU) + least(reqMem, allocMem)) / 2
-	fc, fm := min(float64(reqCPU)/float64(allocCPU), 1), min(float64(reqMem)/float64(allocMem), 1)
-	d := fc - fm
-	if d < 0 {
-		d = -d
+	return (least(reqCPU, allocCPU) + least(reqMem, allocMem)) / 2
+}
+
+// balancedAllocation is NodeResourcesBalancedAllocation as kube-scheduler
+// 1.37 scores it (balanced_allocation.go): requests as asked, without
+// non-zero defaults; a pod that asks for neither CPU nor memory is not
+// scored (0 on every node); otherwise the score rewards the change in
+// balance the pod brings, 50 + (50 + with − without) / 2, where with and
+// without are (1 − std) × 100 of the node's requested fractions (capped
+// at 1) with and without the pod, std being |fCPU − fMemory| / 2 for two
+// resources.
+func balancedAllocation(podCPU, podMem, nodeCPU, nodeMem, allocCPU, allocMem int64) int64 {
+	if podCPU == 0 && podMem == 0 {
+		return 0
 	}
-	balanced := int64((1 - d/2) * 100)
-	return leastAllocated + balanced
+	with := balancedResourceScore(nodeCPU+podCPU, nodeMem+podMem, allocCPU, allocMem)
+	without := balancedResourceScore(nodeCPU, nodeMem, allocCPU, allocMem)
+	return 50 + (50+with-without)/2
+}
+
+func balancedResourceScore(cpu, mem, allocCPU, allocMem int64) int64 {
+	fc, fm := min(float64(cpu)/float64(allocCPU), 1), min(float64(mem)/float64(allocMem), 1)
+	return int64((1 - math.Abs(fc-fm)/2) * 100)
 }
 
 func (s *podScheduler) usage() planner.Usage { return s.ledger.usage() }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -26,6 +27,9 @@ import (
 type NodeSpec struct {
 	Name, Leaf, Spine string
 	Profile           *sim.Profile
+	// Labels are the node's own labels besides those of its profile and
+	// place (LabelGPUModel for Alibaba nodes).
+	Labels map[string]string
 	// CPUMilli and MemoryMiB are what pods may ask of the node; 0 when
 	// the cluster file does not say, and then nothing is counted.
 	CPUMilli, MemoryMiB int64
@@ -43,6 +47,9 @@ type ClusterOptions struct {
 type Grouping struct {
 	NodesPerLeaf   int
 	LeavesPerSpine int
+	// GPUNodesOnly leaves out the nodes of a node list that have no GPUs,
+	// as the FGD paper's cluster does (its gpu_node list).
+	GPUNodesOnly bool
 }
 
 // DefaultGrouping is 16 nodes per leaf and 8 leaves per spine, a common
@@ -69,6 +76,7 @@ type SimNode struct {
 	Name, Leaf, Spine   string
 	LeafPos             int // position of the leaf under its spine
 	GPUs                int
+	Model               string // LabelGPUModel, where the node has it
 	CPUMilli, MemoryMiB int64
 	Obj                 *v1.Node
 	Slices              []*resourceapi.ResourceSlice
@@ -163,7 +171,10 @@ func NewCluster(specs []NodeSpec, opt ClusterOptions) (*Cluster, error) {
 		if _, dup := c.byName[s.Name]; dup {
 			return nil, fmt.Errorf("node %s is listed twice", s.Name)
 		}
-		labels := map[string]string{}
+		labels := maps.Clone(s.Labels)
+		if labels == nil {
+			labels = map[string]string{}
+		}
 		var objs []*resourceapi.ResourceSlice
 		gpus := 0
 		if s.Profile != nil {
@@ -196,7 +207,7 @@ func NewCluster(specs []NodeSpec, opt ClusterOptions) (*Cluster, error) {
 		}
 		c.byName[s.Name] = len(c.Nodes)
 		c.Nodes = append(c.Nodes, SimNode{
-			Name: s.Name, Leaf: s.Leaf, Spine: s.Spine, LeafPos: leafPos[s.Leaf], GPUs: gpus,
+			Name: s.Name, Leaf: s.Leaf, Spine: s.Spine, LeafPos: leafPos[s.Leaf], GPUs: gpus, Model: labels[LabelGPUModel],
 			CPUMilli: s.CPUMilli, MemoryMiB: s.MemoryMiB,
 			Obj:    &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.Name, Labels: labels}},
 			Slices: objs,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -41,6 +42,25 @@ func (c *Cluster) requiredLeaves(pods int) int {
 		return 1
 	}
 	return (pods + c.NodesPerLeaf - 1) / c.NodesPerLeaf
+}
+
+// modelSelector selects the nodes of the given GPU models; nil for any.
+func modelSelector(models []string) *v1.NodeSelector {
+	if len(models) == 0 {
+		return nil
+	}
+	return &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
+		{Key: LabelGPUModel, Operator: v1.NodeSelectorOpIn, Values: slices.Clone(models)},
+	}}}}
+}
+
+// modelAffinity is the required node affinity of a pod that may use the
+// given GPU models only, as a user would write it; nil for any.
+func modelAffinity(models []string) *v1.NodeAffinity {
+	if sel := modelSelector(models); sel != nil {
+		return &v1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: sel}
+	}
+	return nil
 }
 
 // shareOf is the share of a GPU one pod of j takes, 0 for whole GPUs: a
@@ -122,7 +142,7 @@ func (g *gputopoPlacer) place(ctx context.Context, key string, j Job, waited tim
 	for i := range j.Pods {
 		name := fmt.Sprintf("%s-%d", key, i)
 		job.Pods = append(job.Pods, planner.Pod{Name: name, Claims: podClaims(g.claims, name, j, g.c.Sharing),
-			Requests: requests(j.CPUMilli, j.MemoryMiB)})
+			Requests: requests(j.CPUMilli, j.MemoryMiB), NodeAffinity: modelAffinity(j.GPUModels)})
 	}
 	plan, err := g.p.Plan(ctx, g.snap, g.res, job)
 	var refused *planner.Unschedulable

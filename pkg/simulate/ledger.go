@@ -3,6 +3,7 @@ package simulate
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -81,7 +82,7 @@ func gpuIndex(device string) (int, bool) {
 // roomFor says whether node n may hold a pod of j, counting GPUs, CPU and
 // memory; the allocator has the last word on GPUs.
 func (l *ledger) roomFor(n int, j Job, share int) bool {
-	if !l.hasCPU(n, j) {
+	if !l.hasCPU(n, j) || !modelFits(&l.c.Nodes[n], j) {
 		return false
 	}
 	if share > 0 {
@@ -99,6 +100,11 @@ func (l *ledger) roomFor(n int, j Job, share int) bool {
 		}
 	}
 	return whole >= j.GPUsPerPod
+}
+
+// modelFits says whether the node has a GPU model the job may use.
+func modelFits(n *SimNode, j Job) bool {
+	return len(j.GPUModels) == 0 || slices.Contains(j.GPUModels, n.Model)
 }
 
 func (l *ledger) hasCPU(n int, j Job) bool {

@@ -36,7 +36,8 @@ func WriteTable(w io.Writer, r *Result) error {
 		fmt.Fprintf(&b, " (%d of them pods without GPUs, placed for their CPU and memory by the default scheduler's model, or first fit)", t.CPUOnlyPods)
 	}
 	if t.Timed {
-		fmt.Fprintf(&b, ", timed: arrivals and departures; a job that does not fit waits, in arrival order, with backfill\n")
+		fmt.Fprintf(&b, ", timed: arrivals and departures; a job that does not fit waits, in arrival order, with backfill;\n")
+		fmt.Fprintf(&b, "         run time = duration × the locality factor of the highest tier a job's pods span (%s)\n", r.Locality)
 	} else {
 		if r.Demand > 0 {
 			fmt.Fprintf(&b, "; %d arrived at %.0f %% demand in milli-GPUs", t.Arrived, 100*r.Demand)
@@ -86,16 +87,37 @@ func WriteTable(w io.Writer, r *Result) error {
 		when = "time mean"
 	}
 	row("GPU allocation, milli-GPUs, "+when, func(m Metrics) string { return pct(m.MilliAllocationRatio) })
+	if len(r.PerSeed) > 1 {
+		row("  min – max over seeds", func(m Metrics) string {
+			lo, hi := r.spread(m.Scheduler)
+			return fmt.Sprintf("%s – %s", pct(lo), pct(hi))
+		})
+	}
 	row("GPUs holding anything, "+when, func(m Metrics) string { return pct(m.AllocationRatio) })
 	if t.Timed {
+		row("  of it doing work at full speed", func(m Metrics) string { return pct(m.UsefulUtilization) })
 		row("jobs that waited", func(m Metrics) string { return fmt.Sprintf("%d", m.Waited) })
 		row("queueing delay mean / p95", func(m Metrics) string {
 			return fmt.Sprintf("%s / %s", seconds2(m.MeanQueueWaitS), seconds2(m.P95QueueWaitS))
 		})
+		row("job completion time mean / p95", func(m Metrics) string {
+			return fmt.Sprintf("%s / %s", seconds2(m.MeanJCTS), seconds2(m.P95JCTS))
+		})
+		if len(r.PerSeed) > 1 {
+			row("  mean, min – max over seeds", func(m Metrics) string {
+				lo, hi := r.jctSpread(m.Scheduler)
+				return fmt.Sprintf("%s – %s", seconds2(lo), seconds2(hi))
+			})
+		}
+		if r.Metrics.MultiNodeJobs > 0 {
+			row("  mean, multi-node jobs", func(m Metrics) string { return seconds2(m.MultiNodeMeanJCTS) })
+		}
+		row("makespan", func(m Metrics) string { return seconds2(m.MakespanS) })
 	}
 	if r.Metrics.MultiNodeJobs > 0 {
 		row("multi-node jobs placed", func(m Metrics) string { return fmt.Sprintf("%d / %d", m.MultiNodePlaced, m.MultiNodeJobs) })
 		row("of them in their size-rule domain", func(m Metrics) string { return pct(m.SameDomainRatio) })
+		row("of them across spines", func(m Metrics) string { return fmt.Sprintf("%d", m.CrossSpine) })
 	}
 	when = "at the end"
 	if t.Timed {
@@ -149,6 +171,38 @@ func WriteTable(w io.Writer, r *Result) error {
 	}
 	fmt.Fprintf(w, "\ntotal wall time %.1f s\n", r.WallSeconds)
 	return nil
+}
+
+// spread is the least and the greatest milli-GPU allocation of a
+// scheduler over the seeds.
+func (r *Result) spread(scheduler string) (lo, hi float64) {
+	return r.minMax(scheduler, func(m SeedMeasure) float64 { return m.Allocation })
+}
+
+// jctSpread is the least and the greatest mean job completion time of a
+// scheduler over the seeds.
+func (r *Result) jctSpread(scheduler string) (lo, hi float64) {
+	return r.minMax(scheduler, func(m SeedMeasure) float64 { return m.MeanJCTS })
+}
+
+func (r *Result) minMax(scheduler string, get func(SeedMeasure) float64) (lo, hi float64) {
+	for i, s := range r.PerSeed {
+		m := s.Gputopo
+		switch scheduler {
+		case r.Baseline.Scheduler:
+			m = s.Baseline
+		case r.FirstFit.Scheduler:
+			m = s.FirstFit
+		}
+		v := get(m)
+		if i == 0 || v < lo {
+			lo = v
+		}
+		if i == 0 || v > hi {
+			hi = v
+		}
+	}
+	return lo, hi
 }
 
 // seconds2 prints a duration in seconds the short way: 42 s, 3.5 min, 2.1 h.

@@ -1,10 +1,14 @@
 package simulate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/gputopo/gputopo/pkg/planner"
@@ -45,6 +49,29 @@ type Options struct {
 	// every pod goes through FGD in the paper. Without it the default
 	// scheduler's model places them in gputopo's cluster.
 	CPUPodsOptIn bool
+	// GPUModels enforces the GPU models a job names (an Alibaba pod's
+	// gpu_spec): its pods go only to nodes of those models, for every
+	// scheduler, as the FGD artifact enforces them. Without it they are
+	// ignored.
+	GPUModels bool
+	// FGDWorkload measures gputopo's fragmentation on an Alibaba trace
+	// against the FGD artifact's target workload (see fgdWorkload)
+	// instead of every shape of the arrived jobs.
+	FGDWorkload bool
+	// LimitFactor declares every job of a timed trace a run-time limit
+	// of its trace duration times this factor (a user's overestimate,
+	// at least 1); 0 declares none. With limits the queue backfills as
+	// EASY backfill does: the oldest waiting job holds a reservation at
+	// the time the declared limits say enough GPUs free up, and a later
+	// job starts before it only if its own limit ends by then or it
+	// takes only GPUs the reservation leaves over. Without limits every
+	// waiting job that fits starts.
+	LimitFactor float64
+	// Locality stretches the run time of a job of a timed trace by the
+	// highest tier its pods span; nil is DefaultLocality.
+	Locality *Locality
+	// Progress, when set, gets a line per seed as it is done.
+	Progress io.Writer
 	// MaxDomainWait is how long gputopo keeps a multi-node job of a timed
 	// trace waiting for a domain of its size rule before it may take a
 	// bigger one: 0 places it at once wherever it fits, a negative value
@@ -63,13 +90,38 @@ type Result struct {
 	// take shares; without it they take whole GPUs.
 	Sharing bool     `json:"sharing"`
 	Seeds   []uint64 `json:"seeds"`
+	// Locality is the locality model of timed traces.
+	Locality string `json:"locality,omitempty"`
 	Metrics
 	Baseline Metrics `json:"baseline"`
 	FirstFit Metrics `json:"firstFit"`
+	// PerSeed is each seed's headline figures, for the spread of the
+	// means.
+	PerSeed []SeedResult `json:"perSeed,omitempty"`
 	// Published are the FGD paper's allocation ratios, set only when the
 	// run is the paper's setting (see PaperSetting).
 	Published   []Published `json:"published,omitempty"`
 	WallSeconds float64     `json:"wallSeconds"`
+}
+
+// SeedResult is one seed's headline figures, by scheduler.
+type SeedResult struct {
+	Seed     uint64      `json:"seed"`
+	Gputopo  SeedMeasure `json:"gputopo"`
+	Baseline SeedMeasure `json:"baseline"`
+	FirstFit SeedMeasure `json:"firstFit"`
+}
+
+// SeedMeasure is one scheduler's headline figures on one seed: the
+// milli-GPU allocation (at the end, or averaged over time) and, for timed
+// traces, the mean job completion time.
+type SeedMeasure struct {
+	Allocation float64 `json:"allocation"`
+	MeanJCTS   float64 `json:"meanJCTS,omitempty"`
+}
+
+func seedMeasure(m Metrics) SeedMeasure {
+	return SeedMeasure{Allocation: m.MilliAllocationRatio, MeanJCTS: m.MeanJCTS}
 }
 
 // ClusterInfo describes the simulated cluster.
@@ -97,12 +149,18 @@ type TraceInfo struct {
 	SharedPods int    `json:"sharedPods"`
 }
 
-// PaperSetting says whether a run compares with the FGD paper's figures:
-// its trace (an Alibaba pod list), its demand unit (milli-GPUs, always
-// here) and GPU sharing on. CPU and memory count when the node list and
-// pod list give them, as they do in the paper's files.
-func PaperSetting(tr *Trace, sharing bool) bool {
-	return tr.Format == FormatAlibaba && sharing
+// PaperSetting says whether a run is the FGD artifact's setup, so that
+// the paper's published figures compare with it: an Alibaba pod list
+// replayed shuffled (the artifact shuffles by seed) on a cluster of GPU
+// nodes only (its gpu_node list), with GPU sharing, the pods' GPU models
+// enforced, fragmentation measured against the artifact's target
+// workload and pods without GPUs placed by gputopo too, as every pod goes
+// through FGD there. Demand counts milli-GPUs, always here; CPU and memory
+// count when the node list and pod list give them, as the artifact's do.
+func PaperSetting(tr *Trace, c *Cluster, opt Options) bool {
+	gpuNodesOnly := !slices.ContainsFunc(c.Nodes, func(n SimNode) bool { return n.GPUs == 0 })
+	return tr.Format == FormatAlibaba && !tr.Timed && c.Sharing && gpuNodesOnly && opt.Seed != 0 &&
+		opt.GPUModels && opt.FGDWorkload && opt.CPUPodsOptIn
 }
 
 // Run replays the source through gputopo's planner, the default
@@ -125,6 +183,12 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 		if err != nil {
 			return nil, err
 		}
+		if !opt.GPUModels && tr.ModelPods > 0 {
+			tr = withoutModels(tr)
+		}
+		if tr.Timed && opt.LimitFactor > 0 {
+			tr = withLimits(tr, opt.LimitFactor)
+		}
 		jobs := tr.Jobs
 		sampled := 0
 		if !tr.Timed {
@@ -139,20 +203,36 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 		}
 		if k == 0 {
 			res.Trace = traceInfo(tr, jobs, sampled)
+			if tr.Timed {
+				res.Locality = opt.locality().String()
+			}
+		}
+		w := workloadOf(jobs, c.Sharing)
+		if opt.FGDWorkload && tr.Format == FormatAlibaba {
+			w = fgdWorkload(tr.Jobs, c.Sharing)
 		}
 		for _, p := range []struct {
 			out *[]Metrics
 			p   placer
 		}{
-			{&ours, newGputopo(c, cl, opt, workloadOf(jobs, c.Sharing), seed, tr.Timed)},
+			{&ours, newGputopo(c, cl, opt, w, seed, tr.Timed)},
 			{&base, newSchedulerModel(c, cl, seed, newLedger(c))},
 			{&first, newFirstFit(c, cl)},
 		} {
-			m, err := replay(ctx, c, jobs, tr.Timed, p.p)
+			m, err := replay(ctx, c, jobs, tr.Timed, p.p, opt.locality())
 			if err != nil {
 				return nil, fmt.Errorf("seed %d, %s: %w", seed, p.p.name(), err)
 			}
 			*p.out = append(*p.out, m)
+		}
+		res.PerSeed = append(res.PerSeed, SeedResult{Seed: seed, Gputopo: seedMeasure(ours[k]), Baseline: seedMeasure(base[k]), FirstFit: seedMeasure(first[k])})
+		if opt.Progress != nil {
+			fmt.Fprintf(opt.Progress, "seed %d: milli-GPU allocation gputopo %.4f, default scheduler %.4f, first fit %.4f",
+				seed, ours[k].MilliAllocationRatio, base[k].MilliAllocationRatio, first[k].MilliAllocationRatio)
+			if tr.Timed {
+				fmt.Fprintf(opt.Progress, "; mean JCT %.0f s, %.0f s, %.0f s", ours[k].MeanJCTS, base[k].MeanJCTS, first[k].MeanJCTS)
+			}
+			fmt.Fprintln(opt.Progress)
 		}
 	}
 	res.Metrics, res.Baseline, res.FirstFit = mean(ours), mean(base), mean(first)
@@ -203,6 +283,93 @@ func workloadOf(jobs []Job, sharing bool) planner.Workload {
 	return w
 }
 
+func (o Options) locality() Locality {
+	if o.Locality == nil {
+		return DefaultLocality()
+	}
+	return *o.Locality
+}
+
+// withLimits is tr with every job declaring a run-time limit of its
+// duration times factor.
+func withLimits(tr *Trace, factor float64) *Trace {
+	out := *tr
+	out.Jobs = slices.Clone(tr.Jobs)
+	for i := range out.Jobs {
+		out.Jobs[i].Limit = time.Duration(float64(out.Jobs[i].Duration) * factor)
+	}
+	return &out
+}
+
+// withoutModels is tr with no job naming GPU models.
+func withoutModels(tr *Trace) *Trace {
+	out := *tr
+	out.Jobs = slices.Clone(tr.Jobs)
+	for i := range out.Jobs {
+		out.Jobs[i].GPUModels = nil
+	}
+	out.ModelPods = 0
+	return &out
+}
+
+// fgdTypicalShare is the share of pods the FGD artifact's target workload
+// covers with the trace's most common pod shapes (its
+// podPopularityThreshold, 95 in the artifact's runs).
+const fgdTypicalShare = 0.95
+
+// fgdWorkload is the FGD artifact's target workload ("typical pods",
+// GetTypicalPods with the settings of its published runs), taken from
+// the whole trace as the artifact takes it from the pod list before
+// tuning: a pod's shape is the CPU it asks for (100 milli-CPU when it asks
+// none, as kube-scheduler counts it), its GPUs, the milli-GPU it asks of
+// each (a share only where GPUs are shared) and the GPU models it may use;
+// pods without GPUs are shapes too (every free GPU is stranded for them).
+// The most common shapes, one at a time, make the workload until they
+// cover fgdTypicalShare of the pods, weighted by how many pods have them
+// (ties in the order they first appear). Memory is left out, as the
+// artifact's fragmentation counts only CPU besides GPUs.
+func fgdWorkload(jobs []Job, sharing bool) planner.Workload {
+	type class struct {
+		gpus, milli int
+		cpu         int64
+		models      string
+	}
+	count := map[class]float64{}
+	models := map[class][]string{}
+	var order []class
+	total := 0.0
+	for _, j := range jobs {
+		k := class{gpus: j.GPUsPerPod, cpu: j.CPUMilli, models: strings.Join(j.GPUModels, "|")}
+		if k.cpu == 0 {
+			k.cpu = defaultCPUMilli
+		}
+		if j.GPUsPerPod > 0 {
+			k.milli = topology.MilliPerGPU
+			if share := shareOf(j, sharing); share > 0 {
+				k.milli = share
+			}
+		}
+		if _, ok := count[k]; !ok {
+			order = append(order, k)
+			models[k] = j.GPUModels
+		}
+		count[k] += float64(j.Pods)
+		total += float64(j.Pods)
+	}
+	slices.SortStableFunc(order, func(a, b class) int { return cmp.Compare(count[b], count[a]) })
+	var w planner.Workload
+	covered := 0.0
+	for _, k := range order {
+		if covered >= fgdTypicalShare*total {
+			break
+		}
+		covered += count[k]
+		w = append(w, planner.WorkloadClass{GPUs: k.gpus, MilliGPU: k.milli, Requests: requests(k.cpu, 0),
+			NodeAffinity: modelSelector(models[k]), Weight: count[k]})
+	}
+	return w
+}
+
 // mean averages per-seed metrics: ratios exactly, counts rounded;
 // latency and waiting percentiles are taken over every seed together.
 func mean(runs []Metrics) Metrics {
@@ -234,21 +401,28 @@ func mean(runs []Metrics) Metrics {
 	out.MultiNodeJobs = count(func(m Metrics) int { return m.MultiNodeJobs })
 	out.MultiNodePlaced = count(func(m Metrics) int { return m.MultiNodePlaced })
 	out.SameDomain = count(func(m Metrics) int { return m.SameDomain })
+	out.CrossSpine = count(func(m Metrics) int { return m.CrossSpine })
 	out.Waited = count(func(m Metrics) int { return m.Waited })
 	out.AllocatorRuns = count(func(m Metrics) int { return m.AllocatorRuns })
 	out.AllocatedGPUs = avg(func(m Metrics) float64 { return m.AllocatedGPUs })
 	out.AllocationRatio = avg(func(m Metrics) float64 { return m.AllocationRatio })
 	out.MilliAllocationRatio = avg(func(m Metrics) float64 { return m.MilliAllocationRatio })
 	out.Utilization = avg(func(m Metrics) float64 { return m.Utilization })
+	out.UsefulUtilization = avg(func(m Metrics) float64 { return m.UsefulUtilization })
 	out.SameDomainRatio = avg(func(m Metrics) float64 { return m.SameDomainRatio })
 	out.Fragmentation = avg(func(m Metrics) float64 { return m.Fragmentation })
 	out.LeafFragmentation = avg(func(m Metrics) float64 { return m.LeafFragmentation })
 	out.ReplaySeconds = avg(func(m Metrics) float64 { return m.ReplaySeconds })
+	out.MakespanS = avg(func(m Metrics) float64 { return m.MakespanS })
 	for _, r := range runs {
 		out.latencies = append(out.latencies, r.latencies...)
 		out.waits = append(out.waits, r.waits...)
+		out.jcts = append(out.jcts, r.jcts...)
+		out.multiJCTs = append(out.multiJCTs, r.multiJCTs...)
 	}
 	out.PlanLatencyP50Ms, out.PlanLatencyP99Ms, out.PlanLatencyMaxMs = percentile(out.latencies, 0.50), percentile(out.latencies, 0.99), percentile(out.latencies, 1)
 	out.MeanQueueWaitS, out.P95QueueWaitS = average(out.waits), percentile(out.waits, 0.95)
+	out.MeanJCTS, out.P95JCTS = average(out.jcts), percentile(out.jcts, 0.95)
+	out.MultiNodeMeanJCTS = average(out.multiJCTs)
 	return out
 }

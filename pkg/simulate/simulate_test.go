@@ -246,7 +246,8 @@ func TestTimedReplayQueues(t *testing.T) {
 				MeanWait, P95Wait, Util float64
 			}
 			want := view{tc.placed, tc.waited, tc.refused, tc.meanWaitS, tc.p95WaitS, tc.utilization}
-			for _, m := range each(run(t, smallCluster(t), tr, simulate.Options{})) {
+			none := simulate.NoLocality() // durations as given
+			for _, m := range each(run(t, smallCluster(t), tr, simulate.Options{Locality: &none})) {
 				got := view{m.Placed, m.Waited, float64(m.Refused), m.MeanQueueWaitS, m.P95QueueWaitS, m.Utilization}
 				if diff := cmp.Diff(want, got, cmpApprox); diff != "" {
 					t.Errorf("%s (-want +got):\n%s", m.Scheduler, diff)

@@ -38,9 +38,16 @@ type Job struct {
 	// CPUMilli and MemoryMiB are what one pod asks of its node; 0 when the
 	// trace does not say.
 	CPUMilli, MemoryMiB int64
+	// GPUModels are the GPU models the pods may use (an Alibaba pod's
+	// gpu_spec); empty: any. Enforced with Options.GPUModels.
+	GPUModels []string
 	// Arrival and Duration are set in timed traces only; a job of a
-	// timed trace leaves Duration after it was placed.
+	// timed trace leaves Duration after it was placed (stretched by the
+	// locality model). Schedulers never see Duration.
 	Arrival, Duration time.Duration
+	// Limit is the run-time limit the job declares, as a user declares
+	// one to a batch scheduler: 0 for none. EASY backfill reads it.
+	Limit time.Duration
 }
 
 // GPUs is what the job requests in all, a share counting as a GPU.
@@ -59,6 +66,7 @@ type Trace struct {
 	Timed       bool
 	SharedPods  int // pods asking for a share of a GPU
 	CPUOnlyPods int // pods without GPUs: jobs of GPUsPerPod 0
+	ModelPods   int // pods that name the GPU models they may use
 }
 
 // LoadTrace reads a trace file. format is FormatAlibaba, FormatJobs or
