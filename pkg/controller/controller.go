@@ -60,11 +60,14 @@ type Config struct {
 	// BindTimeout is how long a pod whose gate opened may take to bind
 	// before its claims are taken back and it is planned again.
 	BindTimeout time.Duration
-	// SettleDelay optionally keeps the gates closed this long after the
-	// claims were written and seen. By default (0) they open at once: a
-	// clash with an allocation the scheduler had in flight is resolved
-	// after the gates open, the pod that has not started giving way
-	// (decide.go, clashes).
+	// SettleDelay keeps the gates closed this long after the claims were
+	// written and seen (0: they open at once), so that an allocation the
+	// scheduler had in flight lands while the group can still be planned
+	// again around it. It is not what keeps a device from two pods: a
+	// clash after the gates opened is resolved too, the pod that has not
+	// started giving way (decide.go, clashes), but giving way after the
+	// gate opened means deleting the pod, which its Job counts as a
+	// failure.
 	SettleDelay time.Duration
 	// ReserveAfter is how long the oldest group that does not fit waits
 	// before it reserves the domain closest to fitting it, which groups

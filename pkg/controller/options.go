@@ -45,7 +45,7 @@ func NewOptions() *Options {
 		LeaderElectionIdentity:  identity,
 		RetryInterval:           30 * time.Second,
 		BindTimeout:             60 * time.Second,
-		SettleDelay:             0,
+		SettleDelay:             250 * time.Millisecond,
 		ReserveAfter:            30 * time.Second,
 		ReservationTimeout:      5 * time.Minute,
 		KubeAPIQPS:              300,
@@ -64,7 +64,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.LeaderElectionIdentity, "leader-election-identity", o.LeaderElectionIdentity, "This replica's name in the Lease (default $POD_NAME, else the host name).")
 	fs.DurationVar(&o.RetryInterval, "retry-interval", o.RetryInterval, "How often groups that did not fit are planned again; a group's retries back off up to this.")
 	fs.DurationVar(&o.BindTimeout, "bind-timeout", o.BindTimeout, "How long a pod whose gate opened may take to bind before a NotBound Warning event reports it (the scheduler takes back the claims of a pod it cannot place, and the controller plans it again).")
-	fs.DurationVar(&o.SettleDelay, "settle-delay", o.SettleDelay, "How long gates stay closed after a group's claims are written and seen; 0 (the default) opens them at once. A clash with an allocation kube-scheduler had in flight is resolved either way: the pod that has not started gives way.")
+	fs.DurationVar(&o.SettleDelay, "settle-delay", o.SettleDelay, "How long gates stay closed after a group's claims are written and seen, so that an allocation kube-scheduler had in flight lands first and the group is planned again around it. 0 opens them at once; a clash after the gates opened is resolved either way (the pod that has not started gives way), but a deleted pod counts as a failure of its Job.")
 	fs.DurationVar(&o.ReserveAfter, "reserve-after", o.ReserveAfter, "How long the first waiting group (by pod priority, then namespaces in turn, oldest first) waits before it reserves the nodes it needs in the domain closest to fitting it, which groups that are not running may not use until it is placed.")
 	fs.DurationVar(&o.ReservationTimeout, "reservation-timeout", o.ReservationTimeout, "How long a reservation lasts unplaced; then the next waiting group may reserve, and this one may again after as long.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server. Placing a pod costs about three writes (its claim's finalizer and allocation, its gate), so the default keeps a burst of 1,000 Jobs from waiting on this limit; the API server's priority and fairness still protects it.")
