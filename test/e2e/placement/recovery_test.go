@@ -29,9 +29,9 @@ func TestRecoveryTime(t *testing.T) {
 	for i := range recoveryRounds {
 		bound = append(bound, loseNode(t, fmt.Sprintf("rec-bound-%d", i), leaf, true))
 	}
-	// The gates open as soon as the claims are seen, and a fake node binds
-	// at once: the node is lost before the pod binds only while the gates
-	// are held closed a little (--settle-delay), as on a busy scheduler.
+	// A fake node binds at once once the gates open: the node is lost
+	// before the pod binds when the gates stay closed a while longer
+	// (--settle-delay=3s), as on a busy scheduler.
 	restartController(t, "--settle-delay=3s")
 	defer restartController(t)
 	for i := range recoveryRounds {
