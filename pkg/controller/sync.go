@@ -272,7 +272,11 @@ func (c *Controller) observe(ctx context.Context, key string) (*observation, err
 
 // factsOf observes one member of a group.
 func (c *Controller) factsOf(ctx context.Context, m *member) facts {
-	f := facts{releasable: c.canRelease(m)}
+	var f facts
+	if m.pod.Spec.NodeName == "" {
+		// Only a pod not bound yet may give its claims back.
+		f.releasable = c.canRelease(m)
+	}
 	for _, cl := range m.claims {
 		for dev, holders := range c.index.sharers(cl.UID) {
 			f.clash = fmt.Sprintf("device %s of claim %s is also allocated to %s", dev, cl.Name, strings.Join(holders, ", "))
