@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
@@ -43,6 +44,8 @@ type Topology struct {
 	GPUs         int         `json:"gpus"`
 	FreeGPUs     int         `json:"freeGPUs"`
 	Nodes        []NodeView  `json:"nodes"`
+	// Waiting are the groups gputopo's gate still holds, oldest first.
+	Waiting []WaitingGroup `json:"waiting,omitempty"`
 }
 
 // MappingView is the label mapping used and where it came from.
@@ -87,6 +90,8 @@ func FetchTopology(ctx context.Context, c kubernetes.Interface, mappingRef strin
 	}
 	t := &Topology{LabelMapping: MappingView{Source: source, LabelMapping: mapping}}
 	t.Nodes = BuildViews(nodes.Items, rs.Items, claims.Items, pods, mapping)
+	t.Waiting = BuildWaiting(pods, time.Now())
+	MarkReserved(t.Nodes, t.Waiting)
 	for _, n := range t.Nodes {
 		t.GPUs += len(n.GPUs)
 		t.FreeGPUs += n.Free()

@@ -137,7 +137,7 @@ func TestOutputFormats(t *testing.T) {
 func TestRenderSVG(t *testing.T) {
 	views := newFixture(t).views()
 	var out bytes.Buffer
-	if err := cli.RenderSVG(&out, views); err != nil {
+	if err := cli.RenderSVG(&out, views, nil); err != nil {
 		t.Fatal(err)
 	}
 	dec := xml.NewDecoder(bytes.NewReader(out.Bytes()))

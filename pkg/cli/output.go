@@ -112,9 +112,9 @@ func PrintTopology(w io.Writer, t *Topology, format string, color bool) error {
 	case OutputDOT:
 		return RenderDOT(w, t.Nodes)
 	case OutputSVG:
-		return RenderSVG(w, t.Nodes)
+		return RenderSVG(w, t.Nodes, t.Waiting)
 	case OutputTable, OutputWide:
-		return RenderTree(w, t.Nodes, TreeOptions{Wide: format == OutputWide, Color: color})
+		return RenderTree(w, t.Nodes, TreeOptions{Wide: format == OutputWide, Color: color, Waiting: t.Waiting})
 	}
 	v := *t
 	v.TypeMeta = TypeMeta{APIVersion: APIVersion, Kind: KindTopology}

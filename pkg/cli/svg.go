@@ -27,8 +27,10 @@ const (
 // RenderSVG draws core → spine → leaf → node → NVLink domains as a
 // self-contained SVG: each GPU a square, white when free, red when
 // unhealthy, in its holder's colour when allocated; GPUs of one NVLink
-// domain framed together. Hovering a GPU names it and its holder.
-func RenderSVG(w io.Writer, views []NodeView) error {
+// domain framed together. Hovering a GPU names it and its holder. Nodes
+// reserved for a waiting group have a dashed frame in its colour; the
+// waiting groups are listed below the legend.
+func RenderSVG(w io.Writer, views []NodeView, waiting []WaitingGroup) error {
 	holders, colors := holderColors(views)
 	spines := groupTree(views)
 	hasCore := false
@@ -112,7 +114,8 @@ func RenderSVG(w io.Writer, views []NodeView) error {
 		}
 	}
 	width := max(x-svgColGap+svgMargin, 520)
-	height := legend(&body, float64(bottom)+8, width, holders, colors) + svgMargin
+	height := legend(&body, float64(bottom)+8, width, holders, colors)
+	height = waitingList(&body, height+8, width, waiting) + svgMargin
 
 	total, free := 0, 0
 	for _, v := range views {
@@ -170,25 +173,36 @@ func groupWidth(grp []GPU) float64 {
 	return w
 }
 
-func nodeLines(n NodeView) (title, sub, held string) {
-	return n.Name, fmt.Sprintf("%s · %d/%d free", n.Profile, n.Free(), len(n.GPUs)), strings.Join(n.Holders(), " ")
+func nodeLines(n NodeView) (title, sub, held, reserved string) {
+	if n.ReservedFor != "" {
+		reserved = "reserved for " + n.ReservedFor
+	}
+	return n.Name, fmt.Sprintf("%s · %d/%d free", n.Profile, n.Free(), len(n.GPUs)), strings.Join(n.Holders(), " "), reserved
 }
 
 func nodeWidth(n NodeView) float64 {
-	title, sub, held := nodeLines(n)
-	text := max(float64(len(title))*svgCharW*1.1, float64(len([]rune(sub)))*svgCharW*0.92, float64(len([]rune(held)))*svgCharW*0.92)
+	title, sub, held, reserved := nodeLines(n)
+	text := max(float64(len(title))*svgCharW*1.1, float64(len([]rune(sub)))*svgCharW*0.92,
+		float64(len([]rune(held)))*svgCharW*0.92, float64(len([]rune(reserved)))*svgCharW*0.92)
 	return 2*svgPad + max(gpuRowWidth(n.GPUs), text)
 }
 
 // drawNode draws a node box at (x, y) and returns its height.
 func drawNode(b *strings.Builder, x, y float64, n NodeView, colors map[string]string) float64 {
-	title, sub, held := nodeLines(n)
+	title, sub, held, reserved := nodeLines(n)
 	h := float64(svgPad + 28 + svgCell + 2*svgCellGap + svgPad)
 	if held != "" {
 		h += 13
 	}
+	if reserved != "" {
+		h += 13
+	}
 	fmt.Fprintf(b, `<g><title>%s</title><rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" rx="4" class="node"/>`+"\n",
 		html.EscapeString(n.Name), x, y, nodeWidth(n), h)
+	if reserved != "" {
+		fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" rx="4" fill="none" stroke="%s" stroke-width="2" stroke-dasharray="5 3" class="reserved"/>`+"\n",
+			x, y, nodeWidth(n), h, holderColor(n.ReservedFor))
+	}
 	fmt.Fprintf(b, `<text x="%.1f" y="%.1f" font-size="12" font-weight="bold">%s</text>`+"\n", x+svgPad, y+svgPad+10, html.EscapeString(title))
 	fmt.Fprintf(b, `<text x="%.1f" y="%.1f" class="small">%s</text></g>`+"\n", x+svgPad, y+svgPad+23, html.EscapeString(sub))
 	gx, gy := x+svgPad, y+svgPad+28
@@ -213,10 +227,45 @@ func drawNode(b *strings.Builder, x, y float64, n NodeView, colors map[string]st
 		}
 		gx += groupWidth(grp)
 	}
+	ty := gy + svgCell + 2*svgCellGap + 11
 	if held != "" {
-		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" class="small">%s</text>`+"\n", x+svgPad, gy+svgCell+2*svgCellGap+11, html.EscapeString(held))
+		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" class="small">%s</text>`+"\n", x+svgPad, ty, html.EscapeString(held))
+		ty += 13
+	}
+	if reserved != "" {
+		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" class="small" fill="%s">%s</text>`+"\n", x+svgPad, ty, holderColor(n.ReservedFor), html.EscapeString(reserved))
 	}
 	return h
+}
+
+// waitingList draws the waiting groups below y, one line each, and
+// returns its bottom: a dashed swatch in the group's colour, its name and
+// pods, why it waits and what is reserved for it.
+func waitingList(b *strings.Builder, y, width float64, waiting []WaitingGroup) float64 {
+	if len(waiting) == 0 {
+		return y
+	}
+	y += 16
+	fmt.Fprintf(b, `<text x="%d" y="%.1f" font-size="12" font-weight="bold">waiting: %s</text>`+"\n", svgMargin, y, plural(len(waiting), "group"))
+	maxRunes := int((width - 2*svgMargin - svgCell - 6) / (svgCharW * 0.92))
+	for _, g := range waiting {
+		y += 18
+		line := g.Group + " · " + plural(g.Pods, "pod")
+		if g.Reason != "" {
+			line += " · " + g.Reason + ": " + g.Message
+		}
+		if r := g.Reservation; r != nil {
+			line += fmt.Sprintf(" · reserved %s in %s until %s", strings.Join(r.Nodes, ","), r.Domain, r.Until.UTC().Format("15:04:05Z"))
+		}
+		full := line
+		if r := []rune(line); len(r) > maxRunes {
+			line = string(r[:maxRunes-1]) + "…"
+		}
+		fmt.Fprintf(b, `<g><title>%s</title><rect x="%d" y="%.1f" width="%d" height="%d" rx="2" fill="none" stroke="%s" stroke-width="2" stroke-dasharray="4 2"/>`,
+			html.EscapeString(full), svgMargin, y-12, svgCell, svgCell, holderColor(g.Group))
+		fmt.Fprintf(b, `<text x="%d" y="%.1f" font-size="11">%s</text></g>`+"\n", svgMargin+svgCell+6, y, html.EscapeString(line))
+	}
+	return y + 6
 }
 
 func drawGPU(b *strings.Builder, x, y float64, g GPU, colors map[string]string) {

@@ -66,6 +66,9 @@ type NodeView struct {
 	Core    string `json:"core,omitempty"`
 	Profile string `json:"profile,omitempty"`
 	GPUs    []GPU  `json:"gpus"`
+	// ReservedFor is the waiting group the controller keeps the node's
+	// free GPUs for (namespace/name), if any.
+	ReservedFor string `json:"reservedFor,omitempty"`
 }
 
 // Free counts the node's free GPUs.
@@ -212,15 +215,21 @@ func claimHolder(c *resourceapi.ResourceClaim, pods map[string]*v1.Pod) string {
 		if !ok {
 			return c.Namespace + "/" + name
 		}
-		if j := p.Labels["batch.kubernetes.io/job-name"]; j != "" {
-			return p.Namespace + "/" + j
-		}
-		if g := p.Annotations[placement.AnnotationGroup]; g != "" {
-			return p.Namespace + "/" + g
-		}
-		return p.Namespace + "/" + p.Name
+		return podHolder(p)
 	}
 	return c.Namespace + "/" + c.Name
+}
+
+// podHolder names the pod's Job or gputopo.dev/group, else the pod:
+// namespace/name.
+func podHolder(p *v1.Pod) string {
+	if j := p.Labels["batch.kubernetes.io/job-name"]; j != "" {
+		return p.Namespace + "/" + j
+	}
+	if g := p.Annotations[placement.AnnotationGroup]; g != "" {
+		return p.Namespace + "/" + g
+	}
+	return p.Namespace + "/" + p.Name
 }
 
 // TreeOptions say how RenderTree draws.
@@ -229,6 +238,8 @@ type TreeOptions struct {
 	Wide bool
 	// Color uses ANSI colours: for a terminal only.
 	Color bool
+	// Waiting are listed below the tree.
+	Waiting []WaitingGroup
 }
 
 // RenderTree draws spine → leaf → node → NVLink domains. Each GPU is a
@@ -273,6 +284,9 @@ func RenderTree(w io.Writer, views []NodeView, o TreeOptions) error {
 				if part := sharedFree(n.GPUs); part != "" {
 					line += "  " + part
 				}
+				if n.ReservedFor != "" {
+					line += "  " + pal.bold("reserved for "+n.ReservedFor)
+				}
 				if hs := n.Holders(); o.Wide && len(hs) > 0 {
 					line += "  " + pal.dim(strings.Join(hs, " "))
 				}
@@ -280,6 +294,7 @@ func RenderTree(w io.Writer, views []NodeView, o TreeOptions) error {
 			}
 		}
 	}
+	b.WriteString(waitingLines(o.Waiting, o.Wide, pal))
 	_, err := io.WriteString(w, b.String())
 	return err
 }

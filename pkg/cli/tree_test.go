@@ -227,7 +227,7 @@ func TestSharedGPUPartlyUsed(t *testing.T) {
 		}
 	}
 	var svg strings.Builder
-	if err := cli.RenderSVG(&svg, views); err != nil {
+	if err := cli.RenderSVG(&svg, views, nil); err != nil {
 		t.Fatal(err)
 	}
 	// Three quarters of the 16-pixel square filled from the bottom.
@@ -242,7 +242,7 @@ func TestSharedGPUPartlyUsed(t *testing.T) {
 func legendColor(t *testing.T, views []cli.NodeView, holder string) string {
 	t.Helper()
 	var svg strings.Builder
-	if err := cli.RenderSVG(&svg, views); err != nil {
+	if err := cli.RenderSVG(&svg, views, nil); err != nil {
 		t.Fatal(err)
 	}
 	m := regexp.MustCompile(`fill="(#[0-9a-f]+)" stroke="#333" class="gpu"/><text [^>]*>` + regexp.QuoteMeta(holder) + `</text>`).FindStringSubmatch(svg.String())

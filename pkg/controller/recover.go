@@ -238,19 +238,33 @@ func (c *Controller) annotate(ctx context.Context, p *v1.Pod, ann map[string]any
 	return nil
 }
 
-// setStatus writes why the pods wait on those whose annotation differs,
-// and, unless they only wait for their group's pods and claims to exist,
-// the same in their gputopo.dev/Placed condition.
-func (c *Controller) setStatus(ctx context.Context, pods []*v1.Pod, reason, message string) error {
+// setStatus writes why the pods of group key wait on those whose
+// annotation differs, and, unless they only wait for their group's pods
+// and claims to exist, the same in their gputopo.dev/Placed condition. In
+// the same write it records the reservation the group holds, or removes
+// one that ended.
+func (c *Controller) setStatus(ctx context.Context, key string, pods []*v1.Pod, reason, message string) error {
 	msg := placement.Status{Reason: reason, Message: message}.Format()
+	held := c.heldReservation(key)
 	for _, p := range pods {
-		if p.Annotations[placement.AnnotationStatus] == msg {
+		ann := map[string]any{}
+		changed := p.Annotations[placement.AnnotationStatus] != msg
+		if changed {
+			ann[placement.AnnotationStatus] = msg
+		}
+		switch cur, ok := p.Annotations[placement.AnnotationReservation]; {
+		case held != "" && cur != held:
+			ann[placement.AnnotationReservation] = held
+		case held == "" && ok:
+			ann[placement.AnnotationReservation] = nil
+		}
+		if len(ann) == 0 {
 			continue
 		}
-		if err := c.annotate(ctx, p, map[string]any{placement.AnnotationStatus: msg}); err != nil {
+		if err := c.annotate(ctx, p, ann); err != nil {
 			return err
 		}
-		if reason == placement.StatusWaitingForPods {
+		if !changed || reason == placement.StatusWaitingForPods {
 			// Claims are created a moment after their pods: too short
 			// a wait for a status write of its own.
 			continue
@@ -304,9 +318,10 @@ func (c *Controller) ungate(ctx context.Context, m *member, req *v1.NodeSelector
 	}
 	patch, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{"annotations": map[string]any{
-			placement.AnnotationDomain: domain,
-			placement.AnnotationNode:   m.node,
-			placement.AnnotationStatus: nil,
+			placement.AnnotationDomain:      domain,
+			placement.AnnotationNode:        m.node,
+			placement.AnnotationStatus:      nil,
+			placement.AnnotationReservation: nil,
 		}},
 		"spec": spec,
 	})

@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 	"github.com/gputopo/gputopo/pkg/planner"
 )
 
@@ -208,6 +209,18 @@ func (c *Controller) recordExpired(r *reservation) {
 	c.recorder.Eventf(objs[0].(*v1.Pod), v1.EventTypeNormal, ReasonReservationExpired,
 		"the reservation of %s in %s ended after %s unplaced; the next waiting group may reserve, and this group may again after %s",
 		nodeList(r.hold.Nodes), r.hold.Domain, c.cfg.ReservationTimeout, c.cfg.ReservationTimeout)
+}
+
+// heldReservation is the reservation group key holds now, as
+// AnnotationReservation records it, or "".
+func (c *Controller) heldReservation(key string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := c.reserved
+	if r == nil || r.key != key || !time.Now().Before(r.until) {
+		return ""
+	}
+	return placement.Reservation{Until: r.until, Domain: r.hold.Domain, Nodes: r.hold.Nodes}.Format()
 }
 
 // dropReservation ends the group's reservation, if it holds one.

@@ -22,8 +22,10 @@ import (
 func TestOldestWaitingGroupReservesItsDomain(t *testing.T) {
 	type result struct {
 		Reserved  string // the domain big reserved
+		Recorded  string // domain and nodes of big's pods' reservation annotation
 		SmallNode string // where small was placed while big waited
 		BigNodes  []string
+		Left      []string // big's pods that still carry the annotation once placed
 	}
 	run := func(t *testing.T, reserveAfter time.Duration) result {
 		h := newHarness(t, foreignClaim("a", "n0", "gpu-0"), foreignClaim("b", "n1", "gpu-0"), foreignClaim("c", "n2", "gpu-0"))
@@ -44,6 +46,16 @@ func TestOldestWaitingGroupReservesItsDomain(t *testing.T) {
 			r.Reserved = h.c.reserved.hold.Domain.String()
 		}
 		h.c.mu.Unlock()
+		if v, ok := h.pod("big-0").Annotations[placement.AnnotationReservation]; ok {
+			res, err := placement.ParseReservation(v)
+			if err != nil {
+				t.Fatalf("big-0's reservation annotation: %v", err)
+			}
+			if !res.Active(time.Now()) {
+				t.Errorf("big-0's reservation ends at %s, already past", res.Until)
+			}
+			r.Recorded = res.Domain.Format() + " " + strings.Join(res.Nodes, ",")
+		}
 
 		h.create(small)
 		h.addPod(jobPod("small", 0, "gpu-8-node", nil))
@@ -62,6 +74,15 @@ func TestOldestWaitingGroupReservesItsDomain(t *testing.T) {
 				r.BigNodes = append(r.BigNodes, n)
 			}
 		}
+		if len(r.BigNodes) == 2 {
+			// The gates open: the pods no longer wait for the reservation.
+			h.place("default/job/big")
+			for _, p := range []string{"big-0", "big-1"} {
+				if _, ok := h.pod(p).Annotations[placement.AnnotationReservation]; ok {
+					r.Left = append(r.Left, p)
+				}
+			}
+		}
 		h.c.mu.Lock()
 		if h.c.reserved != nil && len(r.BigNodes) == 2 {
 			t.Errorf("the reservation of %s outlived its placement", h.c.reserved.key)
@@ -74,7 +95,7 @@ func TestOldestWaitingGroupReservesItsDomain(t *testing.T) {
 		reserveAfter time.Duration
 		want         result
 	}{
-		"reserved after waiting": {reserveAfter: 30 * time.Second, want: result{Reserved: leaf1, BigNodes: []string{"n2", "n3"}}},
+		"reserved after waiting": {reserveAfter: 30 * time.Second, want: result{Reserved: leaf1, Recorded: "leaf:leaf-1 n3,n2", BigNodes: []string{"n2", "n3"}}},
 		// Not waited long enough: backfill takes n3 and big still waits.
 		"no reservation yet": {reserveAfter: time.Hour, want: result{SmallNode: "n3"}},
 	} {

@@ -349,7 +349,7 @@ func (c *Controller) act(ctx context.Context, o *observation, d decision, start 
 		if d.outcome != "" {
 			c.cfg.Metrics.Decisions.WithLabelValues(d.outcome).Inc()
 		}
-		return done, c.setStatus(ctx, d.pods, d.reason, d.message)
+		return done, c.setStatus(ctx, g.key, d.pods, d.reason, d.message)
 	case nextNothing:
 		return done, nil
 	case nextSettled:
@@ -604,7 +604,7 @@ func (c *Controller) openGates(ctx context.Context, g *group) error {
 func (c *Controller) refuse(ctx context.Context, g *group, pods []*v1.Pod, outcome, reason, msg string) {
 	c.cfg.Metrics.Decisions.WithLabelValues(outcome).Inc()
 	c.recorder.Event(g.subject, v1.EventTypeWarning, reason, truncate(msg))
-	if err := c.setStatus(ctx, pods, reason, msg); err != nil {
+	if err := c.setStatus(ctx, g.key, pods, reason, msg); err != nil {
 		klog.FromContext(ctx).Error(err, "Recording why the group waits failed")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -281,5 +282,41 @@ func FuzzParseRelease(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		fuzzParse(t, AnnotationReleased, s, ParseRelease, Release.Format, Release.Validate)
+	})
+}
+
+func reservationErr(in, problem string) *ValueError {
+	return &ValueError{Key: AnnotationReservation, Value: in, Problem: problem, Want: reservationForm}
+}
+
+func TestParseReservation(t *testing.T) {
+	until := time.Date(2026, 11, 26, 10, 5, 0, 0, time.UTC)
+	testParse(t, ParseReservation, Reservation.Format, map[string]parseCase[Reservation]{
+		"leaf": {in: "2026-11-26T10:05:00Z;leaf:leaf-2;n1,n2",
+			want: Reservation{Until: until, Domain: Domain{Level: LevelLeaf, Names: []string{"leaf-2"}}, Nodes: []string{"n1", "n2"}}},
+		"node": {in: "2026-11-26T10:05:00Z;node:n1;n1",
+			want: Reservation{Until: until, Domain: Domain{Level: LevelNode, Names: []string{"n1"}}, Nodes: []string{"n1"}}},
+		"two parts":  {in: "2026-11-26T10:05:00Z;leaf:leaf-2", wantErr: reservationErr("2026-11-26T10:05:00Z;leaf:leaf-2", `has 2 parts separated by ";", not 3`)},
+		"local time": {in: "2026-11-26T11:05:00+01:00;leaf:leaf-2;n1", wantErr: reservationErr("2026-11-26T11:05:00+01:00;leaf:leaf-2;n1", `has the time "2026-11-26T11:05:00+01:00", not an RFC 3339 time in UTC`)},
+		"no time":    {in: ";leaf:leaf-2;n1", wantErr: reservationErr(";leaf:leaf-2;n1", `has the time "", not an RFC 3339 time in UTC`)},
+		"bad domain": {in: "2026-11-26T10:05:00Z;shelf:a;n1", wantErr: reservationErr("2026-11-26T10:05:00Z;shelf:a;n1", `has the domain "shelf:a", which is not one`)},
+		"no nodes":   {in: "2026-11-26T10:05:00Z;leaf:leaf-2;", wantErr: reservationErr("2026-11-26T10:05:00Z;leaf:leaf-2;", "names no node")},
+		"bad node":   {in: "2026-11-26T10:05:00Z;leaf:leaf-2;N1", detail: true, wantErr: reservationErr("2026-11-26T10:05:00Z;leaf:leaf-2;N1", `has "N1" among its nodes, which is not a node name`)},
+	})
+}
+
+func TestReservationActive(t *testing.T) {
+	r := Reservation{Until: time.Date(2026, 11, 26, 10, 5, 0, 0, time.UTC)}
+	if !r.Active(r.Until.Add(-time.Second)) || r.Active(r.Until) {
+		t.Errorf("Active: want true a second before Until and false at Until")
+	}
+}
+
+func FuzzParseReservation(f *testing.F) {
+	for _, s := range []string{"2026-11-26T10:05:00Z;leaf:leaf-2;n1,n2", "2026-11-26T10:05:00Z;cluster:;a", ";;", "x;y;z"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		fuzzParse(t, AnnotationReservation, in, ParseReservation, Reservation.Format, Reservation.Validate)
 	})
 }

@@ -54,6 +54,12 @@ const (
 	// controller allocates: the group it was allocated for, as
 	// GroupKey.Format writes it ("default/job/train").
 	AnnotationAllocatedBy = Prefix + "allocated-by"
+	// AnnotationReservation is written on the waiting pods of the group
+	// that holds the controller's reservation: the nodes kept free for it
+	// and until when, as Reservation.Format writes it
+	// ("2026-11-26T10:05:00Z;leaf:leaf-2;n1,n2"). It is removed when the
+	// reservation ends, and means nothing on a pod whose gate is open.
+	AnnotationReservation = Prefix + "reservation"
 
 	// SchedulingGate keeps an opted-in pod out of the scheduler until the
 	// controller has planned its whole group and allocated its claims.
@@ -78,7 +84,7 @@ var UserAnnotations = []string{AnnotationPlacement, AnnotationStrategy, Annotati
 // ResourceClaim or ResourceClaimTemplate that carries one, and refuses an
 // update that sets, changes or removes one unless the requester holds the
 // controller's permission below.
-var ControllerAnnotations = []string{AnnotationDomain, AnnotationNode, AnnotationStatus, AnnotationReleased, AnnotationAllocatedBy}
+var ControllerAnnotations = []string{AnnotationDomain, AnnotationNode, AnnotationStatus, AnnotationReleased, AnnotationAllocatedBy, AnnotationReservation}
 
 // The permission that lets a request write ControllerAnnotations: verb
 // "update" on the resource "placements" of the API group "gputopo.dev". No
