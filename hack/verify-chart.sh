@@ -80,7 +80,7 @@ mustnot() {
 
 step "helm template (Kubernetes $KUBE_VERSION) + strict decoding"
 BASE="ServiceAccount=2,ClusterRole=2,ClusterRoleBinding=2,Role=2,RoleBinding=2,ConfigMap=1,Deployment=1,PodDisruptionBudget=1,Service=2,DeviceClass=1"
-POLICIES="ValidatingAdmissionPolicy=4,ValidatingAdmissionPolicyBinding=4,MutatingAdmissionPolicy=1,MutatingAdmissionPolicyBinding=1"
+POLICIES="ValidatingAdmissionPolicy=4,ValidatingAdmissionPolicyBinding=4,MutatingAdmissionPolicy=2,MutatingAdmissionPolicyBinding=2"
 render default "$BASE,$POLICIES,DaemonSet=1,ServiceMonitor=0"
 must default 'privileged: true' "nvml plugin must run privileged"
 must default 'path: /dev$' "nvml plugin must mount /dev"
@@ -142,7 +142,7 @@ mustnot no-probes 'pci-10de' "gpuNodesOnly=false must drop the GPU node affinity
 render minimal "ServiceAccount=1,ClusterRole=1,ClusterRoleBinding=1,Deployment=1,Service=1,DaemonSet=0,DeviceClass=0,ValidatingAdmissionPolicy=0,MutatingAdmissionPolicy=0,PodDisruptionBudget=0,Role=1,ConfigMap=1" \
   --set kubeletPlugin.enabled=false --set deviceClass.create=false \
   --set admission.placementValidation.enabled=false --set admission.schedulingGate.enabled=false \
-  --set admission.configValidation.enabled=false \
+  --set admission.configValidation.enabled=false --set admission.claimNodeSelector.enabled=false \
   --set controller.replicas=1 --set controller.leaderElection=false
 mustnot minimal 'leader-elect=true' "leader election off"
 

@@ -78,6 +78,10 @@ type Config struct {
 	// placed; the group may not reserve again for as long. Default: 10 ×
 	// ReserveAfter.
 	ReservationTimeout time.Duration
+	// ClaimNodeSelectors keeps, per namespace, the node selectors that
+	// claims pinning a leaf or spine in CEL imply, for the
+	// gputopo-claim-node-selector admission policy (nodeselectors.go).
+	ClaimNodeSelectors bool
 }
 
 // Controller is the placement loop.
@@ -137,6 +141,10 @@ type Controller struct {
 	// expiredEvents are expirations still to be reported.
 	expired       map[string]time.Time
 	expiredEvents []*reservation
+
+	// pins keeps the claims' node selectors (nodeselectors.go); nil when
+	// Config.ClaimNodeSelectors is off.
+	pins *pinSync
 }
 
 // New wires the informers. Call Run to start.
@@ -218,6 +226,13 @@ func New(cfg Config) (*Controller, error) {
 			return nil, fmt.Errorf("add event handler: %w", err)
 		}
 		c.synced = append(c.synced, reg.HasSynced)
+	}
+	if cfg.ClaimNodeSelectors {
+		pins, err := newPinSync(cfg.Client, f, cfg.Network)
+		if err != nil {
+			return nil, fmt.Errorf("claims' node selectors: %w", err)
+		}
+		c.pins = pins
 	}
 	return c, nil
 }
@@ -501,6 +516,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	go wait.UntilWithContext(ctx, c.worker, time.Second)
 	go wait.UntilWithContext(ctx, func(context.Context) { c.requeuePending() }, c.cfg.RetryInterval)
 	go wait.UntilWithContext(ctx, c.updateUsage, 15*time.Second)
+	if c.pins != nil {
+		go c.pins.run(ctx)
+	}
 	<-ctx.Done()
 	return nil
 }

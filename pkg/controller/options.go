@@ -10,6 +10,7 @@ import (
 
 	"github.com/gputopo/gputopo/pkg/command"
 	"github.com/gputopo/gputopo/pkg/labelmapping"
+	"github.com/gputopo/gputopo/pkg/nodepin"
 )
 
 // Options are the controller's command-line flags.
@@ -28,6 +29,7 @@ type Options struct {
 	KubeAPIQPS              float32
 	KubeAPIBurst            int
 	KubeAPICompression      bool
+	ClaimNodeSelectors      bool
 	LabelMapping            labelmapping.Options
 }
 
@@ -50,6 +52,7 @@ func NewOptions() *Options {
 		ReservationTimeout:      5 * time.Minute,
 		KubeAPIQPS:              300,
 		KubeAPIBurst:            600,
+		ClaimNodeSelectors:      true,
 		LabelMapping:            labelmapping.NewOptions(),
 	}
 }
@@ -70,13 +73,15 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server. Placing a pod costs about three writes (its claim's finalizer and allocation, its gate), so the default keeps a burst of 1,000 Jobs from waiting on this limit; the API server's priority and fairness still protects it.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the API server, so a large group is pinned and released at once.")
 	fs.BoolVar(&o.KubeAPICompression, "kube-api-compression", o.KubeAPICompression, "Ask the API server for gzip-compressed responses. Off by default: the controller watches every ResourceSlice, pod and claim, and compressing them costs the API server and the controller CPU for bytes that stay inside the cluster.")
+	fs.BoolVar(&o.ClaimNodeSelectors, "claim-node-selectors", o.ClaimNodeSelectors, "Keep, in each namespace whose ResourceClaimTemplates or ResourceClaims select a leaf or spine by CEL equality, the ConfigMap "+nodepin.ConfigMapName+" that the gputopo-claim-node-selector admission policy reads to give new pods the equivalent node selector, so kube-scheduler filters them by label before it runs the claim's CEL on every node.")
 	o.LabelMapping.AddFlags(fs)
 }
 
 // Config is the controller's configuration from the options; the caller
 // adds the client, the label mapping in force and the metrics.
 func (o *Options) Config() Config {
-	return Config{RetryInterval: o.RetryInterval, BindTimeout: o.BindTimeout, SettleDelay: o.SettleDelay, ReserveAfter: o.ReserveAfter, ReservationTimeout: o.ReservationTimeout}
+	return Config{RetryInterval: o.RetryInterval, BindTimeout: o.BindTimeout, SettleDelay: o.SettleDelay, ReserveAfter: o.ReserveAfter, ReservationTimeout: o.ReservationTimeout,
+		ClaimNodeSelectors: o.ClaimNodeSelectors}
 }
 
 // Validate reports every bad flag at once.

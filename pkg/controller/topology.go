@@ -262,6 +262,9 @@ func (c *Controller) SetLabelMapping(m topology.LabelMapping) {
 	}
 	c.topo.rebuild = true
 	c.mu.Unlock()
+	if c.pins != nil {
+		c.pins.setLabelMapping(m)
+	}
 	c.requeuePending()
 }
 

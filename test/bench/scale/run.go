@@ -55,6 +55,11 @@ func Run(ctx context.Context, cfg RunConfig) (report []byte, result any, err err
 	topo := cfg.Topology
 	switch cfg.Mode {
 	case ModeThroughput:
+		if cfg.Throughput.NodeSelectors {
+			opts.ControllerBin = filepath.Join(cfg.BinDir, "gputopo-controller")
+			opts.ControllerArgs = cfg.ControllerArgs
+			opts.Manifests = []string{cfg.Manifests}
+		}
 	case ModeController:
 		opts.ControllerBin = filepath.Join(cfg.BinDir, "gputopo-controller")
 		opts.ControllerArgs = cfg.ControllerArgs

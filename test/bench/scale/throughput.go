@@ -7,11 +7,14 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+
+	"github.com/gputopo/gputopo/pkg/nodepin"
 )
 
 // ThroughputOptions configure the scheduler throughput benchmark.
@@ -27,6 +30,10 @@ type ThroughputOptions struct {
 	Stall time.Duration
 	// Creators are the goroutines creating pods.
 	Creators int
+	// NodeSelectors: the controller and the gputopo-claim-node-selector
+	// admission policy run, so pods whose claims pin a leaf in CEL get the
+	// node selector; the run waits for the policy to act before it starts.
+	NodeSelectors bool
 }
 
 // WorkloadResult is one workload's run.
@@ -76,6 +83,11 @@ func Throughput(ctx context.Context, env *Env, opts ThroughputOptions) ([]Worklo
 	}
 	if err := env.CreateTemplates(ctx, append(topo.Templates, count.Templates...)); err != nil {
 		return nil, err
+	}
+	if opts.NodeSelectors {
+		if err := waitNodeSelectors(ctx, env, topo.Templates); err != nil {
+			return nil, err
+		}
 	}
 	scr, err := NewScraper(env)
 	if err != nil {
@@ -292,4 +304,31 @@ func schedStats(before, after Metrics) SchedStats {
 		}
 	}
 	return s
+}
+
+// waitNodeSelectors waits until the controller has written the node
+// selector of every template that pins a tier and the admission policy
+// gives it to a pod (a dry run of a pod of each such template).
+func waitNodeSelectors(ctx context.Context, env *Env, tmpls []*resourcev1.ResourceClaimTemplate) error {
+	start := time.Now()
+	var pinning []string
+	for _, t := range tmpls {
+		if len(nodepin.FromClaim(&t.Spec.Spec)) > 0 {
+			pinning = append(pinning, t.Name)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for _, name := range pinning {
+		err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			pod := NewPod("probe", "probe", name, "")
+			got, err := env.Client.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err == nil && len(got.Spec.NodeSelector) > 0, nil
+		})
+		if err != nil {
+			return fmt.Errorf("no node selector for pods of template %s after %s: is the controller running with --claim-node-selectors and the gputopo-claim-node-selector policy applied? %w", name, time.Since(start).Round(time.Second), err)
+		}
+	}
+	env.Progressf("node selectors of %d pinning templates in effect after %.1fs", len(pinning), time.Since(start).Seconds())
+	return nil
 }

@@ -50,6 +50,7 @@ func run() error {
 	fs.StringVar(&profiles, "profiles", "dgx-h100", "simulated GPU profiles, comma-separated, cycled over the nodes (pkg/gpu/sim/profiles)")
 	fs.IntVar(&cfg.Throughput.Pods, "pods", 0, "throughput: pods per workload; 0 is one per node")
 	fs.StringVar(&cfg.Mix, "mix", "gpu-4-nvlink,gpu-2-nvlink-pair,gpu-8-node,gpu-4-leaf", "throughput: the topology workload's demo claim templates as name=weight; gpu-4-leaf is spread over the leaves")
+	fs.BoolVar(&cfg.Throughput.NodeSelectors, "claim-node-selectors", false, "throughput: run gputopo-controller and the admission policies, so pods whose claims pin a leaf in CEL get the equivalent node selector")
 	fs.IntVar(&cfg.Throughput.Rounds, "rounds", 2, "throughput: rounds of both workloads; odd rounds run the count-only workload first")
 	fs.DurationVar(&cfg.Throughput.Stall, "stall", time.Minute, "throughput: end a workload when no pod was bound for this long")
 	fs.IntVar(&cfg.Controller.Jobs, "jobs", 1000, "controller: Jobs created at once")
