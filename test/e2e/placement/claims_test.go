@@ -37,12 +37,12 @@ const (
 	waitNotBound = 60*time.Second + waitStatus
 )
 
-// occupy creates a plain pod (name it so that no Job name of the test is
-// a prefix of it: deleteJob waits for the claims of pods named JOB-...) (not managed by gputopo) with one claim from
+// occupy creates a plain pod (not managed by gputopo) with one claim from
 // tmpl held to node, waits until it is bound with its claim allocated, and
 // returns the claim. When the test ends the pod is force-deleted and the
 // cleanup waits until its claim is gone, so the next test finds the node
-// free.
+// free. No Job of the test may be named a prefix of name: deleteJob waits
+// for the claims of every pod named JOB-....
 func occupy(t *testing.T, name, tmpl, node string) *resourcev1.ResourceClaim {
 	t.Helper()
 	p, err := client.CoreV1().Pods(namespace).Create(framework.Ctx(t), plainPod(name, tmpl, node), metav1.CreateOptions{})
