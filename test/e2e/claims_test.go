@@ -107,10 +107,10 @@ func TestClaimTemplateLadders(t *testing.T) {
 		pod, tmpl, node, rung, attr string
 		gpus                        int
 	}{
-		{"ladder2-nvswitch", "gpu-2-ladder", nvswitch, "gpus/nvlink", topology.DriverName + "/nvlinkBlock2", 2},
+		{"ladder2-nvswitch", "gpu-2-ladder", nvswitch, "gpus/nvlink", "nvlinkBlock2", 2},
 		{"ladder2-nolink", "gpu-2-ladder", nolink, "gpus/pcie-root", attrPCIeRoot, 2},
-		{"ladder8-nvswitch", "gpu-8-ladder", nvswitch, "gpus/nvlink", topology.DriverName + "/nvlinkBlock8", 8},
-		{"ladder8-cube", "gpu-8-ladder", cube, "gpus/nvlink-domain", topology.DriverName + "/" + topology.AttrNVLinkDomain, 8},
+		{"ladder8-nvswitch", "gpu-8-ladder", nvswitch, "gpus/nvlink", "nvlinkBlock8", 8},
+		{"ladder8-cube", "gpu-8-ladder", cube, "gpus/nvlink-domain", topology.AttrNVLinkDomain, 8},
 	} {
 		t.Run(tc.pod, func(t *testing.T) {
 			createPod(t, tc.pod, tc.node, tc.tmpl)
