@@ -212,3 +212,28 @@ func TestReservationIsBoundedAndSaysWhoHoldsIt(t *testing.T) {
 		t.Error("big's expiry not recorded, so it could reserve again at once")
 	}
 }
+
+// A group that insists on its preferred leaf reserves in that leaf, not in
+// the one closest to fitting it: nodes held elsewhere would keep other
+// groups off a place it refuses. Cluster as in
+// TestOldestWaitingGroupReservesItsDomain: leaf-1 has more GPUs free, and
+// big requires leaf-0.
+func TestRequiredPreferenceReservesInThePreferredDomain(t *testing.T) {
+	h := newHarness(t, foreignClaim("a", "n0", "gpu-0"), foreignClaim("b", "n1", "gpu-0"), foreignClaim("c", "n2", "gpu-0"))
+	h.c.cfg.ReserveAfter = 30 * time.Second
+	big := job("big", 2)
+	big.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Minute))
+	h.create(big)
+	insist := map[string]string{placement.AnnotationPreferredDomain: "leaf-0", placement.AnnotationPreferredRequired: "true"}
+	for i := range 2 {
+		h.addPod(jobPod("big", i, "gpu-8-node", insist))
+	}
+	h.settle()
+	h.sync("default/job/big")
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	want := planner.Domain{Level: planner.LevelLeaf, Names: []string{"leaf-0"}}.String()
+	if h.c.reserved == nil || h.c.reserved.hold.Domain.String() != want {
+		t.Errorf("reserved %v, want %s, the domain the group insists on", h.c.reserved, want)
+	}
+}

@@ -21,6 +21,7 @@ type Hold struct {
 // could hold the job once its devices were free (counting devices, and
 // the pods' node filters and allocatable), and of that size the domain
 // with the most healthy GPUs free now, so it is the one closest to fitting.
+// A job whose preferred domain is required waits only in that domain.
 // A caller that keeps other jobs off the hold's nodes (Snapshot.Holding)
 // lets the job fit there once what runs there ends, whatever else
 // arrives. Unschedulable when no domain could ever hold the job.
@@ -30,9 +31,19 @@ func (p *Planner) Target(ctx context.Context, snap *Snapshot, job Job) (Hold, er
 		return Hold{}, err
 	}
 	st.computeCounts()
+	// A job that insists on its preferred domain waits for room there
+	// only: nodes held elsewhere would keep other jobs off them for a
+	// place it refuses.
+	if err := st.resolvePreference(); err != nil {
+		return Hold{}, err
+	}
+	onlyPreferred := st.job.PreferredRequired && st.pref != nil
 	for _, lv := range st.levels() {
 		var best *candidate
 		for _, c := range lv.cands() {
+			if onlyPreferred && !st.honours(c) {
+				continue
+			}
 			if c.ubEmpty >= st.n && (best == nil || c.free > best.free) {
 				best = c
 			}
