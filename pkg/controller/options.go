@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -29,6 +30,7 @@ type Options struct {
 	KubeAPIBurst            int
 	KubeAPICompression      bool
 	LabelMapping            labelmapping.Options
+	AllocationMode          string
 }
 
 // NewOptions returns the defaults for a controller in a pod: the leader
@@ -51,6 +53,7 @@ func NewOptions() *Options {
 		KubeAPIQPS:              300,
 		KubeAPIBurst:            600,
 		LabelMapping:            labelmapping.NewOptions(),
+		AllocationMode:          string(AllocationAuto),
 	}
 }
 
@@ -70,13 +73,15 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server. Placing a pod costs about three writes (its claim's finalizer and allocation, its gate), so the default keeps a burst of 1,000 Jobs from waiting on this limit; the API server's priority and fairness still protects it.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the API server, so a large group is pinned and released at once.")
 	fs.BoolVar(&o.KubeAPICompression, "kube-api-compression", o.KubeAPICompression, "Ask the API server for gzip-compressed responses. Off by default: the controller watches every ResourceSlice, pod and claim, and compressing them costs the API server and the controller CPU for bytes that stay inside the cluster.")
+	fs.StringVar(&o.AllocationMode, "allocation-mode", o.AllocationMode, "Who writes the devices of a placed group into its ResourceClaims: controller (gputopo, all or nothing for every group), scheduler (kube-scheduler, within the domain gputopo chose, all or nothing only for groups with a gang PodGroup), or auto (scheduler for groups whose pods name a gang PodGroup where the API server serves PodGroups, controller for the rest).")
 	o.LabelMapping.AddFlags(fs)
 }
 
 // Config is the controller's configuration from the options; the caller
 // adds the client, the label mapping in force and the metrics.
 func (o *Options) Config() Config {
-	return Config{RetryInterval: o.RetryInterval, BindTimeout: o.BindTimeout, SettleDelay: o.SettleDelay, ReserveAfter: o.ReserveAfter, ReservationTimeout: o.ReservationTimeout}
+	return Config{RetryInterval: o.RetryInterval, BindTimeout: o.BindTimeout, SettleDelay: o.SettleDelay, ReserveAfter: o.ReserveAfter, ReservationTimeout: o.ReservationTimeout,
+		AllocationMode: AllocationMode(o.AllocationMode)}
 }
 
 // Validate reports every bad flag at once.
@@ -105,6 +110,9 @@ func (o *Options) Validate() error {
 	}
 	if o.LeaderElect && (o.LeaderElectionNamespace == "" || o.LeaderElectionIdentity == "") {
 		errs = append(errs, errors.New("--leader-elect needs --leader-election-namespace and --leader-election-identity"))
+	}
+	if !slices.Contains(AllocationModes, AllocationMode(o.AllocationMode)) {
+		errs = append(errs, fmt.Errorf("--allocation-mode must be auto, controller or scheduler, got %q", o.AllocationMode))
 	}
 	if err := o.LabelMapping.Validate(); err != nil {
 		errs = append(errs, err)
