@@ -13,10 +13,10 @@ import (
 // rackKey stands for a PodGroup's topology key. In these clusters it
 // follows the leaves, except where a case relabels nodes:
 //
-//	                       spine-0
-//	    +------------+------------+------------+
-//	  leaf-0       leaf-1       leaf-2       leaf-3
-//	  rack a       rack b       rack c       rack d
+//	                     spine-0
+//	  +------------+------------+------------+
+//	leaf-0       leaf-1       leaf-2       leaf-3
+//	rack a       rack b       rack c       rack d
 const rackKey = "example.com/rack"
 
 func racked() *clusterBuilder {
