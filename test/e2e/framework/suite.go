@@ -129,7 +129,7 @@ func Main(m *testing.M, opts Options, ready func(*Suite) error) int {
 		ControllerBin: s.ControllerBin, ControllerArgs: opts.ControllerArgs,
 		FeatureGates: opts.FeatureGates,
 		Manifests:    manifests,
-		Progress:  PrefixWriter{opts.Name + " cluster: "},
+		Progress:     PrefixWriter{opts.Name + " cluster: "},
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: start cluster: %v\n", opts.Name, err)
