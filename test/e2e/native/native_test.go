@@ -12,7 +12,9 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	schedulingv1alpha3 "k8s.io/api/scheduling/v1alpha3"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
@@ -171,7 +173,8 @@ func gangJob(name string, n int32, template string, optIn bool) *batchv1.Job {
 
 func podSpec(template string) corev1.PodSpec {
 	return corev1.PodSpec{
-		RestartPolicy: corev1.RestartPolicyNever,
+		RestartPolicy:                 corev1.RestartPolicyNever,
+		TerminationGracePeriodSeconds: ptr.To[int64](0),
 		Containers: []corev1.Container{{Name: "c", Image: "localhost/gputopo/busybox:v1",
 			Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpus"}}}}},
 		ResourceClaims: []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimTemplateName: ptr.To(template)}},
@@ -284,16 +287,30 @@ func checkAllocatedBy(ctx context.Context, t *testing.T, pods []*corev1.Pod, con
 	}
 }
 
+// deleteJob suspends the Job, deletes it and its pods at once (the
+// nodes are fake: no kubelet confirms a graceful deletion) and waits until
+// its pods and claims are gone.
 func deleteJob(ctx context.Context, t *testing.T, j *batchv1.Job) {
 	t.Helper()
-	err := client.BatchV1().Jobs(namespace).Delete(ctx, j.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)})
-	if err != nil && !strings.Contains(err.Error(), "not found") {
+	suspend := []byte(`{"spec":{"suspend":true}}`)
+	if _, err := client.BatchV1().Jobs(namespace).Patch(ctx, j.Name, types.MergePatchType, suspend, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("suspend Job %s: %v", j.Name, err)
+	}
+	err := client.BatchV1().Jobs(namespace).Delete(ctx, j.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+	if err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
 	framework.Eventually(t, wait, "Job "+j.Name+" and its pods and claims gone", func() (bool, string) {
 		pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + j.Name})
 		if err != nil {
 			return false, err.Error()
+		}
+		for _, p := range pods.Items {
+			if len(p.Finalizers) > 0 {
+				patch := []byte(`{"metadata":{"finalizers":null}}`)
+				_, _ = client.CoreV1().Pods(namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+			}
+			_ = client.CoreV1().Pods(namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 		}
 		claims, err := client.ResourceV1().ResourceClaims(namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
