@@ -193,7 +193,15 @@ func create(ctx context.Context, t *testing.T, j *batchv1.Job) {
 func runJob(ctx context.Context, t *testing.T, j *batchv1.Job) []*corev1.Pod {
 	t.Helper()
 	create(ctx, t, j)
-	return waitPods(ctx, t, j, int(*j.Spec.Parallelism), "every pod of Job "+j.Name+" to bind", func(p *corev1.Pod) bool { return p.Spec.NodeName != "" })
+	pods := waitPods(ctx, t, j, int(*j.Spec.Parallelism), "every pod of Job "+j.Name+" to bind", func(p *corev1.Pod) bool { return p.Spec.NodeName != "" })
+	for _, p := range pods {
+		// The Job controller named the Job's PodGroup: the workload
+		// gates are on, and the scheduler's pod-group cycle placed it.
+		if p.Spec.SchedulingGroup == nil || p.Spec.SchedulingGroup.PodGroupName == nil {
+			t.Fatalf("pod %s names no PodGroup; are the workload feature gates on?", p.Name)
+		}
+	}
+	return pods
 }
 
 // waitPods waits until the Job has n pods and ok holds for each.
