@@ -13,6 +13,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +32,7 @@ import (
 	batchlisters "k8s.io/client-go/listers/batch/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	schedulinglisters "k8s.io/client-go/listers/scheduling/v1beta1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -82,6 +84,9 @@ type Config struct {
 	// claims pinning a leaf or spine in CEL imply, for the
 	// gputopo-claim-node-selector admission policy (nodeselectors.go).
 	ClaimNodeSelectors bool
+	// AllocationMode says who allocates the devices of a placed group
+	// (native.go); empty means auto.
+	AllocationMode AllocationMode
 }
 
 // Controller is the placement loop.
@@ -92,6 +97,9 @@ type Controller struct {
 	podIdx  cache.Indexer
 	nodes   corelisters.NodeLister
 	jobs    batchlisters.JobLister
+	// podGroups reads kube-scheduler's PodGroups; nil where the API
+	// server does not serve them.
+	podGroups schedulinglisters.PodGroupLister
 	// sliceIdx holds every ResourceSlice as kube-scheduler sees it: with
 	// the DeviceTaintRules that select its devices applied, kept by the
 	// resourceslice tracker (startInformers) and indexed by node.
@@ -164,9 +172,15 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.ReservationTimeout == 0 {
 		cfg.ReservationTimeout = 10 * cfg.ReserveAfter
 	}
+	if cfg.AllocationMode == "" {
+		cfg.AllocationMode = AllocationAuto
+	}
+	if !slices.Contains(AllocationModes, cfg.AllocationMode) {
+		return nil, fmt.Errorf("unknown allocation mode %q: use auto, controller or scheduler", cfg.AllocationMode)
+	}
 	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 10*time.Minute, informers.WithTransform(dropManagedFields))
 	podInf := f.Core().V1().Pods().Informer()
-	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode}); err != nil {
+	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode, podGroupIndex: indexByPodGroup}); err != nil {
 		return nil, fmt.Errorf("add pod group index: %w", err)
 	}
 	bcast := record.NewBroadcaster()
@@ -220,6 +234,15 @@ func New(cfg Config) (*Controller, error) {
 		// the class's extended resource.
 		{f.Resource().V1().DeviceClasses().Informer(), c.extClasses},
 	}
+	if servesPodGroups(cfg.Client.Discovery()) {
+		inf := f.Scheduling().V1beta1().PodGroups()
+		c.podGroups = inf.Lister()
+		handlers = append(handlers, struct {
+			inf cache.SharedIndexInformer
+			h   cache.ResourceEventHandler
+		}{inf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onPodGroup, UpdateFunc: func(_, o any) { c.onPodGroup(o) }, DeleteFunc: c.onPodGroup}})
+	}
+	klog.Background().Info("Allocation mode", "mode", cfg.AllocationMode, "podGroupsServed", c.podGroups != nil)
 	for _, h := range handlers {
 		reg, err := h.inf.AddEventHandler(h.h)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -76,6 +77,8 @@ type harness struct {
 	ctx    context.Context
 	client *fake.Clientset
 	c      *Controller
+	// edit changes the controller's configuration before it starts.
+	edit func(*Config)
 }
 
 func newHarness(t *testing.T, extra ...any) *harness {
@@ -97,7 +100,11 @@ func newHarness(t *testing.T, extra ...any) *harness {
 // start runs the controller's informers on the harness's client.
 func (h *harness) start() {
 	t, ctx, client := h.t, h.ctx, h.client
-	c, err := New(Config{Client: client, Network: topology.DefaultLabelMapping()})
+	cfg := Config{Client: client, Network: topology.DefaultLabelMapping()}
+	if h.edit != nil {
+		h.edit(&cfg)
+	}
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,6 +137,8 @@ func (h *harness) create(o any) {
 		_, err = h.client.BatchV1().Jobs(o.Namespace).Create(h.ctx, o, metav1.CreateOptions{})
 	case *v1.Pod:
 		_, err = h.client.CoreV1().Pods(o.Namespace).Create(h.ctx, o, metav1.CreateOptions{})
+	case *schedulingv1beta1.PodGroup:
+		_, err = h.client.SchedulingV1beta1().PodGroups(o.Namespace).Create(h.ctx, o, metav1.CreateOptions{})
 	default:
 		h.t.Fatalf("unknown object %T", o)
 	}

@@ -151,6 +151,10 @@ func decide(o *observation, bindTimeout time.Duration) decision {
 		d.next, d.outcome, d.reason, d.message = nextRefuse, OutcomeInvalid, ReasonInvalidPlacement, o.reqErr.Error()
 		d.pods = append(g.pods(g.toPlace), g.gatedWaiting()...)
 		return d
+	case g.pgErr != nil:
+		d.next, d.outcome, d.reason, d.message = nextRefuse, OutcomeInvalid, ReasonInvalidPlacement, g.pgErr.Error()
+		d.pods = append(g.pods(g.toPlace), g.gatedWaiting()...)
+		return d
 	case g.broken != nil:
 		d.next, d.outcome, d.reason, d.message, d.res = nextRefuse, OutcomeInvalid, ReasonInvalidClaim, g.broken.Error(), backoff
 		d.pods = append(g.pods(g.toPlace), g.gatedWaiting()...)
@@ -196,6 +200,9 @@ func decide(o *observation, bindTimeout time.Duration) decision {
 		switch {
 		case len(g.foreign) > 0:
 			d.status(placement.StatusWaitingForGates, g.foreignMessage(), append(g.pods(g.foreign), waiting...), OutcomeWaiting)
+			return d
+		case g.pgMissing:
+			d.status(placement.StatusWaitingForPodGroup, fmt.Sprintf("waiting for PodGroup %s, which the pods name in spec.schedulingGroup: its gang size and topology constraint are part of the plan", g.podGroupName), waiting, OutcomeWaiting)
 			return d
 		case g.members() < g.size || len(g.waiting) > 0:
 			d.status(placement.StatusWaitingForPods, fmt.Sprintf("waiting for all %d pods of the group and their ResourceClaims to exist", g.size), waiting, OutcomeWaiting)

@@ -58,8 +58,11 @@ const (
 
 // groupKey says which group a pod belongs to, "<namespace>/<kind>/<name>":
 // the gputopo.dev/group annotation first, then a LeaderWorkerSet replica
-// group, a JobSet, a Job, and otherwise the pod alone. ok is false for pods
-// that did not opt in.
+// group, a JobSet, a Job, then the kube-scheduler PodGroup named in
+// spec.schedulingGroup (a group of kind group named as the PodGroup), and
+// otherwise the pod alone. ok is false for pods that did not opt in. A
+// Job's PodGroup holds exactly its pods (the Job controller makes one per
+// Job), so its group stays the Job's.
 func groupKey(pod *v1.Pod) (key string, ok bool) {
 	if !placement.OptedIn(pod.Annotations) {
 		return "", false
@@ -76,6 +79,9 @@ func groupKey(pod *v1.Pod) (key string, ok bool) {
 	}
 	if ref := metav1.GetControllerOf(pod); ref != nil && ref.Kind == "Job" {
 		return ns + kindJob + "/" + ref.Name, true
+	}
+	if name := podGroupName(pod); name != "" {
+		return ns + kindGroup + "/" + name, true
 	}
 	return ns + kindPod + "/" + pod.Name, true
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -31,6 +32,7 @@ type Options struct {
 	KubeAPICompression      bool
 	ClaimNodeSelectors      bool
 	LabelMapping            labelmapping.Options
+	AllocationMode          string
 }
 
 // NewOptions returns the defaults for a controller in a pod: the leader
@@ -54,6 +56,7 @@ func NewOptions() *Options {
 		KubeAPIBurst:            600,
 		ClaimNodeSelectors:      true,
 		LabelMapping:            labelmapping.NewOptions(),
+		AllocationMode:          string(AllocationAuto),
 	}
 }
 
@@ -74,6 +77,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the API server, so a large group is pinned and released at once.")
 	fs.BoolVar(&o.KubeAPICompression, "kube-api-compression", o.KubeAPICompression, "Ask the API server for gzip-compressed responses. Off by default: the controller watches every ResourceSlice, pod and claim, and compressing them costs the API server and the controller CPU for bytes that stay inside the cluster.")
 	fs.BoolVar(&o.ClaimNodeSelectors, "claim-node-selectors", o.ClaimNodeSelectors, "Keep, in each namespace whose ResourceClaimTemplates or ResourceClaims select a leaf or spine by CEL equality, the ConfigMap "+nodepin.ConfigMapName+" that the gputopo-claim-node-selector admission policy reads to give new pods the equivalent node selector, so kube-scheduler filters them by label before it runs the claim's CEL on every node.")
+	fs.StringVar(&o.AllocationMode, "allocation-mode", o.AllocationMode, "Who writes the devices of a placed group into its ResourceClaims: controller (gputopo, all or nothing for every group), scheduler (kube-scheduler, within the domain gputopo chose, all or nothing only for groups with a gang PodGroup), or auto (scheduler for groups whose pods name a gang PodGroup where the API server serves PodGroups, controller for the rest).")
 	o.LabelMapping.AddFlags(fs)
 }
 
@@ -81,7 +85,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 // adds the client, the label mapping in force and the metrics.
 func (o *Options) Config() Config {
 	return Config{RetryInterval: o.RetryInterval, BindTimeout: o.BindTimeout, SettleDelay: o.SettleDelay, ReserveAfter: o.ReserveAfter, ReservationTimeout: o.ReservationTimeout,
-		ClaimNodeSelectors: o.ClaimNodeSelectors}
+		ClaimNodeSelectors: o.ClaimNodeSelectors, AllocationMode: AllocationMode(o.AllocationMode)}
 }
 
 // Validate reports every bad flag at once.
@@ -110,6 +114,9 @@ func (o *Options) Validate() error {
 	}
 	if o.LeaderElect && (o.LeaderElectionNamespace == "" || o.LeaderElectionIdentity == "") {
 		errs = append(errs, errors.New("--leader-elect needs --leader-election-namespace and --leader-election-identity"))
+	}
+	if !slices.Contains(AllocationModes, AllocationMode(o.AllocationMode)) {
+		errs = append(errs, fmt.Errorf("--allocation-mode must be auto, controller or scheduler, got %q", o.AllocationMode))
 	}
 	if err := o.LabelMapping.Validate(); err != nil {
 		errs = append(errs, err)

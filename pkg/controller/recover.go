@@ -319,7 +319,7 @@ func (c *Controller) ungate(ctx context.Context, m *member, req *v1.NodeSelector
 	patch, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{"annotations": map[string]any{
 			placement.AnnotationDomain:      domain,
-			placement.AnnotationNode:        m.node,
+			placement.AnnotationNode:        nodeOrNil(m.node),
 			placement.AnnotationStatus:      nil,
 			placement.AnnotationReservation: nil,
 		}},
@@ -362,4 +362,13 @@ func (c *Controller) forgetGroup(key string) {
 	delete(c.settle, key)
 	delete(c.expired, key)
 	c.unreserveLocked(key)
+}
+
+// nodeOrNil is the node for a merge patch: nil removes the annotation
+// when the scheduler, not the plan, picks the node.
+func nodeOrNil(node string) any {
+	if node == "" {
+		return nil
+	}
+	return node
 }

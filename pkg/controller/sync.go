@@ -11,6 +11,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -103,6 +104,18 @@ type group struct {
 	// lagging is set when the informer has not yet shown a claim the
 	// controller wrote: planning on that view would undo the write.
 	lagging bool
+	// podGroupName is the kube-scheduler PodGroup the pods name, podGroup
+	// that object (nil while it does not exist), pgErr why the group's
+	// PodGroups cannot be used (native.go).
+	podGroupName string
+	podGroup     *schedulingv1beta1.PodGroup
+	pgErr        error
+	// schedAlloc: kube-scheduler allocates the group's devices; the
+	// controller chooses the domain and steers the pods there.
+	schedAlloc bool
+	// pgMissing: the pods name a PodGroup the API server serves but that
+	// does not exist (yet).
+	pgMissing bool
 }
 
 func (g *group) members() int {
@@ -126,6 +139,12 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 		}
 	}
 	rankPods(all)
+	g.podGroupName, g.podGroup, g.pgErr = c.podGroupOf(ns, all)
+	if g.pgErr == nil && g.podGroup != nil && g.podGroup.DeletionTimestamp != nil {
+		g.podGroup = nil
+	}
+	g.schedAlloc = schedulerAllocates(c.cfg.AllocationMode, g.podGroup)
+	g.pgMissing = g.podGroupName != "" && g.podGroup == nil && c.podGroups != nil
 	for _, p := range all {
 		m := &member{pod: p, node: p.Spec.NodeName}
 		claims, err := c.podClaims(p)
@@ -148,6 +167,10 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 			g.lagging = g.lagging || c.index.ahead(cl.UID, cl.ResourceVersion)
 		}
 		m.ext, m.extNames = extendedClaim(p, c.extClasses)
+		if g.schedAlloc {
+			g.addSchedulerAllocated(m, c)
+			continue
+		}
 		ours := len(claims) > 0 || m.ext != nil
 		for _, cl := range claims {
 			ours = ours && c.settledFor(cl, key)
@@ -202,6 +225,10 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 		if len(all) > 0 {
 			req, _ := placement.Parse(all[0].Annotations)
 			g.size = req.GroupSize
+		}
+		if g.size == 0 && g.podGroupName != "" {
+			// A PodGroup's gang size, else every pod that names it.
+			g.size = max(gangSize(g.podGroup), len(all))
 		}
 	default:
 		g.size = 1
@@ -433,7 +460,9 @@ func (c *Controller) place(ctx context.Context, o *observation, d decision, star
 	case err != nil:
 		return done, err
 	}
-	if err := c.allocate(ctx, g, plan); err != nil {
+	if g.schedAlloc {
+		c.steer(g, plan)
+	} else if err := c.allocate(ctx, g, plan); err != nil {
 		return done, err
 	}
 	for _, m := range g.toPlace {
@@ -450,16 +479,25 @@ func (c *Controller) place(ctx context.Context, o *observation, d decision, star
 	c.setPending(key, false, waiting{})
 	c.cfg.Metrics.Decisions.WithLabelValues(OutcomePlaced).Inc()
 	msg := fmt.Sprintf("placed %d pods in %s", len(plan.Assignments), plan.Domain)
+	if g.schedAlloc {
+		msg += "; kube-scheduler allocates their devices there"
+	}
 	if len(plan.Reasons) > 0 {
 		msg += ": " + strings.Join(plan.Reasons, "; ")
 	}
 	c.recorder.Event(g.subject, v1.EventTypeNormal, ReasonPlaced, truncate(msg))
 	// The gates open once the claim index shows the allocations (and
 	// after SettleDelay, when one is set).
+	settle := c.cfg.SettleDelay
+	if g.schedAlloc {
+		// No allocation of the controller's can meet one of the
+		// scheduler's: there is nothing to let land first.
+		settle = 0
+	}
 	c.mu.Lock()
-	c.settle[key] = time.Now().Add(c.cfg.SettleDelay)
+	c.settle[key] = time.Now().Add(settle)
 	c.mu.Unlock()
-	c.releaseAfter(key, c.cfg.SettleDelay)
+	c.releaseAfter(key, settle)
 	return done, nil
 }
 
@@ -474,6 +512,7 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 		PreferredDomain:   req.PreferredDomain,
 		PreferredRequired: req.PreferredRequired,
 		Pinned:            map[string]string{},
+		TopologyKeys:      topologyKeys(g.podGroup),
 	}
 	for _, m := range append(append(g.bound, g.steered...), g.held...) {
 		// A node domain is where a one-pod plan put its pod, not a domain

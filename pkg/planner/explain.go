@@ -45,6 +45,8 @@ func (fl levelFailure) sentence() string {
 func (st *state) failLevel(lv level, cands []*candidate, full bool) (levelFailure, error) {
 	fl := levelFailure{label: lv.label}
 	switch {
+	case len(cands) == 0 && st.split[lv.label] != "":
+		fl.line = fmt.Sprintf("no %s lies within one value of %s, the pod group's topology constraint (%s)", lv.label, st.keysPhrase(), st.split[lv.label])
 	case len(cands) == 0:
 		fl.line = fmt.Sprintf("no %s is available", lv.label)
 	case lv.named:
@@ -154,6 +156,9 @@ func (st *state) refuse(failures []levelFailure) error {
 		}
 	}
 	u.Reason, u.Best, u.BestDomain, u.BestPods = main.line, main.best, main.bestDom, main.bestPods
+	if len(st.job.TopologyKeys) > 0 && !strings.Contains(u.Reason, "within one value") {
+		u.Reason += fmt.Sprintf(", and its pod group's topology constraint allows no larger domain than one value of %s", st.keysPhrase())
+	}
 	for _, fl := range failures {
 		u.Details = append(u.Details, fl.sentence())
 	}

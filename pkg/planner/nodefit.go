@@ -267,9 +267,12 @@ const (
 	// FilterResources: what is left of the node's allocatable after the
 	// pods already there cannot hold the pod; Detail is the resource.
 	FilterResources NodeFilter = "Resources"
+	// FilterTopologyKey: the node lacks a node label that the job's
+	// topology constraint (Job.TopologyKeys) names; Detail is the key.
+	FilterTopologyKey NodeFilter = "TopologyKey"
 )
 
-var filterOrder = []NodeFilter{FilterNotReady, FilterCordoned, FilterTaint, FilterAffinity, FilterResources}
+var filterOrder = []NodeFilter{FilterNotReady, FilterCordoned, FilterTaint, FilterAffinity, FilterTopologyKey, FilterResources}
 
 // FilteredNodes counts the nodes one filter ruled out.
 type FilteredNodes struct {
@@ -290,6 +293,8 @@ func (f FilteredNodes) String() string {
 		return fmt.Sprintf("%d not matching the pod's node selector or affinity", f.Nodes)
 	case FilterResources:
 		return fmt.Sprintf("%d without enough %s", f.Nodes, f.Detail)
+	case FilterTopologyKey:
+		return fmt.Sprintf("%d without node label %s (the pod group's topology key)", f.Nodes, f.Detail)
 	}
 	return fmt.Sprintf("%d %s %s", f.Nodes, f.Filter, f.Detail)
 }
@@ -320,6 +325,9 @@ func (st *state) filterNodes(logger klog.Logger) {
 		ns := &st.f.shapes[s].needs
 		for i, nd := range st.c.nodes {
 			nf.why[i] = nd.filter(logger, ns, &nf, i)
+			if nf.why[i] == "" && st.lacksKey(nd) != "" {
+				nf.why[i] = FilterTopologyKey
+			}
 			if nf.why[i] == "" {
 				nf.passed++
 				st.usable[i] = true
@@ -426,6 +434,8 @@ func (st *state) filtered(scope []int) []FilteredNodes {
 		switch key.Filter {
 		case FilterTaint:
 			key.Detail = st.filters[first].taint[n].ToString()
+		case FilterTopologyKey:
+			key.Detail = st.lacksKey(st.c.nodes[n])
 		case "":
 			key.Filter, key.Detail = FilterResources, st.lacking(first, n)
 		}

@@ -53,6 +53,9 @@ type state struct {
 	usable   []bool        // by node: some pod of the job passes its filters
 	resBase  [][]int64     // by node: allocatable in use before the plan
 	ruledOut []FilteredNodes
+	// split says, per level label, a candidate of that size that
+	// Job.TopologyKeys left out (topologykey.go).
+	split map[string]string
 }
 
 type preference struct {
@@ -103,6 +106,7 @@ func (p *Planner) Plan(ctx context.Context, snap *Snapshot, res *Reservations, j
 	} else {
 		st.ruledOut = st.filtered(nil)
 	}
+	levels = st.keepWithinKeys(levels)
 	if len(st.ruledOut) > 0 {
 		st.reasons = append(st.reasons, filteredSentence(st.ruledOut))
 	}

@@ -75,6 +75,14 @@ type Job struct {
 	// Domain, when set, is the only domain the plan may use, e.g. the
 	// domain of a placed group whose pod is being replaced.
 	Domain *Domain
+	// TopologyKeys are node-label keys the job's domain must lie within
+	// one value of: the topology constraint of a kube-scheduler PodGroup
+	// (scheduling.k8s.io), whose pod-group cycle tries one placement per
+	// value of the key and refuses a gang that spans two. Nodes without
+	// the label are ruled out (FilterTopologyKey), as the scheduler leaves
+	// them out of every placement, and a domain whose nodes carry two
+	// values of a key is never used.
+	TopologyKeys []string
 }
 
 // Plan is where a job goes.

@@ -181,6 +181,10 @@ const (
 	// queue's, such as Kueue's) still holds pods of the group; gputopo
 	// plans it once its own gate is the last one.
 	StatusWaitingForGates = "WaitingForGates"
+	// StatusWaitingForPodGroup: the group's pods name a kube-scheduler
+	// PodGroup (spec.schedulingGroup) that does not exist yet; its gang
+	// size and topology constraint are part of the plan.
+	StatusWaitingForPodGroup = "WaitingForPodGroup"
 )
 
 // MaxStatusMessage bounds a status message in bytes.

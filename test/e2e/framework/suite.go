@@ -52,6 +52,9 @@ type Options struct {
 	// Manifests are applied server-side before the controller starts
 	// (files or directories, relative to the repository root).
 	Manifests []string
+	// FeatureGates are added to the cluster's default gates, for every
+	// component.
+	FeatureGates map[string]bool
 }
 
 // Suite is a running suite cluster.
@@ -124,8 +127,9 @@ func Main(m *testing.M, opts Options, ready func(*Suite) error) int {
 		// failure's log tail needs.
 		PluginArgs:    append([]string{"-v=2"}, opts.PluginArgs...),
 		ControllerBin: s.ControllerBin, ControllerArgs: opts.ControllerArgs,
-		Manifests: manifests,
-		Progress:  PrefixWriter{opts.Name + " cluster: "},
+		FeatureGates: opts.FeatureGates,
+		Manifests:    manifests,
+		Progress:     PrefixWriter{opts.Name + " cluster: "},
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: start cluster: %v\n", opts.Name, err)
