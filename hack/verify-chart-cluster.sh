@@ -93,9 +93,16 @@ else
   exit 1
 fi
 # The apiserver type-checks admission policy expressions against the
-# resource schemas and reports problems in status.typeChecking.
-sleep 3
+# resource schemas and reports problems in status.typeChecking; it sets
+# status.observedGeneration once it has.
 for vap in $(kubectl get validatingadmissionpolicies -o name); do
+  checked=""
+  for _ in $(seq 120); do
+    checked=$(kubectl get "$vap" -o jsonpath='{.status.observedGeneration}/{.metadata.generation}')
+    [ "${checked%/*}" = "${checked#*/}" ] && break
+    sleep 0.5
+  done
+  [ "${checked%/*}" = "${checked#*/}" ] || bad "$vap: not type-checked after 60 s (observedGeneration/generation: $checked)"
   warnings=$(kubectl get "$vap" -o jsonpath='{.status.typeChecking.expressionWarnings}')
   if [ -n "$warnings" ]; then bad "$vap type checking: $warnings"; else ok "$vap: no type-checking warnings"; fi
 done
@@ -275,6 +282,15 @@ spec:
     resourceClaimTemplateName: gpu-1
 EOF
 }
+# The policies act once the API server's policy informers have them: probe
+# with server-side dry runs until both answer, rather than wait a while.
+gated=""
+for _ in $(seq 120); do
+  out=$(pod bad-placement sideways | kubectl create --dry-run=server -f - 2>&1) || true
+  gated=$(pod probe-gate same-leaf | kubectl create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - 2>/dev/null || true)
+  grep -q 'gputopo.dev/placement' <<<"$out" && [ "$gated" = gputopo.dev/topology ] && break
+  sleep 0.5
+done
 if out=$(pod bad-placement sideways | kubectl create -f - 2>&1); then
   bad "a pod with gputopo.dev/placement: sideways was admitted"
 else
@@ -297,6 +313,14 @@ for _ in $(seq 30); do
   sleep 1
 done
 if [ "$holder" = verify-chart ]; then ok "the controller holds Lease $NS/gputopo-controller"; else bad "Lease holder: '$holder'"; fi
+# The chart's readinessProbe: ok once the leader synced every group once.
+ready=""
+for _ in $(seq 120); do
+  ready=$(curl -s "http://$CONTROLLER_METRICS/readyz" || true)
+  [ "$ready" = ok ] && break
+  sleep 0.5
+done
+if [ "$ready" = ok ]; then ok "the controller's /readyz (the chart's readinessProbe) says ok"; else bad "controller /readyz: '$ready'"; fi
 placed=""
 for _ in $(seq 60); do
   placed=$(kubectl get pod verify-0 verify-1 -o jsonpath='{range .items[*]}{.spec.nodeName}{" "}{end}')

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -48,13 +49,14 @@ func run() error {
 		return err
 	}
 	reg := command.Registry()
-	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg, opts.Profiling)()
 	cfg := opts.Config()
 	cfg.Client, cfg.Network, cfg.Metrics = client, mapping.Mapping(), controller.NewMetrics(reg)
 	ctrl, err := controller.New(cfg)
 	if err != nil {
 		return err
 	}
+	var leading atomic.Bool
+	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg, opts.Profiling, readiness(ctrl, opts.LeaderElect, &leading))()
 	mapping.OnChange(ctrl.SetLabelMapping)
 	if !opts.LeaderElect {
 		return ctrl.Run(ctx)
@@ -73,9 +75,30 @@ func run() error {
 		ReleaseOnCancel: true,
 		Name:            "gputopo-controller",
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) { runErr = ctrl.Run(ctx) },
+			OnStartedLeading: func(ctx context.Context) {
+				leading.Store(true)
+				runErr = ctrl.Run(ctx)
+			},
 			OnStoppedLeading: func() { klog.FromContext(ctx).Info("Lost the leader Lease; stopping") },
 		},
 	})
 	return runErr
+}
+
+// readiness is what /readyz answers. The leader is ready once it has
+// synced every pod group of its caches once. A replica waiting for the
+// leader Lease is ready too: it is healthy, and a rollout must be able to
+// count it; its body says "standby" so that whoever needs the leader's
+// state (a test after a restart) can tell the two apart.
+func readiness(ctrl *controller.Controller, leaderElect bool, leading *atomic.Bool) command.Readiness {
+	return func() (bool, string) {
+		switch {
+		case ctrl.Ready():
+			return true, "ok"
+		case leaderElect && !leading.Load():
+			return true, "standby: waiting for the leader Lease"
+		default:
+			return false, "syncing: the caches, or the first pass over the pod groups they hold, are not done"
+		}
+	}
 }

@@ -78,7 +78,7 @@ func run() error {
 		klog.FromContext(ctx).Info("Boot ID unknown: a checkpoint from before a reboot will be kept", "reason", err)
 	}
 	reg := command.Registry()
-	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg, opts.Profiling)()
+	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg, opts.Profiling, nil)()
 	return kubeletplugin.Run(ctx, kubeletplugin.Config{
 		NodeName:     opts.NodeName,
 		KubeClient:   client,

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -160,15 +161,30 @@ func (p Profiling) Validate() error {
 	return nil
 }
 
-// ServeMetrics serves reg on addr/metrics, and the pprof profiles on
-// addr/debug/pprof/ when prof says so, until the returned function is
-// called; an empty addr serves nothing.
-func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, prof Profiling) (stop func()) {
+// Readiness says whether the process is ready, and in a word or a line
+// what it is doing.
+type Readiness func() (ready bool, status string)
+
+// ServeMetrics serves reg on addr/metrics, ready on addr/readyz (200 when
+// ready, 503 when not, the status as the body; not served when ready is
+// nil), and the pprof profiles on addr/debug/pprof/ when prof says so,
+// until the returned function is called; an empty addr serves nothing.
+func ServeMetrics(ctx context.Context, addr string, reg *prometheus.Registry, prof Profiling, ready Readiness) (stop func()) {
 	if addr == "" {
 		return func() {}
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if ready != nil {
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			ok, status := ready()
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			if !ok {
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+			_, _ = io.WriteString(w, status+"\n")
+		})
+	}
 	if prof.Enabled {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

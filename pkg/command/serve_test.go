@@ -3,9 +3,11 @@ package command_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,7 +57,7 @@ func TestServeMetricsProfilingOnlyWhenAsked(t *testing.T) {
 			addr := freeAddr(t)
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "gputopo_test_total", Help: "test"}))
-			stop := command.ServeMetrics(context.Background(), addr, reg, tc.prof)
+			stop := command.ServeMetrics(context.Background(), addr, reg, tc.prof, nil)
 			defer stop()
 			if code := get(t, "http://"+addr+"/metrics"); code != http.StatusOK {
 				t.Errorf("/metrics: status %d, want 200", code)
@@ -74,5 +76,42 @@ func TestContentionProfilingNeedsProfiling(t *testing.T) {
 	}
 	if err := (command.Profiling{Enabled: true, Contention: true}).Validate(); err != nil {
 		t.Fatalf("Validate() with both = %v", err)
+	}
+}
+
+// /readyz answers what the Readiness says: 503 until ready, the status as
+// the body; without a Readiness it is not served.
+func TestServeMetricsReadyz(t *testing.T) {
+	addr := freeAddr(t)
+	var ready atomic.Bool
+	stop := command.ServeMetrics(context.Background(), addr, prometheus.NewRegistry(), command.Profiling{}, func() (bool, string) {
+		if ready.Load() {
+			return true, "ok"
+		}
+		return false, "syncing"
+	})
+	defer stop()
+	body := func() (int, string) {
+		code := get(t, "http://"+addr+"/readyz")
+		resp, err := http.Get("http://" + addr + "/readyz") //nolint:noctx // test
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return code, strings.TrimSpace(string(b))
+	}
+	if code, b := body(); code != http.StatusServiceUnavailable || b != "syncing" {
+		t.Errorf("before ready: %d %q, want 503 \"syncing\"", code, b)
+	}
+	ready.Store(true)
+	if code, b := body(); code != http.StatusOK || b != "ok" {
+		t.Errorf("once ready: %d %q, want 200 \"ok\"", code, b)
+	}
+
+	none := freeAddr(t)
+	defer command.ServeMetrics(context.Background(), none, prometheus.NewRegistry(), command.Profiling{}, nil)()
+	if code := get(t, "http://"+none+"/readyz"); code != http.StatusNotFound {
+		t.Errorf("without a Readiness: /readyz answers %d, want 404", code)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -121,6 +122,9 @@ type Controller struct {
 	bcast    record.EventBroadcaster
 	planner  *planner.Planner
 	synced   []cache.InformerSynced
+	// ready is set once the worker has synced every group the caches held
+	// at start (Ready).
+	ready atomic.Bool
 
 	index *claimIndex
 
@@ -536,6 +540,10 @@ func (c *Controller) Run(ctx context.Context) error {
 		return fmt.Errorf("caches did not sync: %w", context.Cause(ctx))
 	}
 	logger.Info("gputopo controller running")
+	// Every group of the synced caches is queued by now (the handlers'
+	// registrations have synced): the marker comes out of the queue after
+	// each of them has been synced once.
+	c.queue.Add(firstPassKey)
 	go wait.UntilWithContext(ctx, c.worker, time.Second)
 	go wait.UntilWithContext(ctx, func(context.Context) { c.requeuePending() }, c.cfg.RetryInterval)
 	go wait.UntilWithContext(ctx, c.updateUsage, 15*time.Second)
@@ -596,12 +604,28 @@ func (c *Controller) worker(ctx context.Context) {
 	}
 }
 
+// firstPassKey is queued after the groups the caches hold at start; no
+// group has this key (group keys are namespace/kind/name).
+const firstPassKey = "\x00first-pass"
+
+// Ready reports whether the controller has synced its caches and then
+// every group they held once: from then on what it says about a group
+// (annotations, conditions, events) is its own, not a predecessor's.
+func (c *Controller) Ready() bool { return c.ready.Load() }
+
 func (c *Controller) processNext(ctx context.Context) bool {
 	key, quit := c.queue.Get()
 	if quit {
 		return false
 	}
 	defer c.queue.Done(key)
+	if key == firstPassKey {
+		c.queue.Forget(key)
+		if !c.ready.Swap(true) {
+			klog.FromContext(ctx).Info("Synced every pod group of the caches once; ready")
+		}
+		return true
+	}
 	for c.releases.Len() > 0 {
 		r, quit := c.releases.Get()
 		if quit {

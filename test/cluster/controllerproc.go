@@ -3,6 +3,8 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -17,7 +19,9 @@ import (
 const controllerProc = "controller"
 
 // StartController starts the gputopo controller against the cluster and
-// waits until its metrics endpoint answers.
+// waits until it is ready as the leader: its /readyz says "ok" once it
+// holds the leader Lease, has synced its caches and has synced every pod
+// group in them once.
 func (c *Cluster) StartController() error { return c.StartControllerWith() }
 
 // StartControllerWith starts the controller as StartController does, with
@@ -47,9 +51,37 @@ func (c *Cluster) StartControllerWith(extra ...string) error {
 	if err := os.WriteFile(c.controllerAddrFile(), []byte(addr), 0o600); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), controllerReadyTimeout)
 	defer cancel()
-	return c.waitHTTP(ctx, controllerProc, "http://"+addr+"/metrics", time.Minute)
+	return c.waitControllerReady(ctx, "http://"+addr+"/readyz")
+}
+
+// controllerReadyTimeout bounds start → ready. A controller killed
+// without releasing its Lease takes it again at once (the same identity);
+// the rest is the caches and one pass over the groups on a loaded machine.
+const controllerReadyTimeout = 3 * time.Minute
+
+// waitControllerReady polls the controller's /readyz until it answers 200
+// "ok"; 200 "standby" (waiting for the leader Lease) is not enough here.
+func (c *Cluster) waitControllerReady(ctx context.Context, url string) error {
+	client := &http.Client{Timeout: 2 * time.Second}
+	last := ""
+	err := c.poll(ctx, controllerReadyTimeout, func() (bool, error) {
+		resp, err := client.Get(url)
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		last = fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(body)))
+		return resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "ok", nil
+	}, controllerProc)
+	if err != nil {
+		return fmt.Errorf("wait for the controller to be ready at %s (last answer: %s): %w", url, last, err)
+	}
+	c.progress("%s ready", controllerProc)
+	return nil
 }
 
 // ControllerRunning reports whether the controller process runs. It ends

@@ -24,13 +24,14 @@ const (
 	saIssuer    = "https://kubernetes.default.svc.cluster.local"
 )
 
-// DefaultFeatureGates are the 1.37 gates that are off by default and that
-// gputopo needs; every component gets them. The alpha Workload gates
+// DefaultFeatureGates are the gates every component of a cluster gets
+// unless its Config adds others: none. A cluster runs the version's own
+// defaults, as a managed cluster does; a test about an alpha or off-by-default
+// gate (DRAListTypeAttributes for the plugin's --numa-node-list) turns it
+// on in its own Config.FeatureGates. The alpha Workload gates
 // (GenericWorkload, WorkloadWithJob, ...) stay off: gputopo places groups
 // itself, by allocating their claims, and needs no scheduler pod groups.
-var DefaultFeatureGates = map[string]bool{
-	"DRAListTypeAttributes": true,
-}
+var DefaultFeatureGates = map[string]bool{}
 
 // RuntimeConfig is the apiserver's --runtime-config: the Job controller
 // writes Workload/PodGroup in scheduling.k8s.io/v1beta1 when the gates are on.

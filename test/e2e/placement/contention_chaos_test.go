@@ -16,7 +16,10 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/gputopo/gputopo/test/e2e/framework"
 )
 
 // chaos is what the test did to the cluster while Jobs were placed.
@@ -24,6 +27,7 @@ type chaos struct {
 	mu                sync.Mutex
 	gone, tainted     string
 	goneAt, taintedAt time.Time
+	restarted         time.Time // when the controller was started again
 	notes, errs       []string
 	ledger            *ledger
 }
@@ -62,7 +66,10 @@ func deleteNodeMidPlan(ch *chaos, node string) {
 	if err == nil {
 		ch.note("deleted node %s mid-plan; %d of its ResourceSlices are left", node, len(slices.Items))
 	}
-	time.Sleep(closeGrace)
+	if err := waitLossHandled(ctx, "ct-gone", node); err != nil {
+		ch.fail("%v", err)
+		return
+	}
 	if err := ledgerOf(ch).close(ctx, node, "was deleted"); err != nil {
 		ch.fail("%v", err)
 	}
@@ -82,10 +89,49 @@ func taintNodeMidPlan(ch *chaos, node string) {
 	ch.tainted, ch.taintedAt = node, time.Now()
 	ch.mu.Unlock()
 	ch.note("tainted node %s (real: %v) %s:NoExecute mid-plan", node, topo.real[node], contentionTaint)
-	time.Sleep(closeGrace)
+	if err := waitLossHandled(ctx, "ct-tainted", node); err != nil {
+		ch.fail("%v", err)
+		return
+	}
 	if err := ledgerOf(ch).close(ctx, node, "was tainted NoExecute"); err != nil {
 		ch.fail("%v", err)
 	}
+}
+
+// lossReasons are the events that say a pod's node was lost and what was
+// done about it: the controller's, and the taint manager's eviction.
+var lossReasons = []string{"Released", "Moved", "NotBound", "NodeLost", "TaintManagerEviction"}
+
+// waitLossHandled waits until a pod of job has an event saying its node
+// was lost (the controller's naming the node, or the taint manager's
+// eviction): the controller has seen the loss, and, as it plans one group
+// at a time, the plan that was writing claims on the node when it went has
+// ended. From then on no claim write may land there.
+func waitLossHandled(ctx context.Context, job, node string) error {
+	last := ""
+	err := wait.PollUntilContextTimeout(ctx, framework.PollEvery, waitContention, true, func(ctx context.Context) (bool, error) {
+		events, err := client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Pod"})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		var seen []string
+		for _, e := range events.Items {
+			if !strings.HasPrefix(e.InvolvedObject.Name, job+"-") {
+				continue
+			}
+			seen = append(seen, e.Reason)
+			if slices.Contains(lossReasons, e.Reason) && (e.Reason == "TaintManagerEviction" || strings.Contains(e.Message, node)) {
+				return true, nil
+			}
+		}
+		last = fmt.Sprintf("events of %s's pods: %v", job, seen)
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("no pod of %s has an event about its lost node %s (%s): %w", job, node, last, err)
+	}
+	return nil
 }
 
 // editTaints changes a node's taints.
@@ -118,11 +164,25 @@ func killController(ch *chaos, first string) {
 		}
 		ch.note("killed the controller after it wrote claim %s: %d of the 12 claims of ct-indexed allocated", first, n)
 	}
+	started := time.Now()
 	if err := lc.StartController(); err != nil {
 		ch.fail("restart controller: %v", err)
 		return
 	}
+	ch.mu.Lock()
+	ch.restarted = started
+	ch.mu.Unlock()
 	ch.note("controller restarted")
+}
+
+// restartedAt is when the running controller was started, or zero when the
+// test did not restart it (the suite's controller then counted earlier
+// tests too; the events of this test's pods bound its counts from below only
+// through their own).
+func (c *chaos) restartedAt() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.restarted
 }
 
 // restoreNodes lifts the taint and brings the deleted node back, so the

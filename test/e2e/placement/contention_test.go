@@ -45,9 +45,6 @@ const (
 	// a lost node may wait out the controller's 60 s bind timeout, one
 	// bound there waits for PodGC (40 s) and the Job's 10 s backoff.
 	waitContention = 6 * time.Minute
-	// closeGrace is how long after a node is deleted or tainted a claim
-	// write planned before may still land there.
-	closeGrace = 5 * time.Second
 	// contentionTaint is the NoExecute taint put on a node mid-plan.
 	contentionTaint = "e2e.gputopo.dev/contention"
 	// ungatedLabel marks the test's ungated pods.
@@ -251,6 +248,8 @@ func TestContention(t *testing.T) {
 	checkLostEvent(t, "ct-gone", gone, "Released", "Moved")
 	checkLostEvent(t, "ct-tainted", tainted, "Released", "Moved", "TaintManagerEviction")
 	checkTooBig(t, byName["ct-too-big"])
+	// While the Jobs' pods are still there to show their records.
+	checkReleases(t, jobs, ch.restartedAt())
 	logUngated(t, ungatedSel)
 
 	// Once the Jobs are gone every ungated pod fits.
@@ -445,8 +444,12 @@ func checkCtJob(t *testing.T, j *ctJob, ch *chaos) {
 			t.Errorf("pod %s of %s is on lost node %s", p.Name, j.name, node)
 		}
 		ch.mu.Unlock()
-		if r := p.Annotations[placementapi.AnnotationReleased]; r != "" {
-			t.Logf("pod %s of %s was released before it landed on %s: %s=%q", p.Name, j.name, node, placementapi.AnnotationReleased, r)
+		if v := p.Annotations[placementapi.AnnotationReleased]; v != "" {
+			if r, err := placementapi.ParseRelease(v); err != nil {
+				t.Errorf("pod %s of %s: %v", p.Name, j.name, err)
+			} else {
+				t.Logf("pod %s of %s was released %d time(s), last for %s, before it landed on %s", p.Name, j.name, r.Count, r.Reason, node)
+			}
 		}
 	}
 }
@@ -536,6 +539,103 @@ func logUngated(t *testing.T, sel string) {
 		}
 	}
 	t.Logf("%d of %d ungated pods bound while the Jobs run", bound, len(list.Items))
+}
+
+// checkReleases checks what the controller says of every pod it took
+// claims back from, against each other: each Released event of the test's
+// Jobs (after since) has its pod's gputopo.dev/released record, with the
+// event's reason and a count at least the number of such events; and the
+// running controller's released_pods_total and device_conflicts_total
+// count, per reason, at least the releases and conflicts it recorded in
+// events after it started, and at most all of them.
+func checkReleases(t *testing.T, jobs []*ctJob, restarted time.Time) {
+	t.Helper()
+	ctx := framework.Ctx(t)
+	m, err := scrapeMetrics(ctx)
+	if err != nil {
+		t.Fatalf("controller metrics: %v", err)
+	}
+	events, err := client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Pod"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours := func(pod string) bool {
+		return slices.ContainsFunc(jobs, func(j *ctJob) bool { return strings.HasPrefix(pod, j.name+"-") })
+	}
+	released := map[string]*tally{} // release reason → events
+	conflicts := tally{}
+	perPod := map[string]int{}                 // pod → Released events
+	podReasons := map[string]map[string]bool{} // pod → their reasons
+	for _, e := range events.Items {
+		if e.Source.Component != "gputopo-controller" || !ours(e.InvolvedObject.Name) {
+			continue
+		}
+		n := int(max(e.Count, 1))
+		after := !e.LastTimestamp.Time.Before(restarted.Truncate(time.Second).Add(time.Second))
+		switch e.Reason {
+		case "Released", "Moved":
+			reason := "Moved"
+			if e.Reason == "Released" {
+				reason, _, _ = strings.Cut(e.Message, ":")
+				perPod[e.InvolvedObject.Name] += n
+				if podReasons[e.InvolvedObject.Name] == nil {
+					podReasons[e.InvolvedObject.Name] = map[string]bool{}
+				}
+				podReasons[e.InvolvedObject.Name][reason] = true
+			}
+			if released[reason] == nil {
+				released[reason] = &tally{}
+			}
+			released[reason].all += n
+			if after && e.FirstTimestamp.Equal(&e.LastTimestamp) {
+				released[reason].since += n
+			}
+		case "DeviceConflict":
+			conflicts.all += n
+			if after && e.FirstTimestamp.Equal(&e.LastTimestamp) {
+				conflicts.since += n
+			}
+		}
+	}
+	for pod, n := range perPod {
+		p, err := client.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
+		if err != nil {
+			continue // replaced, or deleted with its node
+		}
+		r, err := placementapi.ParseRelease(p.Annotations[placementapi.AnnotationReleased])
+		switch {
+		case err != nil:
+			t.Errorf("pod %s has %d Released event(s) but %s=%q: %v", pod, n, placementapi.AnnotationReleased, p.Annotations[placementapi.AnnotationReleased], err)
+		case r.Count < n:
+			t.Errorf("pod %s has %d Released event(s) but %s counts %d", pod, n, placementapi.AnnotationReleased, r.Count)
+		case !podReasons[pod][r.Reason]:
+			t.Errorf("pod %s: %s says %s, its Released events %v", pod, placementapi.AnnotationReleased, r.Reason, podReasons[pod])
+		}
+	}
+	for reason, c := range released {
+		got := int(m[`gputopo_controller_released_pods_total{reason="`+reason+`"}`])
+		if got < c.since || (!restarted.IsZero() && got > c.all) {
+			t.Errorf(`released_pods_total{reason=%q} = %d; the controller recorded %d such events since it restarted and %d in all`, reason, got, c.since, c.all)
+		}
+	}
+	if got := int(m["gputopo_controller_device_conflicts_total"]); got < conflicts.since || (!restarted.IsZero() && got > conflicts.all) {
+		t.Errorf("device_conflicts_total = %d; the controller recorded %d DeviceConflict events since it restarted and %d in all", got, conflicts.since, conflicts.all)
+	}
+	t.Logf("released pods by reason (events since the restart / in all): %s; device conflicts %s", fmtTallies(released), &conflicts)
+}
+
+// tally counts events: since the controller restarted, and in all.
+type tally struct{ since, all int }
+
+func (t *tally) String() string { return fmt.Sprintf("%d/%d", t.since, t.all) }
+
+func fmtTallies(m map[string]*tally) string {
+	var out []string
+	for k, v := range m {
+		out = append(out, fmt.Sprintf("%s=%v", k, v))
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
 }
 
 // logControllerMetrics logs what the running controller counted.

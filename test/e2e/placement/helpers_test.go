@@ -32,11 +32,10 @@ import (
 // and the Job controller backs off before replacing a pod, so waits are
 // generous; polls return as soon as the condition holds.
 const (
-	waitPlaced   = 3 * time.Minute
-	waitCleanup  = 3 * time.Minute
-	waitRestart  = 4 * time.Minute // includes a leader Lease that must expire
-	waitStatus   = 2 * time.Minute
-	stillGatedOK = 5 * time.Second // how long a waiting group is watched
+	waitPlaced  = 3 * time.Minute
+	waitCleanup = 3 * time.Minute
+	waitRestart = 4 * time.Minute // includes a leader Lease that must expire
+	waitStatus  = 2 * time.Minute
 )
 
 // claimName is the pod-level name of every test pod's one claim.
@@ -284,6 +283,46 @@ func generatedClaim(p *corev1.Pod) string {
 		}
 	}
 	return ""
+}
+
+// podScheduledSays reports whether the scheduler's PodScheduled condition
+// on p is False with reason.
+func podScheduledSays(p *corev1.Pod, reason string) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled {
+			return c.Status == corev1.ConditionFalse && c.Reason == reason
+		}
+	}
+	return false
+}
+
+// jobEventCount is how many times the controller recorded a reason event
+// on the Job (repeats of one event are counted in the event).
+func jobEventCount(t *testing.T, job *batchv1.Job, reason string) int32 {
+	t.Helper()
+	events, err := client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{
+		FieldSelector: fields.Set{"involvedObject.kind": "Job", "involvedObject.name": job.Name, "involvedObject.uid": string(job.UID), "reason": reason}.String(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int32
+	for _, e := range events.Items {
+		if e.Source.Component == "gputopo-controller" {
+			n += max(e.Count, 1)
+		}
+	}
+	return n
+}
+
+// pokeJob changes an annotation of the test's own on a Job, which makes
+// the controller sync the Job's group again.
+func pokeJob(t *testing.T, name string) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{"e2e.gputopo.dev/poke":"%d"}}}`, time.Now().UnixNano())
+	if _, err := client.BatchV1().Jobs(namespace).Patch(framework.Ctx(t), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("annotate Job %s: %v", name, err)
+	}
 }
 
 func hasGate(p *corev1.Pod) bool {

@@ -27,7 +27,8 @@ import (
 // admin access do not hold their device alone and are not counted.
 //
 // It also refuses new allocations on nodes that were closed (deleted, or
-// tainted against every pod of the test) once a grace period has passed.
+// tainted against every pod of the test) once the controller has shown it
+// saw the node go.
 type ledger struct {
 	mu      sync.Mutex
 	claims  map[types.UID]ledgerClaim
@@ -186,7 +187,8 @@ func (l *ledger) violate(format string, args ...any) {
 }
 
 // close forbids new allocations on node from the API server's current
-// version on: call it once whatever closed the node is a grace period old.
+// version on: call it once the controller has shown that it saw the node
+// go (waitLossHandled).
 func (l *ledger) close(ctx context.Context, node, why string) error {
 	list, err := client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{Limit: 1})
 	if err != nil {

@@ -151,8 +151,20 @@ func TestJobTooBigStaysGated(t *testing.T) {
 		return len(pods) == 5, fmt.Sprintf("%d pods", len(pods))
 	})
 	check("at once")
-	time.Sleep(stillGatedOK)
-	check(stillGatedOK.String() + " later")
+	// Make the controller plan the group again (any change of its Job
+	// queues it) and wait until it has said so a second time: the group
+	// must still wait, not merely have been left alone.
+	job, err := client.BatchV1().Jobs(namespace).Get(framework.Ctx(t), "too-big", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := jobEventCount(t, job, "Unschedulable")
+	pokeJob(t, "too-big")
+	framework.Eventually(t, waitStatus, "the controller to plan too-big again and refuse it", func() (bool, string) {
+		n := jobEventCount(t, job, "Unschedulable")
+		return n > before, fmt.Sprintf("%d Unschedulable events, %d before the Job changed", n, before)
+	})
+	check("planned again")
 }
 
 // TestConcurrentJobsDoNotCollide: two four-pod Jobs submitted together each
@@ -235,11 +247,20 @@ func TestControllerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	createJob(t, "restart-during", 2, placed(placementapi.PlacementAuto))
-	framework.Eventually(t, waitStatus, "the pods of restart-during to exist", func() (bool, string) {
+	// The scheduler has seen both pods and found them gated: with no
+	// controller running nothing else may act on them.
+	framework.Eventually(t, waitStatus, "the scheduler to report the pods of restart-during gated", func() (bool, string) {
 		pods, err := jobPods(context.Background(), "restart-during")
-		return err == nil && len(pods) == 2, fmt.Sprintf("%d pods, %v", len(pods), err)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pods {
+			if !podScheduledSays(&p, corev1.PodReasonSchedulingGated) {
+				return false, "pod " + p.Name + ": " + framework.PodState(&p)
+			}
+		}
+		return len(pods) == 2, fmt.Sprintf("%d pods", len(pods))
 	})
-	time.Sleep(stillGatedOK)
 	pods, err := jobPods(framework.Ctx(t), "restart-during")
 	if err != nil {
 		t.Fatal(err)
@@ -257,9 +278,8 @@ func TestControllerRestart(t *testing.T) {
 	during := waitJobPlaced(t, "restart-during", 2, waitRestart)
 	t.Logf("placed %s after the restart", time.Since(restarted).Round(100*time.Millisecond))
 
-	// Give the new process time to have synced restart-before too, then
-	// compare it with what it was.
-	time.Sleep(stillGatedOK)
+	// StartController returned once the new process was ready: it has
+	// synced every group, restart-before too. Compare it with what it was.
 	after := waitJobPlaced(t, "restart-before", 2, waitPlaced)
 	for i, p := range after.pods {
 		b := before.pods[i]
@@ -411,10 +431,17 @@ func TestPlacedJobRuns(t *testing.T) {
 	}
 }
 
-// TestControllerMetrics reads the controller's /metrics after it placed a
-// Job: a placed decision is counted and every leaf has a utilization series.
+// TestControllerMetrics reads the controller's /metrics around placing a
+// Job: the placed decisions grow by the Job's one, and every leaf has a
+// utilization series.
 func TestControllerMetrics(t *testing.T) {
 	dumpOnFailure(t)
+	const placedSeries = `gputopo_controller_decisions_total{outcome="placed"}`
+	const startSeries = "process_start_time_seconds"
+	before, err := scrapeMetrics(framework.Ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	createJob(t, "metrics", 2, placed(placementapi.PlacementAuto))
 	pl := waitJobPlaced(t, "metrics", 2, waitPlaced)
 	jobLeaf := pl.leaves[0]
@@ -426,8 +453,11 @@ func TestControllerMetrics(t *testing.T) {
 			return false, err.Error()
 		}
 		last = m
-		if v := m[`gputopo_controller_decisions_total{outcome="placed"}`]; v <= 0 {
-			return false, fmt.Sprintf(`decisions_total{outcome="placed"} = %v`, v)
+		if m[startSeries] != before[startSeries] {
+			t.Fatalf("the controller restarted during the test (%s %v → %v): its counters started again", startSeries, before[startSeries], m[startSeries])
+		}
+		if d := m[placedSeries] - before[placedSeries]; d != 1 {
+			return false, fmt.Sprintf("%s grew by %v while the test placed one Job, want 1", placedSeries, d)
 		}
 		for _, leaf := range topo.leaves {
 			v, ok := leafUtilization(m, topo.spineOf[leaf], leaf)

@@ -17,10 +17,12 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 
 	placementapi "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	"github.com/gputopo/gputopo/test/e2e/framework"
 )
 
 // fakeLeaf is the last leaf without real nodes.
@@ -124,14 +126,14 @@ func deleteWaitingJob(t *testing.T, name string) {
 		_ = client.CoreV1().Pods(namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 	}
 
-	// Every update of the pods until they are all gone, and a few seconds
-	// more for a late sync.
+	// Every update of the pods until they are all gone.
 	left := map[string]bool{}
+	uids := map[types.UID]bool{}
 	for _, p := range list.Items {
 		left[p.Name] = true
+		uids[p.UID] = true
 	}
-	var quiet <-chan time.Time
-	for done := false; !done; {
+	for len(left) > 0 {
 		select {
 		case ev, ok := <-w.ResultChan():
 			if !ok {
@@ -149,16 +151,29 @@ func deleteWaitingJob(t *testing.T, name string) {
 			}
 			if ev.Type == watch.Deleted {
 				delete(left, p.Name)
-				if len(left) == 0 {
-					quiet = time.After(5 * time.Second)
-				}
 			}
-		case <-quiet:
-			done = true
 		case <-ctx.Done():
 			t.Fatalf("pods of the deleted Job %s still there: %v", name, left)
 		}
 	}
+	// A late sync of the group could still allocate the pods' claims until
+	// the garbage collector has deleted them: wait for that, then read
+	// what the controller did.
+	framework.Eventually(t, waitCleanup, "the claims of the deleted Job "+name+" to be gone", func() (bool, string) {
+		claims, err := client.ResourceV1().ResourceClaims(namespace).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		var owned []string
+		for _, c := range claims.Items {
+			for _, o := range c.OwnerReferences {
+				if uids[o.UID] {
+					owned = append(owned, c.Name)
+				}
+			}
+		}
+		return len(owned) == 0, fmt.Sprintf("claims left: %v", owned)
+	})
 	data, err := os.ReadFile(lc.LogPath("controller"))
 	if err != nil {
 		t.Fatal(err)
