@@ -19,7 +19,7 @@ E2E_TIMEOUT ?= 60m
 # loaded into memory.
 BUILD_FLAGS ?= -tags=grpcnotrace -ldflags='-s -w'
 
-.PHONY: all build test unit e2e parity soak chart lint demo demo-loop demo-down bench bench-scale k8s-binaries gpu-check-bundle runtime-deps image verify-chart verify-chart-cluster lint-dockerfile clean
+.PHONY: all build test unit e2e parity soak chart lint demo demo-loop demo-down bench bench-scale bench-native k8s-binaries gpu-check-bundle runtime-deps image verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
@@ -151,6 +151,18 @@ bench:
 #   make bench-scale BENCH_SCALE_ARGS='--mode=controller --spines=10 --leaves-per-spine=50'
 #   make bench-scale BENCH_SCALE_ARGS='--mode=plugin'
 BENCH_SCALE_ARGS ?= --mode=throughput
+# Head-to-head against kube-scheduler's own workload-aware scheduling
+# (docs/benchmarks.md, "Against kube-scheduler's workload-aware scheduling"):
+# one seeded stream of Jobs through native gang + leaf key, native gang +
+# spine key, gputopo allocating, gputopo with the scheduler allocating and
+# plain kube-scheduler, on one cluster with the workload gates on.
+#   make bench-native                                                  # 100 nodes
+#   make bench-native BENCH_NATIVE_ARGS='--spines=10 --leaves-per-spine=10'   # 1,000 nodes
+bench-native: build k8s-binaries
+	@mkdir -p _output
+	cd test/bench && $(GO) build -o $(BIN)/benchscale ./cmd/benchscale
+	flock $${TMPDIR:-/tmp}/gputopo-e2e.lock $(BIN)/benchscale --mode=native --bin-dir=$(BIN) --report=_output/bench-native.md --json=_output/bench-native.json $(BENCH_NATIVE_ARGS)
+
 bench-scale: build k8s-binaries
 	mkdir -p _output
 	cd test/bench && $(GO) build -o $(BIN)/benchscale ./cmd/benchscale

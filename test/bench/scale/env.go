@@ -61,7 +61,9 @@ type ClusterOptions struct {
 	Limits Limits
 	// AuditLog records every write with its client, to count who wrote what.
 	AuditLog bool
-	Progress io.Writer
+	// FeatureGates are added to the cluster's default gates.
+	FeatureGates map[string]bool
+	Progress     io.Writer
 }
 
 // Limits raise the defaults that would otherwise cap the control plane far
@@ -135,7 +137,7 @@ func StartEnv(ctx context.Context, opts ClusterOptions) (*Env, error) {
 	c, err := cluster.Start(ctx, cluster.Config{
 		Dir: dir, Nodes: opts.Nodes, PluginBin: opts.PluginBin,
 		ControllerBin: opts.ControllerBin, ControllerArgs: opts.ControllerArgs,
-		Manifests: opts.Manifests, ExtraArgs: extra,
+		Manifests: opts.Manifests, ExtraArgs: extra, FeatureGates: opts.FeatureGates,
 		Progress: opts.Progress, Timeout: 30 * time.Minute,
 	})
 	if err != nil {

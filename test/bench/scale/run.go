@@ -19,6 +19,7 @@ const (
 	ModeThroughput = "throughput"
 	ModeController = "controller"
 	ModePlugin     = "plugin"
+	ModeNative     = "native"
 )
 
 // RunConfig is one benchmark run.
@@ -40,6 +41,9 @@ type RunConfig struct {
 	JobMix         string
 	Controller     ControllerOptions
 	ControllerArgs []string
+	// Native mode: the head-to-head against kube-scheduler's own
+	// workload-aware scheduling.
+	Native NativeOptions
 	// Plugin mode: pods of PluginTemplate run on the real node.
 	PluginTemplate string
 	PluginPods     int
@@ -68,6 +72,11 @@ func Run(ctx context.Context, cfg RunConfig) (report []byte, result any, err err
 		}
 		opts.Manifests = []string{cfg.Manifests}
 		opts.AuditLog = true
+	case ModeNative:
+		opts.ControllerBin = filepath.Join(cfg.BinDir, "gputopo-controller")
+		opts.ControllerArgs = cfg.ControllerArgs
+		opts.Manifests = []string{cfg.Manifests}
+		opts.FeatureGates = WorkloadGates
 	case ModePlugin:
 		if len(topo.Profiles) == 0 {
 			return nil, nil, fmt.Errorf("the plugin mode needs a profile")
@@ -75,7 +84,7 @@ func Run(ctx context.Context, cfg RunConfig) (report []byte, result any, err err
 		topo = cluster.Topology{Spines: 1, LeavesPerSpine: 1, NodesPerLeaf: 1, Profiles: topo.Profiles[:1], RealNodes: 1}
 		opts.PluginBin = filepath.Join(cfg.BinDir, "gputopo-kubelet-plugin")
 	default:
-		return nil, nil, fmt.Errorf("mode %q: use %s, %s or %s", cfg.Mode, ModeThroughput, ModeController, ModePlugin)
+		return nil, nil, fmt.Errorf("mode %q: use %s, %s, %s or %s", cfg.Mode, ModeThroughput, ModeController, ModeNative, ModePlugin)
 	}
 	for _, b := range []string{opts.ControllerBin, opts.PluginBin} {
 		if _, err := os.Stat(b); b != "" && err != nil {
@@ -125,6 +134,16 @@ func Run(ctx context.Context, cfg RunConfig) (report []byte, result any, err err
 		r, err := Controller(ctx, env, o)
 		WriteController(&out, fmt.Sprintf("Controller: %s; %d Jobs, mix %s", shape, o.Jobs, cfg.JobMix), r)
 		result = r
+		if err != nil {
+			return out.Bytes(), result, err
+		}
+	case ModeNative:
+		o := cfg.Native
+		o.NodesPerLeaf, o.NodesPerSpine = topo.NodesPerLeaf, topo.NodesPerLeaf*topo.LeavesPerSpine
+		o.GPUsPerNode = env.GPUs / max(len(opts.Nodes), 1)
+		rows, err := Native(ctx, env, o)
+		WriteNative(&out, fmt.Sprintf("Against kube-scheduler's workload-aware scheduling: %s; seed %d, %d Jobs, a filler pod every %d Jobs, one arrival every %s", shape, o.Seed, o.Jobs, o.FillerEvery, o.Interval), rows)
+		result = rows
 		if err != nil {
 			return out.Bytes(), result, err
 		}

@@ -3,6 +3,7 @@
 //
 //	benchscale --mode=throughput [--spines=5 --leaves-per-spine=10 --nodes-per-leaf=10]
 //	benchscale --mode=controller --spines=10 --leaves-per-spine=50 --jobs=1000
+//	benchscale --mode=native [--spines=10 --leaves-per-spine=10]   # 100 nodes, or 1,000
 //	benchscale --mode=plugin
 //
 // It prints a Markdown report (also appended to --report) and writes every
@@ -19,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -35,10 +37,10 @@ func main() {
 
 func run() error {
 	cfg := scale.RunConfig{Limits: scale.DefaultLimits(), Command: strings.Join(os.Args, " ")}
-	var profiles, controllerArgs, reportFile, jsonFile string
+	var profiles, controllerArgs, reportFile, jsonFile, paths string
 	var keep bool
 	fs := flag.NewFlagSet("benchscale", flag.ContinueOnError)
-	fs.StringVar(&cfg.Mode, "mode", scale.ModeThroughput, "throughput (scheduler: topology vs count-only claims), controller (Jobs through gputopo-controller) or plugin (kubelet plugin memory on one real node)")
+	fs.StringVar(&cfg.Mode, "mode", scale.ModeThroughput, "throughput (scheduler: topology vs count-only claims), controller (Jobs through gputopo-controller), native (one stream of Jobs through kube-scheduler's gang and topology placement and through gputopo) or plugin (kubelet plugin memory on one real node)")
 	fs.StringVar(&cfg.Dir, "dir", filepath.Join(os.TempDir(), "gputopo-bench"), "cluster directory; removed after a run without errors unless --keep")
 	fs.StringVar(&cfg.BinDir, "bin-dir", "bin", "directory holding gputopo-controller and gputopo-kubelet-plugin (`make build`)")
 	fs.StringVar(&cfg.Manifests, "manifests", filepath.Join("deployments", "admission"), "controller: admission manifests applied before the controller starts (the scheduling gate)")
@@ -61,6 +63,13 @@ func run() error {
 	fs.StringVar(&cfg.Controller.ProfileDir, "controller-profile-dir", "", "controller: save the controller's CPU profile (from the first create, for --controller-profile-for) and its heap, mutex and block profiles here")
 	fs.DurationVar(&cfg.Controller.ProfileFor, "controller-profile-for", time.Minute, "controller: how long the CPU profile runs")
 	fs.StringVar(&controllerArgs, "controller-args", "", "controller: extra flags for gputopo-controller, space-separated")
+	fs.Uint64Var(&cfg.Native.Seed, "seed", 1, "native: the stream's seed; one seed is one stream for every path")
+	fs.IntVar(&cfg.Native.Jobs, "native-jobs", 60, "native: Jobs in the stream")
+	fs.IntVar(&cfg.Native.FillerEvery, "filler-every", 3, "native: a plain one-GPU filler pod after every this many Jobs (0: none)")
+	fs.DurationVar(&cfg.Native.Interval, "interval", 250*time.Millisecond, "native: time between two arrivals of the stream")
+	fs.DurationVar(&cfg.Native.Settle, "native-settle", 30*time.Second, "native: end a path's stream when no pod was bound for this long")
+	fs.IntVar(&cfg.Native.Probes, "probes", 3, "native: capacity-freed probes per path")
+	fs.StringVar(&paths, "paths", strings.Join(scale.AllPaths, ","), "native: the paths to run, comma-separated")
 	fs.StringVar(&cfg.PluginTemplate, "plugin-template", "gpu-2-nvlink-pair", "plugin: the claim template of the pods run on the real node")
 	fs.IntVar(&cfg.PluginPods, "plugin-pods", 4, "plugin: pods run on the real node")
 	fs.IntVar(&cfg.Limits.MaxRequestsInflight, "apiserver-max-requests-inflight", cfg.Limits.MaxRequestsInflight, "kube-apiserver --max-requests-inflight (mutating: half)")
@@ -74,6 +83,23 @@ func run() error {
 		return fmt.Errorf("unexpected arguments %q: every setting is a flag (see -h)", fs.Args())
 	}
 	cfg.Topology.Profiles = strings.Split(profiles, ",")
+	if cfg.Mode == scale.ModeNative {
+		// 100 nodes unless the shape is given: 2 spines × 5 leaves × 10.
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["spines"] {
+			cfg.Topology.Spines = 2
+		}
+		if !set["leaves-per-spine"] {
+			cfg.Topology.LeavesPerSpine = 5
+		}
+		for _, p := range strings.Split(paths, ",") {
+			if !slices.Contains(scale.AllPaths, p) {
+				return fmt.Errorf("--paths: %q is no path; use some of %s", p, strings.Join(scale.AllPaths, ","))
+			}
+			cfg.Native.Paths = append(cfg.Native.Paths, p)
+		}
+	}
 	cfg.ControllerArgs = strings.Fields(controllerArgs)
 	cfg.Throughput.Creators, cfg.Controller.Creators = 32, 32
 	var err error
