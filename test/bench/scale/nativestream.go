@@ -138,7 +138,7 @@ type NativeRow struct {
 	// Jobs, JobsBound; Refused Jobs not all bound that carry a refusal;
 	// Partial Jobs with some but not all pods bound at the end.
 	Jobs, JobsBound, Refused, Partial int
-	Seconds                          float64
+	Seconds                           float64
 }
 
 // Summarize computes a path's placement columns from the Jobs' outcomes
