@@ -135,7 +135,8 @@ must everything 'path: /usr/local/nvidia/toolkit$' "the host hook's directory mu
 
 render no-probes "$BASE,$POLICIES,DaemonSet=1" --set kubeletPlugin.healthProbePort=0 \
   --set kubeletPlugin.gpuNodesOnly=false
-mustnot no-probes 'Probe:' "healthProbePort=0 must drop the probes"
+mustnot no-probes '(startup|liveness)Probe:|grpc:' "healthProbePort=0 must drop the plugin's probes"
+must no-probes 'readinessProbe:' "the controller's readinessProbe stays"
 must no-probes -- '--health-probe-address=$' "healthProbePort=0 must turn the health service off"
 mustnot no-probes 'pci-10de' "gpuNodesOnly=false must drop the GPU node affinity"
 
