@@ -19,7 +19,7 @@ E2E_TIMEOUT ?= 60m
 # loaded into memory.
 BUILD_FLAGS ?= -tags=grpcnotrace -ldflags='-s -w'
 
-.PHONY: all build test unit e2e parity soak chart lint demo demo-loop demo-down bench bench-scale bench-native k8s-binaries gpu-check-bundle runtime-deps image verify-chart verify-chart-cluster lint-dockerfile clean
+.PHONY: all build test unit e2e peer-binaries parity soak chart lint demo demo-loop demo-down bench bench-scale bench-native k8s-binaries gpu-check-bundle runtime-deps image verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
@@ -46,6 +46,13 @@ k8s-binaries: $(LOCALCLUSTER) runtime-deps
 runtime-deps:
 	hack/install-runtime-deps.sh
 
+# The workload controllers the peers suite (test/e2e/peers) runs beside
+# gputopo: JobSet, LeaderWorkerSet and Kueue, each built from the Go module
+# proxy in a module of its own (test/cluster/peers/*), with its CRDs and
+# webhook configurations, into ~/.cache/gputopo/peers/bin (GPUTOPO_PEERS_BIN).
+peer-binaries: $(LOCALCLUSTER)
+	$(LOCALCLUSTER) build-peers
+
 # Everything CI runs: formatting and vet, unit tests, the end-to-end suite
 # on a real local cluster, and the Helm chart rendered and installed there.
 test: lint unit e2e chart
@@ -66,7 +73,7 @@ unit:
 # from Start, and `localcluster up` then `down` leaving nothing behind),
 # then the end-to-end suite on it. Every test that starts a cluster holds
 # the local-cluster lock ($${TMPDIR:-/tmp}/gputopo-e2e.lock) while it runs.
-e2e: build k8s-binaries
+e2e: build k8s-binaries peer-binaries
 	mkdir -p _output
 	k8s_bin=$$($(LOCALCLUSTER) bin-dir) && cd test/cluster && GPUTOPO_K8S_BIN=$$k8s_bin GPUTOPO_BIN=$(BIN) $(GO) test -count=1 -timeout 30m -run '^TestCluster' -v . 2>&1 | tee $(CURDIR)/_output/cluster.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
 	cd test/e2e && GPUTOPO_BIN=$(BIN) $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./... 2>&1 | tee $(CURDIR)/_output/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}

@@ -95,6 +95,9 @@ type BuildOptions struct {
 	// ContainerdOutDir receives the containerd binaries;
 	// DefaultContainerdBinDir() if empty.
 	ContainerdOutDir string
+	// PeersOutDir receives the peers' managers and manifests (BuildPeers);
+	// DefaultPeersBinDir() if empty.
+	PeersOutDir string
 	// ModuleDir is this module's directory; found from the source location
 	// or the working directory if empty.
 	ModuleDir string

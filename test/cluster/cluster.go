@@ -51,6 +51,13 @@ type Config struct {
 	// keyed by: "etcd", "kube-apiserver", "kube-controller-manager" or
 	// "kube-scheduler" (e.g. higher API rate limits for a scale benchmark).
 	ExtraArgs map[string][]string
+	// Peers are started once the nodes are ready and Manifests applied,
+	// before the controller: their CRDs, their managers and their webhooks
+	// (see Peer). None by default, which keeps a cluster quick to start.
+	Peers []Peer
+	// PeersBinDir holds the peers' managers and manifests;
+	// DefaultPeersBinDir() if empty.
+	PeersBinDir string
 	// Progress receives progress lines; os.Stderr if nil.
 	Progress io.Writer
 	// Timeout bounds the whole start; 5 minutes if zero.
@@ -186,6 +193,12 @@ func newCluster(cfg Config) (*Cluster, error) {
 			break
 		}
 	}
+	if cfg.PeersBinDir == "" {
+		cfg.PeersBinDir = DefaultPeersBinDir()
+	}
+	if err := checkPeers(cfg.PeersBinDir, cfg.Peers); err != nil {
+		return nil, err
+	}
 	for name := range cfg.ExtraArgs {
 		if !slices.Contains(controlPlaneProcs, name) {
 			return nil, fmt.Errorf("cluster config: ExtraArgs for %q: only %s take extra arguments", name, strings.Join(controlPlaneProcs, ", "))
@@ -216,6 +229,15 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	if err := c.writeSupervisorPID(); err != nil {
+		return err
+	}
+	realNodes := 0
+	for _, n := range c.nodes {
+		if n.spec.Real {
+			realNodes++
+		}
+	}
+	if err := EnsureHostLimits(realNodes, len(c.nodes), c.progress); err != nil {
 		return err
 	}
 	if err := c.startControlPlane(ctx); err != nil {
@@ -262,6 +284,9 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	if err := c.applyManifests(ctx); err != nil {
+		return err
+	}
+	if err := c.startPeers(ctx); err != nil {
 		return err
 	}
 	if c.cfg.ControllerBin != "" {

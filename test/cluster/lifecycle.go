@@ -443,13 +443,13 @@ func pidFileProcs(dir string, known []*proc) []*proc {
 	return procs
 }
 
-// stopInOrder stops plugins and kubelets, then containerd (after removing
+// stopInOrder stops plugins, kubelets and peers, then containerd (after removing
 // its pods), then the scheduler, controller manager and apiserver, then
 // etcd; each group in parallel.
 func stopInOrder(procs []*proc) {
 	rank := func(name string) int {
 		switch {
-		case strings.HasPrefix(name, "plugin-"), strings.HasPrefix(name, "kubelet-"):
+		case strings.HasPrefix(name, "plugin-"), strings.HasPrefix(name, "kubelet-"), strings.HasPrefix(name, "peer-"):
 			return 0
 		case strings.HasPrefix(name, containerdProcPrefix):
 			return 1

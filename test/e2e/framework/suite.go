@@ -55,6 +55,9 @@ type Options struct {
 	// FeatureGates are added to the cluster's default gates, for every
 	// component.
 	FeatureGates map[string]bool
+	// Peers are the workload controllers (JobSet, LeaderWorkerSet, Kueue)
+	// started beside gputopo, from `make peer-binaries`; none by default.
+	Peers []cluster.Peer
 }
 
 // Suite is a running suite cluster.
@@ -71,6 +74,8 @@ type Suite struct {
 	ControllerBin     string // empty without Options.Controller
 	// Templates are the ResourceClaimTemplates of demo/specs/claims, by name.
 	Templates map[string]*resourcev1.ResourceClaimTemplate
+
+	peers []cluster.Peer
 }
 
 // Main starts the suite's cluster, calls ready with it (an error fails the
@@ -78,7 +83,7 @@ type Suite struct {
 // directory is removed after a pass (kept with GPUTOPO_E2E_KEEP=1) and kept
 // after a failure, whose log tails are printed.
 func Main(m *testing.M, opts Options, ready func(*Suite) error) int {
-	s := &Suite{Name: opts.Name, Namespace: opts.Namespace, Templates: map[string]*resourcev1.ResourceClaimTemplate{}}
+	s := &Suite{Name: opts.Name, Namespace: opts.Namespace, Templates: map[string]*resourcev1.ResourceClaimTemplate{}, peers: opts.Peers}
 	root, err := RepoRoot()
 	if err != nil {
 		return s.fail("%v", err)
@@ -128,8 +133,8 @@ func Main(m *testing.M, opts Options, ready func(*Suite) error) int {
 		PluginArgs:    append([]string{"-v=2"}, opts.PluginArgs...),
 		ControllerBin: s.ControllerBin, ControllerArgs: opts.ControllerArgs,
 		FeatureGates: opts.FeatureGates,
-		Manifests:    manifests,
-		Progress:     PrefixWriter{opts.Name + " cluster: "},
+		Manifests:    manifests, Peers: opts.Peers,
+		Progress: PrefixWriter{opts.Name + " cluster: "},
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: start cluster: %v\n", opts.Name, err)
@@ -256,6 +261,9 @@ func (s *Suite) dumpLogs(dir string) {
 	procs := []string{"kube-scheduler", "kube-controller-manager"}
 	if s.ControllerBin != "" {
 		procs = append(procs, "controller")
+	}
+	for _, p := range s.peers {
+		procs = append(procs, "peer-"+string(p))
 	}
 	for _, n := range s.Nodes {
 		if n.Real {

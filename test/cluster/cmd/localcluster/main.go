@@ -30,6 +30,7 @@ type subcommand struct {
 
 var subcommands = []subcommand{
 	{"build", "", "build the Kubernetes binaries, etcd and containerd from the Go module proxy", setupBuild},
+	{"build-peers", "", "build JobSet, LeaderWorkerSet and Kueue (--peers) from the Go module proxy, with their CRDs and webhook configurations", setupBuildPeers},
 	{"up", "", "start a cluster and return when it is ready (--foreground: supervise it here)", setupUp},
 	{"down", "", "stop the cluster in --dir; idempotent", setupDown},
 	{"plugin", "start|stop|kill|restart", "drive the gputopo kubelet plugin of one real node", setupPlugin},
@@ -100,6 +101,19 @@ func setupBuild(fs *flag.FlagSet) func(context.Context, []string) error {
 	force := fs.Bool("force", false, "rebuild binaries that are current")
 	return func(ctx context.Context, _ []string) error {
 		return cluster.Build(ctx, cluster.BuildOptions{OutDir: *out, ContainerdOutDir: *containerdOut, Force: *force})
+	}
+}
+
+func setupBuildPeers(fs *flag.FlagSet) func(context.Context, []string) error {
+	out := fs.String("out", cluster.DefaultPeersBinDir(), "directory for the peers (env GPUTOPO_PEERS_BIN)")
+	peers := fs.String("peers", "", "comma-separated peers to build (jobset, lws, kueue); empty: all")
+	force := fs.Bool("force", false, "rebuild binaries that are current")
+	return func(ctx context.Context, _ []string) error {
+		list, err := cluster.ParsePeers(*peers)
+		if err != nil {
+			return err
+		}
+		return cluster.BuildPeers(ctx, cluster.BuildOptions{PeersOutDir: *out, Force: *force}, list...)
 	}
 }
 
