@@ -48,7 +48,7 @@ func TestPlanLimits(t *testing.T) {
 			hand: []fix{{"fs.inotify.max_user_instances", 512}, {"fs.inotify.max_user_watches", 32768}},
 		},
 		"soft open files up to the hard limit without root": {
-			have:  func() HostLimits { h := roomy; h.OpenFiles, h.OpenFilesHard = 1024, 1 << 20; return h }(),
+			have:  func() HostLimits { h := roomy; h.OpenFiles, h.OpenFilesHard = 1024, 1<<20; return h }(),
 			raise: []fix{{"open files (ulimit -n)", 8192}},
 		},
 		"open files above the hard limit need root": {
