@@ -70,6 +70,10 @@ type peerSpec struct {
 	configAPI, extraConfig string
 	// args are added to the manager's command line.
 	args []string
+	// certMount is a path where the manager insists on reading a
+	// certificate pair whatever its configuration says: the webhook's pair
+	// is bind-mounted there in a private mount namespace.
+	certMount string
 	// probe is an object that a dry-run create shows the peer's mutating
 	// webhook has changed once the API server calls it.
 	probe func(ns string) (schema.GroupVersionResource, *unstructured.Unstructured, func(*unstructured.Unstructured) bool)
@@ -103,8 +107,11 @@ var peerSpecs = map[Peer]peerSpec{
 		extraConfig: "integrations:\n  frameworks: [batch/job, pod]\n",
 		// The visibility API server would need an APIService and a port
 		// of its own; nothing here reads pending workloads through it.
-		args:  []string{"--feature-gates=VisibilityOnDemand=false"},
-		probe: kueueProbe,
+		args: []string{"--feature-gates=VisibilityOnDemand=false"},
+		// With its own certificate management off, Kueue reads the metrics
+		// server's pair from this fixed path, even with metrics off.
+		certMount: "/etc/kueue/metrics/certs",
+		probe:     kueueProbe,
 	},
 }
 
@@ -276,9 +283,17 @@ func (c *Cluster) startPeer(ctx context.Context, dyn dynamic.Interface, s peerSp
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("apply CRDs: %w: %s", err, out)
 	}
-	cmd = exec.CommandContext(ctx, c.bin("kubectl"), "--kubeconfig", c.Kubeconfig(), "wait", "--for=condition=Established", "--timeout=60s", "-f", filepath.Join(manifests, "crds"))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("wait for CRDs: %w: %s", err, out)
+	// kubectl wait fails, rather than waits, on a CRD whose status has no
+	// conditions yet: ask again until every CRD is Established.
+	var waitOut []byte
+	err := c.poll(ctx, time.Minute, func() (bool, error) {
+		cmd := exec.CommandContext(ctx, c.bin("kubectl"), "--kubeconfig", c.Kubeconfig(), "wait", "--for=condition=Established", "--timeout=10s", "-f", filepath.Join(manifests, "crds"))
+		var err error
+		waitOut, err = cmd.CombinedOutput()
+		return err == nil, nil
+	}, "kube-apiserver")
+	if err != nil {
+		return fmt.Errorf("wait for CRDs to be Established: %w: %s", err, waitOut)
 	}
 	if _, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create namespace %s: %w", s.namespace, err)
@@ -319,6 +334,14 @@ internalCertManagement:
 	}
 	argv := append([]string{filepath.Join(c.cfg.PeersBinDir, s.binary.Name),
 		"--kubeconfig=" + c.Kubeconfig(), "--config=" + configFile}, s.args...)
+	if s.certMount != "" {
+		// The mount point must exist on the host; it stays empty there.
+		if err := os.MkdirAll(s.certMount, 0o755); err != nil {
+			return fmt.Errorf("create mount point %s for %s's certificates: %w", s.certMount, s.peer, err)
+		}
+		argv = append([]string{"unshare", "--mount", "--propagation", "private", "--",
+			"sh", "-c", `mount --bind "$0" "$1" && shift && exec "$@"`, certDir, s.certMount}, argv...)
+	}
 	if err := c.launchOpts(peerProc(s.peer), procOpts{workDir: dir}, argv...); err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/utils/ptr"
 
@@ -28,6 +30,9 @@ const (
 	waitPlaced  = 3 * time.Minute
 	waitCleanup = 3 * time.Minute
 )
+
+// kueueFinalizer is the finalizer Kueue's pod integration puts on pods.
+const kueueFinalizer = "kueue.x-k8s.io/managed"
 
 // claimName is the pod-level name of every test pod's one claim.
 const claimName = "gpus"
@@ -100,24 +105,44 @@ func create(t *testing.T, obj *unstructured.Unstructured) *unstructured.Unstruct
 // pods, which never finish on fake nodes, until no pod of the suite's
 // namespace is left and every claim is gone.
 func deleteAndWait(t *testing.T, gvr schema.GroupVersionResource, name string) {
-	ctx := framework.Ctx(t)
+	// A context per request: this runs in cleanups, after the test's own
+	// contexts, and longer than one request may take.
+	call := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 30*time.Second)
+	}
+	ctx, cancel := call()
 	err := dyn.Resource(gvr).Namespace(namespace).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+	cancel()
 	if err != nil && !apierrors.IsNotFound(err) {
 		t.Errorf("delete %s %s: %v", gvr.Resource, name, err)
 	}
 	framework.Eventually(t, waitCleanup, "the pods and claims of "+name+" to go", func() (bool, string) {
+		ctx, cancel := call()
+		defer cancel()
 		pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		for _, p := range pods.Items {
 			_ = client.CoreV1().Pods(namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+			// Kueue takes its finalizer off a pod once the pod has
+			// terminated, which no kubelet ever reports on a fake node.
+			if p.DeletionTimestamp != nil && slices.Contains(p.Finalizers, kueueFinalizer) {
+				_, _ = client.CoreV1().Pods(namespace).Patch(ctx, p.Name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+			}
 		}
 		claims, err := client.ResourceV1().ResourceClaims(namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
-		return len(pods.Items) == 0 && len(claims.Items) == 0, fmt.Sprintf("%d pods, %d claims left", len(pods.Items), len(claims.Items))
+		var left []string
+		for _, p := range pods.Items {
+			left = append(left, fmt.Sprintf("pod %s (finalizers %v)", p.Name, p.Finalizers))
+		}
+		for _, c := range claims.Items {
+			left = append(left, fmt.Sprintf("claim %s (finalizers %v)", c.Name, c.Finalizers))
+		}
+		return len(left) == 0, strings.Join(left, ", ")
 	})
 }
 
