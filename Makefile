@@ -19,7 +19,7 @@ E2E_TIMEOUT ?= 60m
 # loaded into memory.
 BUILD_FLAGS ?= -tags=grpcnotrace -ldflags='-s -w'
 
-.PHONY: all build test unit e2e peer-binaries parity soak chart lint demo demo-loop demo-down bench bench-scale bench-native k8s-binaries gpu-check-bundle runtime-deps image verify-chart verify-chart-cluster lint-dockerfile clean
+.PHONY: all build test unit e2e test-peers peer-binaries parity soak chart lint demo demo-loop demo-down bench bench-scale bench-native k8s-binaries gpu-check-bundle runtime-deps image verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
@@ -73,10 +73,19 @@ unit:
 # from Start, and `localcluster up` then `down` leaving nothing behind),
 # then the end-to-end suite on it. Every test that starts a cluster holds
 # the local-cluster lock ($${TMPDIR:-/tmp}/gputopo-e2e.lock) while it runs.
-e2e: build k8s-binaries peer-binaries
+e2e: build k8s-binaries
 	mkdir -p _output
 	k8s_bin=$$($(LOCALCLUSTER) bin-dir) && cd test/cluster && GPUTOPO_K8S_BIN=$$k8s_bin GPUTOPO_BIN=$(BIN) $(GO) test -count=1 -timeout 30m -run '^TestCluster' -v . 2>&1 | tee $(CURDIR)/_output/cluster.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
-	cd test/e2e && GPUTOPO_BIN=$(BIN) $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./... 2>&1 | tee $(CURDIR)/_output/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
+	cd test/e2e && GPUTOPO_BIN=$(BIN) $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v $$($(GO) list ./... | grep -v /test/e2e/peers) 2>&1 | tee $(CURDIR)/_output/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
+
+# The peers suite (test/e2e/peers): the real JobSet, LeaderWorkerSet and
+# Kueue controllers beside gputopo. Not part of `make test` yet: a cold
+# build of the three peers takes from half an hour to an hour on 2 cores
+# (test/cluster/README.md, "Peers"), which would put a cold `make test`
+# past its budget; once built they relink in under a minute.
+test-peers: build k8s-binaries peer-binaries
+	mkdir -p _output
+	cd test/e2e && GPUTOPO_BIN=$(BIN) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v ./peers 2>&1 | tee $(CURDIR)/_output/peers.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
 
 # The differential test against kube-scheduler (test/e2e/parity): PARITY_CASES
 # generated cases (seed PARITY_SEED), each run through kube-scheduler alone
