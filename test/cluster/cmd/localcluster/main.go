@@ -99,7 +99,7 @@ func main() {
 // one $GPUTOPO_K8S_VERSION names, else the newest.
 func versionFlag(fs *flag.FlagSet) *string {
 	return fs.String("version", os.Getenv(cluster.VersionEnv),
-		"Kubernetes release, e.g. v1.36.3 or 1.36 (env "+cluster.VersionEnv+"; default the newest, "+cluster.KubernetesVersion+"; see `localcluster versions`)")
+		"Kubernetes release, e.g. v1.36.3 or 1.36 (env "+cluster.VersionEnv+"; default the newest, "+cluster.KubernetesVersion+"; localcluster versions lists them)")
 }
 
 // binDirFor is --out or --bin-dir when given, else $GPUTOPO_K8S_BIN, else
