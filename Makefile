@@ -2,12 +2,18 @@ SHELL := /bin/bash
 # gputopo — see README.md. Every target works on a fresh machine with Go;
 # the Kubernetes binaries for the local cluster are built from source on
 # first use (about 12 minutes on 2 cores) and cached.
+#
+# K8S_VERSION picks the Kubernetes release of the local cluster (e.g. 1.36;
+# `bin/localcluster versions` lists them); empty is the newest supported.
+# It reaches localcluster and the tests as GPUTOPO_K8S_VERSION.
 
 GO          ?= go
 BIN         := $(CURDIR)/bin
 CLUSTER_DIR ?= /tmp/gputopo-demo
 TOPOLOGY    ?= $(CURDIR)/test/cluster/topologies/demo-topology.yaml
 LOCALCLUSTER := $(BIN)/localcluster
+K8S_VERSION ?= $(GPUTOPO_K8S_VERSION)
+export GPUTOPO_K8S_VERSION := $(K8S_VERSION)
 E2E_TIMEOUT ?= 60m
 # Build flags of the project's binaries (the container image, hack/gpu-check.sh
 # and hack/verify-chart-cluster.sh use the same).
@@ -19,7 +25,7 @@ E2E_TIMEOUT ?= 60m
 # loaded into memory.
 BUILD_FLAGS ?= -tags=grpcnotrace -ldflags='-s -w'
 
-.PHONY: all build test unit e2e test-peers peer-binaries parity soak chart lint demo demo-loop demo-down bench bench-scale bench-native k8s-binaries gpu-check-bundle runtime-deps image verify-chart verify-chart-cluster lint-dockerfile clean
+.PHONY: all build test test-matrix unit e2e test-peers peer-binaries parity soak chart lint demo demo-loop demo-down bench bench-scale bench-native k8s-binaries gpu-check-bundle runtime-deps image verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
@@ -37,9 +43,9 @@ $(LOCALCLUSTER): FORCE
 
 FORCE:
 
-# The Kubernetes binaries, etcd included, and containerd for the nodes
-# that run real containers, built from the Go module proxy; and what those
-# nodes take from the host (runc, busybox-static), from Debian.
+# The Kubernetes binaries of K8S_VERSION, etcd included, and containerd for
+# the nodes that run real containers, built from the Go module proxy; and
+# what those nodes take from the host (runc, busybox-static), from Debian.
 k8s-binaries: $(LOCALCLUSTER) runtime-deps
 	$(LOCALCLUSTER) build
 
@@ -54,8 +60,23 @@ peer-binaries: $(LOCALCLUSTER)
 	$(LOCALCLUSTER) build-peers
 
 # Everything CI runs: formatting and vet, unit tests, the end-to-end suite
-# on a real local cluster, and the Helm chart rendered and installed there.
+# on a real local cluster of the newest supported Kubernetes release, and
+# the Helm chart rendered and installed there.
 test: lint unit e2e chart
+
+# The end-to-end suites (`make e2e`) on every supported Kubernetes release,
+# newest first (docs/versions.md): each release's binaries are built once
+# (cold: 12 minutes or more on 2 cores each) and cached beside the others.
+# Every release runs even when one fails; the logs of each are in
+# _output/matrix/VERSION/, and the summary says which failed.
+test-matrix: $(LOCALCLUSTER)
+	@failed=; for v in $$($(LOCALCLUSTER) versions); do \
+	  echo "== Kubernetes $$v"; \
+	  if $(MAKE) --no-print-directory e2e K8S_VERSION=$$v; then r=PASS; else r=FAIL; failed="$$failed $$v"; fi; \
+	  mkdir -p _output/matrix/$$v && cp _output/cluster.log _output/e2e.log _output/matrix/$$v/ 2>/dev/null; \
+	  echo "== Kubernetes $$v: $$r"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-matrix: FAILED on$$failed"; exit 1; fi; echo "test-matrix: every supported release passed"
 
 # pkg/clustertopo is a module of its own, so test/cluster can use it
 # without taking the root module's dependencies. No cluster starts here:

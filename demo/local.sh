@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make demo`: a local Kubernetes 1.37 cluster with simulated GPU nodes,
+# `make demo`: a local Kubernetes cluster (the newest supported release, or
+# GPUTOPO_K8S_VERSION's) with simulated GPU nodes,
 # the demo workloads from demo/specs, and what a user wants to see of them.
 # The cluster itself is run by test/cluster (cmd/localcluster); this script
 # only drives kubectl. Inputs come from the Makefile:
@@ -10,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${GPUTOPO_BIN:?}" "${CLUSTER_DIR:?}" "${TOPOLOGY:?}"
-K8S_BIN="${GPUTOPO_K8S_BIN:-$HOME/.cache/gputopo/k8s-v1.37.1/bin}"
+K8S_BIN="${GPUTOPO_K8S_BIN:-$("$GPUTOPO_BIN/localcluster" bin-dir)}"
 export KUBECONFIG="$CLUSTER_DIR/kubeconfig"
 # kubectl finds the gputopo plugin as kubectl-gputopo on the PATH.
 export PATH="$GPUTOPO_BIN:$PATH"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Helm chart into the repository's local Kubernetes 1.37.1
-# cluster (test/cluster: real apiserver, scheduler and controller-manager,
+# Installs the Helm chart into the repository's local Kubernetes cluster
+# (the newest supported release, or GPUTOPO_K8S_VERSION's) (test/cluster: real apiserver, scheduler and controller-manager,
 # fake nodes; no Docker) and checks what a template cannot:
 #   - the API server accepts every object (schemas, CEL of the admission
 #     policies) and `helm install` / `helm uninstall` succeed,
@@ -19,11 +19,12 @@
 # image cannot run here (the nodes are fake).
 #
 # Needs the Kubernetes binaries (make k8s-binaries; cached in
-# ~/.cache/gputopo/k8s-v1.37.1/bin) and helm (hack/install-helm.sh).
+# ~/.cache/gputopo/k8s-VERSION/bin, `localcluster bin-dir`) and helm
+# (hack/install-helm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-K8S_BIN="${GPUTOPO_K8S_BIN:-$HOME/.cache/gputopo/k8s-v1.37.1/bin}"
+K8S_BIN="${GPUTOPO_K8S_BIN:-$(go -C test/cluster run ./cmd/localcluster bin-dir)}"
 if [ ! -x "$K8S_BIN/kube-apiserver" ] || [ ! -x "$K8S_BIN/kubectl" ]; then
   echo "verify-chart-cluster: no Kubernetes binaries in $K8S_BIN; run 'make k8s-binaries' (about 12 minutes cold)" >&2
   exit 1
@@ -62,14 +63,14 @@ mkdir -p "$WORK/bin"
 go build -C test/cluster -o "$WORK/bin/localcluster" ./cmd/localcluster
 go build -tags=grpcnotrace -ldflags="-s -w" -o "$WORK/bin/" ./cmd/gputopo-kubelet-plugin ./cmd/gputopo-controller
 
-step "start a local 1.37.1 cluster: 2 fake nodes on 2 leaves"
+step "start a local $("$K8S_BIN/kube-apiserver" --version) cluster: 2 fake nodes on 2 leaves"
 cat >"$WORK/topology.yaml" <<'EOF'
 spines: 1
 leavesPerSpine: 2
 nodesPerLeaf: 1
 profiles: [dgx-h100]
 EOF
-"$WORK/bin/localcluster" up --topology "$WORK/topology.yaml" --dir "$CLUSTER" \
+"$WORK/bin/localcluster" up --topology "$WORK/topology.yaml" --dir "$CLUSTER" --bin-dir "$K8S_BIN" \
   --plugin-bin "$WORK/bin/gputopo-kubelet-plugin" >"$WORK/up.log" 2>&1 || {
   cat "$WORK/up.log"
   exit 1

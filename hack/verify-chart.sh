@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 CHART=deployments/helm/gputopo
 OUT=_output/chart
-KUBE_VERSION="${KUBE_VERSION:-1.37.1}"
+KUBE_VERSION="${KUBE_VERSION:-1.37.2}"
 HELM="${HELM:-$(hack/install-helm.sh)}"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.yaml
@@ -167,7 +167,17 @@ refuse "shared GPUs that are not indexes" --set kubeletPlugin.sharedGPUs=half
 refuse "an unknown taint effect" --set kubeletPlugin.taintEffect=PreferNoSchedule
 refuse "a relative driver root" --set nvml.driverRoot=run/nvidia/driver
 refuse "a relative hook path" --set nvml.cdiHookPath=usr/bin/nvidia-cdi-hook
-refuse "Kubernetes older than 1.34" --kube-version 1.33.0
+refuse "Kubernetes older than 1.36 (the oldest supported, docs/versions.md)" --kube-version 1.35.4
+
+step "every supported Kubernetes release is accepted"
+for v in 1.36.3 1.37.2; do
+  if "$HELM" template gputopo "$CHART" --kube-version "$v" >/dev/null 2>"$OUT/accepted.err"; then
+    echo "ok: accepted: Kubernetes $v"
+  else
+    echo "FAIL: refused Kubernetes $v: $(head -c 300 "$OUT/accepted.err")"
+    fail=1
+  fi
+done
 
 if [ "$fail" -ne 0 ]; then
   printf '\nverify-chart: FAILED\n'

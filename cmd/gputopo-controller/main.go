@@ -44,6 +44,9 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	if err := command.CheckServerVersion(ctx, client.Discovery()); err != nil {
+		return err
+	}
 	mapping, err := opts.LabelMapping.Start(ctx, client)
 	if err != nil {
 		return err

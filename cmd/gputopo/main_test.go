@@ -123,13 +123,14 @@ func TestPluginCompletionExecutable(t *testing.T) {
 	}
 }
 
-// kubectlBinary is a kubectl to test against: the local cluster's, else
-// one on the PATH.
+// kubectlBinary is a kubectl to test against: the local cluster's
+// ($GPUTOPO_K8S_BIN, else that of the newest release `localcluster build`
+// makes), else one on the PATH.
 func kubectlBinary() string {
 	dir := os.Getenv("GPUTOPO_K8S_BIN")
 	if dir == "" {
 		if home, err := os.UserHomeDir(); err == nil {
-			dir = filepath.Join(home, ".cache", "gputopo", "k8s-v1.37.1", "bin")
+			dir = filepath.Join(home, ".cache", "gputopo", "k8s-v1.37.2", "bin")
 		}
 	}
 	if p := filepath.Join(dir, "kubectl"); dir != "" {

@@ -12,6 +12,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -558,7 +559,10 @@ func (c *Controller) Run(ctx context.Context) error {
 // informer, and the DeviceTaintRule informer where the API server serves
 // them, then starts the factory. c.synced covers the tracker too.
 func (c *Controller) startInformers(ctx context.Context) error {
-	rules := servesDeviceTaintRules(c.cfg.Client)
+	rules, err := servesDeviceTaintRules(c.cfg.Client)
+	if err != nil {
+		return err
+	}
 	klog.FromContext(ctx).Info("ResourceSlices are read through the resourceslice tracker", "deviceTaintRules", rules)
 	tr, err := tracker.StartTracker(ctx, tracker.Options{
 		EnableDeviceTaintRules:   rules,
@@ -584,15 +588,31 @@ func (c *Controller) startInformers(ctx context.Context) error {
 // servesDeviceTaintRules reports whether the API server serves
 // DeviceTaintRules in resource.k8s.io/v1, as it does by default from
 // Kubernetes 1.37 on. kube-scheduler applies them whenever they are
-// served, and so does the controller; where they are not, watching them
-// would never sync.
-func servesDeviceTaintRules(client kubernetes.Interface) bool {
-	list, err := client.Discovery().ServerResourcesForGroupVersion(resourceapi.SchemeGroupVersion.String())
+// served, and so does the controller; where they are not (1.36 by
+// default), watching them would never sync, and neither applies any.
+// 1.36 with its beta gate DRADeviceTaintRules on serves them in v1beta2
+// only: kube-scheduler applies them there, but the controller, which reads
+// v1, could not, and would plan pods onto devices the scheduler keeps
+// free. That is an error naming the way out, not a controller that
+// half-works.
+func servesDeviceTaintRules(client kubernetes.Interface) (bool, error) {
+	if servesResource(client, resourceapi.SchemeGroupVersion.String(), "devicetaintrules") {
+		return true, nil
+	}
+	if servesResource(client, "resource.k8s.io/v1beta2", "devicetaintrules") {
+		return false, errors.New("the API server serves DeviceTaintRules only in resource.k8s.io/v1beta2 (Kubernetes 1.36 with the beta gate DRADeviceTaintRules on), which kube-scheduler applies and gputopo's controller cannot read: turn DRADeviceTaintRules off, or upgrade to Kubernetes 1.37, which serves them in v1")
+	}
+	return false, nil
+}
+
+// servesResource reports whether discovery lists resource in groupVersion.
+func servesResource(client kubernetes.Interface, groupVersion, resource string) bool {
+	list, err := client.Discovery().ServerResourcesForGroupVersion(groupVersion)
 	if err != nil {
 		return false
 	}
 	for _, r := range list.APIResources {
-		if r.Name == "devicetaintrules" {
+		if r.Name == resource {
 			return true
 		}
 	}

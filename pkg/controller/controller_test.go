@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -359,4 +360,39 @@ func gpus(n int) []string {
 		out[i] = fmt.Sprintf("gpu-%d", i)
 	}
 	return out
+}
+
+// DeviceTaintRules are watched where the API server serves them in v1
+// (1.37), ignored where it serves none (1.36 by default), and the
+// controller refuses to start, naming the gate, where it serves them only
+// in v1beta2 (1.36 with DRADeviceTaintRules on): kube-scheduler would
+// apply rules the controller cannot see.
+func TestServesDeviceTaintRules(t *testing.T) {
+	rules := []metav1.APIResource{{Name: "devicetaintrules", Kind: "DeviceTaintRule"}}
+	for _, tc := range []struct {
+		name    string
+		served  []*metav1.APIResourceList
+		want    bool
+		wantErr string
+	}{
+		{"v1 (1.37)", []*metav1.APIResourceList{{GroupVersion: "resource.k8s.io/v1", APIResources: rules}}, true, ""},
+		{"v1 and v1beta2", []*metav1.APIResourceList{{GroupVersion: "resource.k8s.io/v1", APIResources: rules}, {GroupVersion: "resource.k8s.io/v1beta2", APIResources: rules}}, true, ""},
+		{"none (1.36 by default)", []*metav1.APIResourceList{{GroupVersion: "resource.k8s.io/v1", APIResources: []metav1.APIResource{{Name: "resourceslices"}}}}, false, ""},
+		{"v1beta2 only (1.36 with the gate on)", []*metav1.APIResourceList{{GroupVersion: "resource.k8s.io/v1beta2", APIResources: rules}}, false, "turn DRADeviceTaintRules off, or upgrade to Kubernetes 1.37"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			client.Resources = tc.served
+			got, err := servesDeviceTaintRules(client)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("servesDeviceTaintRules = %v, %v; want an error containing %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Errorf("servesDeviceTaintRules = %v, %v; want %v, nil", got, err, tc.want)
+			}
+		})
+	}
 }

@@ -15,8 +15,71 @@ import (
 	"time"
 )
 
-// KubernetesVersion is the version the harness builds and runs.
-const KubernetesVersion = "v1.37.1"
+// Release is a Kubernetes release the harness builds and runs: the
+// version, and the module (a directory of test/cluster) whose go.mod
+// requires k8s.io/kubernetes at that version and pins its staging modules.
+type Release struct {
+	Version string
+	Module  string
+}
+
+// Releases are the supported Kubernetes releases, newest first: the newest
+// patch of each supported minor release that the Go module proxy serves.
+// The first is KubernetesVersion, built from test/cluster's own go.mod (the
+// client libraries the harness uses); each older one has a module of its
+// own, because one module can require only one version of
+// k8s.io/kubernetes. Every release's binaries are built with the same flags
+// every time, into a directory of their own (DefaultBinDirFor), so
+// switching releases never rebuilds the other's.
+var Releases = []Release{
+	{Version: "v1.37.2", Module: "."},
+	{Version: "v1.36.3", Module: "k8s-1.36"},
+}
+
+// KubernetesVersion is the newest supported release, which the harness
+// builds and runs unless GPUTOPO_K8S_VERSION names another (Selected).
+const KubernetesVersion = "v1.37.2"
+
+// VersionEnv selects the Kubernetes release of `localcluster build`, of
+// DefaultBinDir and so of every cluster the tests start.
+const VersionEnv = "GPUTOPO_K8S_VERSION"
+
+// LookupRelease finds the supported release named by v: a full version
+// (v1.36.3) or a minor release (1.36, v1.36), with or without the v.
+func LookupRelease(v string) (Release, error) {
+	want := strings.TrimPrefix(strings.TrimSpace(v), "v")
+	var names []string
+	for _, r := range Releases {
+		full := strings.TrimPrefix(r.Version, "v")
+		if want == full || want == minorOf(full) {
+			return r, nil
+		}
+		names = append(names, r.Version)
+	}
+	return Release{}, fmt.Errorf("kubernetes version %q is not one the harness builds: use one of %s (or its minor release, e.g. 1.36)",
+		v, strings.Join(names, ", "))
+}
+
+// Selected is the release named by $GPUTOPO_K8S_VERSION, or the newest.
+func Selected() (Release, error) {
+	if v := os.Getenv(VersionEnv); v != "" {
+		r, err := LookupRelease(v)
+		if err != nil {
+			return Release{}, fmt.Errorf("%s: %w", VersionEnv, err)
+		}
+		return r, nil
+	}
+	return Releases[0], nil
+}
+
+// minorOf is "1.36" for "1.36.3".
+func minorOf(v string) string {
+	parts := strings.SplitN(strings.TrimPrefix(v, "v"), ".", 3)
+	if len(parts) < 2 {
+		return v
+	}
+	return parts[0] + "." + parts[1]
+}
 
 // buildDate is fixed so that a rebuild gives identical link flags.
 const buildDate = "2026-01-01T00:00:00Z"
@@ -72,16 +135,19 @@ type toolset struct {
 	binaries []Binary
 }
 
-// LDFlags are the link flags of every binary. Only link flags differ from a
-// plain `go build`, so the build cache is shared with everything else built
-// on this machine, and a rebuild only relinks.
-func LDFlags() string {
+// LDFlags are the link flags of every binary of Kubernetes version, which
+// they stamp into it (what `kubectl version` and the API server's /version
+// report). Only link flags differ from a plain `go build`, so the build
+// cache is shared with everything else built on this machine, and a
+// rebuild only relinks.
+func LDFlags(version string) string {
+	major, minor, _ := strings.Cut(minorOf(version), ".")
 	f := []string{"-s", "-w"}
 	for _, pkg := range []string{"k8s.io/component-base/version", "k8s.io/client-go/pkg/version"} {
 		f = append(f,
-			"-X", pkg+".gitVersion="+KubernetesVersion,
-			"-X", pkg+".gitMajor=1",
-			"-X", pkg+".gitMinor=37",
+			"-X", pkg+".gitVersion="+version,
+			"-X", pkg+".gitMajor="+major,
+			"-X", pkg+".gitMinor="+minor,
 			"-X", pkg+".gitTreeState=clean",
 			"-X", pkg+".buildDate="+buildDate)
 	}
@@ -90,7 +156,11 @@ func LDFlags() string {
 
 // BuildOptions configure Build.
 type BuildOptions struct {
-	// OutDir receives the Kubernetes binaries; DefaultBinDir() if empty.
+	// Version is the Kubernetes release to build (LookupRelease); the one
+	// Selected() names if empty.
+	Version string
+	// OutDir receives the Kubernetes binaries; DefaultBinDirFor(Version)
+	// if empty.
 	OutDir string
 	// ContainerdOutDir receives the containerd binaries;
 	// DefaultContainerdBinDir() if empty.
@@ -111,8 +181,15 @@ type BuildOptions struct {
 // ContainerdOutDir, skipping those whose stamp file says they were built
 // from the same go.mod, go.sum, Go version and flags.
 func Build(ctx context.Context, opts BuildOptions) error {
+	rel, err := Selected()
+	if opts.Version != "" {
+		rel, err = LookupRelease(opts.Version)
+	}
+	if err != nil {
+		return err
+	}
 	if opts.OutDir == "" {
-		opts.OutDir = DefaultBinDir()
+		opts.OutDir = DefaultBinDirFor(rel.Version)
 	}
 	if opts.ContainerdOutDir == "" {
 		opts.ContainerdOutDir = DefaultContainerdBinDir()
@@ -132,7 +209,7 @@ func Build(ctx context.Context, opts BuildOptions) error {
 		return fmt.Errorf("ask go for its version: %w", err)
 	}
 	sets := []toolset{
-		{name: "Kubernetes", version: KubernetesVersion, subdir: ".", outDir: opts.OutDir, ldflags: LDFlags(), binaries: Binaries},
+		{name: "Kubernetes " + rel.Version, version: rel.Version, subdir: rel.Module, outDir: opts.OutDir, ldflags: LDFlags(rel.Version), binaries: Binaries},
 		{name: "containerd", version: ContainerdVersion, subdir: "containerd", outDir: opts.ContainerdOutDir,
 			tags: containerdTags, ldflags: ContainerdLDFlags(), binaries: ContainerdBinaries},
 	}

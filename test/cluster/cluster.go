@@ -77,6 +77,7 @@ type Cluster struct {
 	client  kubernetes.Interface
 	rest    *rest.Config
 	started time.Time
+	version string // of the binaries, "v1.36.3"; empty for a Cluster from Attach
 
 	mu    sync.Mutex
 	procs map[string]*proc
@@ -87,16 +88,28 @@ type Cluster struct {
 // controlPlaneProcs are the processes Config.ExtraArgs can extend.
 var controlPlaneProcs = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
 
-// DefaultBinDir is $GPUTOPO_K8S_BIN, or ~/.cache/gputopo/k8s-v1.37.1/bin.
+// DefaultBinDir is $GPUTOPO_K8S_BIN, or where `localcluster build` puts
+// the release that $GPUTOPO_K8S_VERSION selects (the newest if unset):
+// ~/.cache/gputopo/k8s-v1.37.2/bin. An unknown $GPUTOPO_K8S_VERSION gives
+// a directory that does not exist, and Start says so.
 func DefaultBinDir() string {
 	if d := os.Getenv("GPUTOPO_K8S_BIN"); d != "" {
 		return d
 	}
+	v := os.Getenv(VersionEnv)
+	if r, err := Selected(); err == nil {
+		v = r.Version
+	}
+	return DefaultBinDirFor(v)
+}
+
+// DefaultBinDirFor is ~/.cache/gputopo/k8s-VERSION/bin.
+func DefaultBinDirFor(version string) string {
 	home, err := os.UserHomeDir()
 	if err != nil {
 		home = os.TempDir()
 	}
-	return filepath.Join(home, ".cache", "gputopo", "k8s-"+KubernetesVersion, "bin")
+	return filepath.Join(home, ".cache", "gputopo", "k8s-"+version, "bin")
 }
 
 // DefaultContainerdBinDir is $GPUTOPO_CONTAINERD_BIN, or
@@ -159,11 +172,17 @@ func newCluster(cfg Config) (*Cluster, error) {
 		}
 	}
 	if cfg.BinDir == "" {
+		if os.Getenv("GPUTOPO_K8S_BIN") == "" {
+			if _, err := Selected(); err != nil {
+				return nil, err
+			}
+		}
 		cfg.BinDir = DefaultBinDir()
 	}
 	for _, b := range Binaries {
 		if _, err := os.Stat(filepath.Join(cfg.BinDir, b.Name)); err != nil {
-			return nil, fmt.Errorf("find Kubernetes binaries (run `localcluster build`): %w", err)
+			return nil, fmt.Errorf("find Kubernetes binaries (run `localcluster build`, with --version for a release other than %s): %w",
+				KubernetesVersion, err)
 		}
 	}
 	if cfg.ControllerBin != "" {
@@ -225,6 +244,12 @@ func newCluster(cfg Config) (*Cluster, error) {
 
 func (c *Cluster) start(ctx context.Context) error {
 	c.started = time.Now()
+	version, err := binaryVersion(c.bin("kube-apiserver"))
+	if err != nil {
+		return err
+	}
+	c.version = version
+	fmt.Fprintf(c.cfg.Progress, "Kubernetes %s from %s\n", version, c.cfg.BinDir)
 	if err := c.resetDir(); err != nil {
 		return err
 	}
@@ -371,6 +396,18 @@ func (c *Cluster) Kubeconfig() string { return filepath.Join(c.dir, "kubeconfig"
 
 // Client is an admin client.
 func (c *Cluster) Client() kubernetes.Interface { return c.client }
+
+// KubernetesVersion is the version of the cluster's binaries, e.g.
+// "v1.36.3", as kube-apiserver --version gives it (for a Cluster from
+// Attach, as the API server reports it).
+func (c *Cluster) KubernetesVersion() string {
+	if c.version == "" && c.client != nil {
+		if info, err := c.client.Discovery().ServerVersion(); err == nil {
+			c.version = info.GitVersion
+		}
+	}
+	return c.version
+}
 
 // RESTConfig is the admin client configuration.
 func (c *Cluster) RESTConfig() *rest.Config { return rest.CopyConfig(c.rest) }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -33,9 +34,29 @@ const (
 // itself, by allocating their claims, and needs no scheduler pod groups.
 var DefaultFeatureGates = map[string]bool{}
 
-// RuntimeConfig is the apiserver's --runtime-config: the Job controller
-// writes Workload/PodGroup in scheduling.k8s.io/v1beta1 when the gates are on.
-const RuntimeConfig = "scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=true"
+// RuntimeConfig is the apiserver's --runtime-config for a Kubernetes
+// version: the Job controller writes Workload/PodGroup (scheduling.k8s.io
+// v1beta1 and v1alpha3 in 1.37, v1alpha2 in 1.36) when the gates are on.
+func RuntimeConfig(version string) string {
+	if minorOf(version) == "1.36" {
+		return "scheduling.k8s.io/v1alpha2=true"
+	}
+	return "scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=true"
+}
+
+// binaryVersion is the version a Kubernetes binary was built as, from its
+// --version ("Kubernetes v1.36.3").
+func binaryVersion(bin string) (string, error) {
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("ask %s for its version: %w", bin, err)
+	}
+	v, ok := strings.CutPrefix(strings.TrimSpace(string(out)), "Kubernetes ")
+	if !ok || !strings.HasPrefix(v, "v1.") {
+		return "", fmt.Errorf("%s --version printed %q, not \"Kubernetes v1.N.P\"", bin, strings.TrimSpace(string(out)))
+	}
+	return v, nil
+}
 
 // Ports are the control plane's listening ports, all on 127.0.0.1.
 type Ports struct {
@@ -150,7 +171,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--requestheader-username-headers=X-Remote-User",
 		"--proxy-client-cert-file="+p.FrontProxyClient.CertFile,
 		"--proxy-client-key-file="+p.FrontProxyClient.KeyFile,
-		"--feature-gates="+gates, "--runtime-config="+RuntimeConfig,
+		"--feature-gates="+gates, "--runtime-config="+RuntimeConfig(c.version),
 	); err != nil {
 		return err
 	}

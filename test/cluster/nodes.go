@@ -195,7 +195,7 @@ func (c *Cluster) createFakeNode(ctx context.Context, n NodeSpec) error {
 			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "FakeNode",
 			Message: "fake node without a kubelet", LastHeartbeatTime: now, LastTransitionTime: now,
 		}},
-		NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.1", OperatingSystem: "linux", Architecture: "amd64"},
+		NodeInfo: corev1.NodeSystemInfo{KubeletVersion: c.KubernetesVersion(), OperatingSystem: "linux", Architecture: "amd64"},
 	}
 	// A patch, not an update: the node controllers change the new Node at once.
 	patch, err := json.Marshal(map[string]any{"status": status})

@@ -6,7 +6,8 @@ import (
 	"testing"
 )
 
-// The kubelet 1.37.1 line that StartPlugin waits for, as logged.
+// The kubelet line that StartPlugin waits for, as 1.37.1 logged it (1.36
+// logs the same message and keys).
 const kubeletRegisteredLine = `I1126 05:13:34.846136   24381 dra_plugin_manager.go:444] "Registered DRA plugin" logger="DRA registration handler" driverName="gpu.gputopo.dev" endpoint="/tmp/c/nodes/n0/kubelet/plugins/gpu.gputopo.dev/dra.sock" chosenService="v1.DRAPlugin" numPlugins=1
 `
 

@@ -1,5 +1,5 @@
 // Package e2e is gputopo's end-to-end suite of the kubelet plugin. It
-// starts one local Kubernetes 1.37 cluster (test/cluster) with real kubelets
+// starts one local Kubernetes cluster (test/cluster; 1.37, or 1.36) with real kubelets
 // on a fake container runtime, the real gputopo kubelet plugin on each of
 // them, and kubelet-less fake nodes, then drives the driver through the API
 // as a user would: the claim templates of demo/specs, pods, node labels and
@@ -11,8 +11,10 @@
 //
 // GPUTOPO_BIN is the directory holding gputopo-kubelet-plugin and
 // gputopo-controller (the repository's bin/ by default); the Kubernetes
-// binaries come from $GPUTOPO_K8S_BIN or ~/.cache/gputopo/k8s-v1.37.1/bin
-// (`make k8s-binaries`).
+// binaries come from $GPUTOPO_K8S_BIN or ~/.cache/gputopo/k8s-VERSION/bin
+// (`make k8s-binaries`), VERSION the release $GPUTOPO_K8S_VERSION names
+// (e.g. 1.36), the newest supported if unset. Tests of what only 1.37
+// serves skip on 1.36, saying why (`make test-matrix` runs both).
 //
 // The suite starts one cluster in a fresh directory under $TMPDIR
 // (gte2e*) and removes it when every test passed. On a failure it keeps

@@ -41,8 +41,13 @@ func TestGenerator(t *testing.T) {
 			seen["other namespace"]++
 		}
 	}
-	want := append(shape.shapes(), "holders", "taint rules, tolerated: true", "taint rules, tolerated: false",
+	want := append(shape.shapes(), "holders",
 		"node taint, tolerated: true", "node taint, tolerated: false", "leaf selector", "foreign gate", "other namespace")
+	if shape.taintRules {
+		want = append(want, "taint rules, tolerated: true", "taint rules, tolerated: false")
+	} else if seen["taint rules, tolerated: true"]+seen["taint rules, tolerated: false"] > 0 {
+		t.Errorf("cases have DeviceTaintRules on a cluster that does not serve them: %v", seen)
+	}
 	for _, w := range want {
 		if seen[w] == 0 {
 			t.Errorf("300 cases of seed %d have no %q: %v", defaultSeed, w, seen)

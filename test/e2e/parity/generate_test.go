@@ -140,6 +140,9 @@ type clusterShape struct {
 	// extended: the API server serves DeviceClass.extendedResourceName.
 	otherDriver, extended bool
 	otherLeaf             string // the leaf whose nodes the other driver's "leaf" pool serves
+	// taintRules: the API server serves DeviceTaintRules in
+	// resource.k8s.io/v1 (1.37 on), so cases may have them.
+	taintRules bool
 }
 
 // shapes lists the shapes the cluster can run: gpu-share only where a
@@ -239,8 +242,13 @@ func generate(cs *clusterShape, seed uint64, index int) *caseSpec {
 		c.Holders = append(c.Holders, holder{Namespace: cs.namespaces[r.IntN(len(cs.namespaces))], Template: choices[r.IntN(len(choices))], Node: n})
 	}
 
-	// DeviceTaintRules: none, one or two, each on one GPU or a whole node.
-	for range r.IntN(3) {
+	// DeviceTaintRules: none, one or two, each on one GPU or a whole node;
+	// none where the cluster does not serve them (Kubernetes 1.36).
+	rules := 0
+	if cs.taintRules {
+		rules = r.IntN(3)
+	}
+	for range rules {
 		rule := taintRule{Node: cs.nodes[r.IntN(len(cs.nodes))]}
 		if r.IntN(2) == 0 {
 			rule.Device = fmt.Sprintf("gpu-%d", r.IntN(8))

@@ -104,7 +104,8 @@ func setupNamespaces(ctx context.Context) error {
 // API server.
 func loadClusterShape(ctx context.Context) (*clusterShape, error) {
 	cs := &clusterShape{leafOf: map[string]string{}, profile: map[string]string{}, shared: map[string]bool{},
-		namespaces: []string{namespace, namespace2, adminNamespace}, adminNamespace: adminNamespace, templates: suite.Templates}
+		namespaces: []string{namespace, namespace2, adminNamespace}, adminNamespace: adminNamespace, templates: suite.Templates,
+		taintRules: framework.ServesDeviceTaintRules(client)}
 	for _, spec := range suite.Nodes {
 		n, err := client.CoreV1().Nodes().Get(ctx, spec.Name, metav1.GetOptions{})
 		if err != nil {

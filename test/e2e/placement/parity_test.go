@@ -137,6 +137,7 @@ func noClaimAllocated(t *testing.T, job string) {
 // gone both run there. Each has a node of its own, so neither takes the
 // other's GPUs when the rules go.
 func TestDeviceTaintRuleAsTheSchedulerSeesIt(t *testing.T) {
+	framework.RequireDeviceTaintRules(t, client)
 	dumpOnFailure(t)
 	const plainNode, managedNode = "gpu-s0-l3-n2", "gpu-s0-l3-n3"
 	taintNodeGPUs(t, "e2e-noschedule-plain", plainNode, resourcev1.DeviceTaintEffectNoSchedule)
@@ -183,6 +184,7 @@ func TestDeviceTaintRuleAsTheSchedulerSeesIt(t *testing.T) {
 // controller evict it; the Job replaces it, and the controller places the
 // replacement off the tainted GPUs instead of on them again.
 func TestDeviceTaintRuleNoExecuteReplacesOffTheNode(t *testing.T) {
+	framework.RequireDeviceTaintRules(t, client)
 	dumpOnFailure(t)
 	createJob(t, "evicted", 1, required("leaf-2"))
 	pl := waitJobPlaced(t, "evicted", 1, waitPlaced)

@@ -36,6 +36,7 @@ var subcommands = []subcommand{
 	{"plugin", "start|stop|kill|restart", "drive the gputopo kubelet plugin of one real node", setupPlugin},
 	{"fakecri", "", "serve the fake container runtime on a unix socket", setupFakeCRI},
 	{"bin-dir", "", "print where build puts the Kubernetes binaries (env GPUTOPO_K8S_BIN)", setupBinDir},
+	{"versions", "", "list the supported Kubernetes releases, newest first", setupVersions},
 }
 
 // usage lists every subcommand with its flags, generated from the flag
@@ -95,12 +96,50 @@ func main() {
 	}
 }
 
+// versionFlag registers --version: the Kubernetes release, by default the
+// one $GPUTOPO_K8S_VERSION names, else the newest.
+func versionFlag(fs *flag.FlagSet) *string {
+	return fs.String("version", os.Getenv(cluster.VersionEnv),
+		"Kubernetes release, e.g. v1.36.3 or 1.36 (env "+cluster.VersionEnv+"; default the newest, "+cluster.KubernetesVersion+"; localcluster versions lists them)")
+}
+
+// binDirFor is --out or --bin-dir when given, else $GPUTOPO_K8S_BIN, else
+// the cache directory of the release --version names.
+func binDirFor(dir, version string) (string, error) {
+	if dir != "" {
+		return dir, nil
+	}
+	if d := os.Getenv("GPUTOPO_K8S_BIN"); d != "" {
+		return d, nil
+	}
+	rel := cluster.Releases[0]
+	if version != "" {
+		var err error
+		if rel, err = cluster.LookupRelease(version); err != nil {
+			return "", err
+		}
+	}
+	return cluster.DefaultBinDirFor(rel.Version), nil
+}
+
 func setupBuild(fs *flag.FlagSet) func(context.Context, []string) error {
-	out := fs.String("out", cluster.DefaultBinDir(), "directory for the Kubernetes binaries (env GPUTOPO_K8S_BIN)")
+	out := fs.String("out", "", "directory for the Kubernetes binaries (env GPUTOPO_K8S_BIN; default ~/.cache/gputopo/k8s-VERSION/bin)")
+	version := versionFlag(fs)
 	containerdOut := fs.String("containerd-out", cluster.DefaultContainerdBinDir(), "directory for containerd, its runc shim and ctr (env GPUTOPO_CONTAINERD_BIN)")
 	force := fs.Bool("force", false, "rebuild binaries that are current")
 	return func(ctx context.Context, _ []string) error {
-		return cluster.Build(ctx, cluster.BuildOptions{OutDir: *out, ContainerdOutDir: *containerdOut, Force: *force})
+		rel := cluster.Releases[0]
+		if *version != "" {
+			var err error
+			if rel, err = cluster.LookupRelease(*version); err != nil {
+				return err
+			}
+		}
+		dir, err := binDirFor(*out, rel.Version)
+		if err != nil {
+			return err
+		}
+		return cluster.Build(ctx, cluster.BuildOptions{Version: rel.Version, OutDir: dir, ContainerdOutDir: *containerdOut, Force: *force})
 	}
 }
 
@@ -121,7 +160,8 @@ func setupUp(fs *flag.FlagSet) func(context.Context, []string) error {
 	topology := fs.String("topology", "", "topology file (YAML); required")
 	dir := fs.String("dir", "", "cluster directory; required")
 	pluginBin := fs.String("plugin-bin", "", "gputopo kubelet plugin binary; none started if empty")
-	binDir := fs.String("bin-dir", cluster.DefaultBinDir(), "Kubernetes binaries (env GPUTOPO_K8S_BIN)")
+	binDir := fs.String("bin-dir", "", "Kubernetes binaries (env GPUTOPO_K8S_BIN; default those of --version)")
+	version := versionFlag(fs)
 	controllerBin := fs.String("controller-bin", "", "gputopo controller binary; none started if empty")
 	var manifests stringList
 	fs.Var(&manifests, "manifest", "file or directory applied before the controller starts (repeatable)")
@@ -144,7 +184,11 @@ func setupUp(fs *flag.FlagSet) func(context.Context, []string) error {
 				return fmt.Errorf("resolve --manifest: %w", err)
 			}
 		}
-		cfg := cluster.Config{Dir: absDir, BinDir: *binDir, Nodes: nodes, PluginBin: *pluginBin, Timeout: *timeout,
+		bins, err := binDirFor(*binDir, *version)
+		if err != nil {
+			return err
+		}
+		cfg := cluster.Config{Dir: absDir, BinDir: bins, Nodes: nodes, PluginBin: *pluginBin, Timeout: *timeout,
 			ControllerBin: *controllerBin, Manifests: manifests}
 		if err := cfg.Validate(); err != nil {
 			return err
@@ -240,10 +284,26 @@ func setupDown(fs *flag.FlagSet) func(context.Context, []string) error {
 	}
 }
 
-func setupBinDir(*flag.FlagSet) func(context.Context, []string) error {
+func setupBinDir(fs *flag.FlagSet) func(context.Context, []string) error {
+	version := versionFlag(fs)
 	return func(context.Context, []string) error {
-		_, err := fmt.Println(cluster.DefaultBinDir())
+		dir, err := binDirFor("", *version)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Println(dir)
 		return err
+	}
+}
+
+func setupVersions(*flag.FlagSet) func(context.Context, []string) error {
+	return func(context.Context, []string) error {
+		for _, r := range cluster.Releases {
+			if _, err := fmt.Println(r.Version); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 }
 
