@@ -223,12 +223,19 @@ func TestClaimPluginMetrics(t *testing.T) {
 		}
 	}
 	deletePod(t, "metrics-pair") // waits until the plugin unprepared the claim
-	after := pluginMetrics(t, n)
-	for name, want := range map[string]float64{
+	// The plugin records the unprepare when its call returns, a moment
+	// after the claim's files are gone: wait for the count itself.
+	wantAfter := map[string]float64{
 		"gputopo_plugin_prepared_claims":                  0,
 		"gputopo_plugin_prepared_devices":                 0,
 		"gputopo_plugin_unprepare_duration_seconds_count": 1,
-	} {
+	}
+	framework.Eventually(t, time.Minute, "the plugin's unprepare counted", func() (bool, string) {
+		after := pluginMetrics(t, n)
+		return delta(after, "gputopo_plugin_unprepare_duration_seconds_count") >= 1, fmt.Sprintf("unprepare count %v → %v", before["gputopo_plugin_unprepare_duration_seconds_count"], after["gputopo_plugin_unprepare_duration_seconds_count"])
+	})
+	after := pluginMetrics(t, n)
+	for name, want := range wantAfter {
 		if got := delta(after, name); got != want {
 			t.Errorf("after the pod went: %s changed by %v (%v → %v), want %v", name, got, before[name], after[name], want)
 		}
