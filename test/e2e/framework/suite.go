@@ -207,19 +207,43 @@ func (s *Suite) lock() (unlock func(), err error) {
 
 // setup creates the namespace and applies demo/specs: the DeviceClass and
 // every claim template.
-func (s *Suite) setup() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, err := s.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.Namespace}}, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create namespace: %w", err)
+// createNamespace creates ns and waits for its default ServiceAccount:
+// pods are refused until it exists.
+func (s *Suite) createNamespace(ctx context.Context, ns *corev1.Namespace) error {
+	if _, err := s.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create namespace %s: %w", ns.Name, err)
 	}
-	// Pods are refused until the namespace's default ServiceAccount exists.
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, err := s.Client.CoreV1().ServiceAccounts(s.Namespace).Get(ctx, "default", metav1.GetOptions{})
+		_, err := s.Client.CoreV1().ServiceAccounts(ns.Name).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
 	})
 	if err != nil {
-		return fmt.Errorf("wait for the default ServiceAccount of %s: %w", s.Namespace, err)
+		return fmt.Errorf("wait for the default ServiceAccount of %s: %w", ns.Name, err)
+	}
+	return nil
+}
+
+// AddNamespace creates another namespace like the suite's: ns, its default
+// ServiceAccount waited for, and a copy of every demo claim template.
+func (s *Suite) AddNamespace(ctx context.Context, ns *corev1.Namespace) error {
+	if err := s.createNamespace(ctx, ns); err != nil {
+		return err
+	}
+	for _, t := range s.Templates {
+		c := t.DeepCopy()
+		c.ObjectMeta = metav1.ObjectMeta{Name: t.Name, Namespace: ns.Name}
+		if _, err := s.Client.ResourceV1().ResourceClaimTemplates(ns.Name).Create(ctx, c, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create claim template %s in %s: %w", t.Name, ns.Name, err)
+		}
+	}
+	return nil
+}
+
+func (s *Suite) setup() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := s.createNamespace(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.Namespace}}); err != nil {
+		return err
 	}
 
 	data, err := fs.ReadFile(specs.FS, "deviceclass.yaml")

@@ -10,9 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
@@ -79,22 +77,8 @@ func setupNamespaces(ctx context.Context) error {
 		if ns == adminNamespace {
 			obj.Labels = map[string]string{adminAccessLabel: "true"}
 		}
-		if _, err := client.CoreV1().Namespaces().Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("create namespace %s: %w", ns, err)
-		}
-		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-			_, err := client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-			return err == nil, nil
-		})
-		if err != nil {
-			return fmt.Errorf("wait for the default ServiceAccount of %s: %w", ns, err)
-		}
-		for _, t := range suite.Templates {
-			copy := t.DeepCopy()
-			copy.ObjectMeta = metav1.ObjectMeta{Name: t.Name, Namespace: ns}
-			if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, copy, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("create claim template %s in %s: %w", t.Name, ns, err)
-			}
+		if err := suite.AddNamespace(ctx, obj); err != nil {
+			return err
 		}
 	}
 	return nil

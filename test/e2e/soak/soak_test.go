@@ -14,7 +14,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -349,22 +348,8 @@ func setupNamespaces(client kubernetes.Interface) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for _, ns := range otherNamespaces {
-		if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("create namespace %s: %w", ns, err)
-		}
-		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-			_, err := client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-			return err == nil, nil
-		})
-		if err != nil {
-			return fmt.Errorf("wait for the default ServiceAccount of %s: %w", ns, err)
-		}
-		for _, t := range suite.Templates {
-			c := t.DeepCopy()
-			c.ObjectMeta = metav1.ObjectMeta{Name: t.Name, Namespace: ns}
-			if _, err := client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, c, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("create claim template %s in %s: %w", t.Name, ns, err)
-			}
+		if err := suite.AddNamespace(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			return err
 		}
 	}
 	return nil
