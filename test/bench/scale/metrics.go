@@ -1,6 +1,7 @@
 package scale
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -16,9 +17,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"k8s.io/client-go/rest"
-
-	cluster "github.com/gputopo/gputopo/test/cluster"
 )
 
 // Metrics is one scrape of a Prometheus endpoint, by metric family name.
@@ -215,32 +213,12 @@ func (h Hist) Quantile(q float64) float64 {
 // Scraper reads the control plane's and the controller's metrics.
 type Scraper struct {
 	env    *Env
-	https  *http.Client
-	ports  cluster.Ports
 	client *http.Client
 }
 
 // NewScraper prepares scrapes of the cluster's components.
 func NewScraper(env *Env) (*Scraper, error) {
-	info, err := cluster.ReadReady(env.Cluster.Dir())
-	if err != nil {
-		return nil, err
-	}
-	tlsCfg, err := rest.TLSConfigFor(env.Cluster.RESTConfig())
-	if err != nil {
-		return nil, fmt.Errorf("client TLS configuration: %w", err)
-	}
-	// The scheduler and controller-manager serve self-signed certificates;
-	// the client certificate is what matters to their authorization.
-	tlsCfg = tlsCfg.Clone()
-	tlsCfg.InsecureSkipVerify = true //nolint:gosec // local benchmark cluster
-	tlsCfg.RootCAs = nil
-	return &Scraper{
-		env:    env,
-		ports:  info.Ports,
-		https:  &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}},
-		client: &http.Client{Timeout: 30 * time.Second},
-	}, nil
+	return &Scraper{env: env, client: &http.Client{Timeout: 30 * time.Second}}, nil
 }
 
 // APIServer scrapes kube-apiserver.
@@ -254,7 +232,11 @@ func (s *Scraper) APIServer(ctx context.Context) (Metrics, error) {
 
 // Scheduler scrapes kube-scheduler.
 func (s *Scraper) Scheduler(ctx context.Context) (Metrics, error) {
-	return s.get(ctx, s.https, fmt.Sprintf("https://127.0.0.1:%d/metrics", s.ports.Scheduler))
+	body, err := s.env.Cluster.SchedulerMetrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return ParseMetrics(bytes.NewReader(body))
 }
 
 // Controller scrapes the gputopo controller.

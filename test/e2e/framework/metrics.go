@@ -2,12 +2,15 @@ package framework
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/gputopo/gputopo/test/cluster"
 )
 
 // ScrapeMetrics reads a Prometheus text endpoint and returns its samples as
@@ -26,8 +29,13 @@ func ScrapeMetrics(ctx context.Context, url string) (map[string]float64, error) 
 		body, _ := io.ReadAll(resp.Body)
 		return nil, fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
 	}
+	return ParseMetrics(resp.Body)
+}
+
+// ParseMetrics reads Prometheus text: samples as "name{labels}" → value.
+func ParseMetrics(r io.Reader) (map[string]float64, error) {
 	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
@@ -45,4 +53,21 @@ func ScrapeMetrics(ctx context.Context, url string) (map[string]float64, error) 
 		out[line[:i]] = v
 	}
 	return out, sc.Err()
+}
+
+// SchedulerBindingsInFlight is the number of kube-scheduler's binding
+// cycles now running (scheduler_goroutines{operation="binding"}). A pod in
+// a binding cycle holds its devices in the scheduler's memory, also after
+// the pod is gone: a DRA extended-resource claim deleted before the
+// scheduler's informer saw it keeps the cycle waiting for up to two minutes.
+func SchedulerBindingsInFlight(ctx context.Context, c *cluster.Cluster) (float64, error) {
+	body, err := c.SchedulerMetrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	m, err := ParseMetrics(bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	return m[`scheduler_goroutines{operation="binding"}`], nil
 }

@@ -37,7 +37,11 @@ const (
 	waitGated      = 30 * time.Second // pods created and waiting at the foreign gate
 	waitHolder     = 30 * time.Second
 	waitCleanup    = 2 * time.Minute
-	pollEvery      = 100 * time.Millisecond
+	// waitBindings bounds the wait for kube-scheduler's binding cycles to
+	// end: one whose pod's extended-resource claim was deleted before the
+	// scheduler saw it waits 120 s for it, holding the pod's devices.
+	waitBindings = 150 * time.Second
+	pollEvery    = 100 * time.Millisecond
 )
 
 // claimName is the pod-level name of every test pod's claim.
@@ -577,6 +581,31 @@ func deleteRun(ctx context.Context, ns, job, shared string) error {
 	})
 	if err != nil {
 		return fmt.Errorf("wait for the pods and claims of Job %s/%s to be gone: %w; last state: %s", ns, job, err, state)
+	}
+	return waitSchedulerIdle(ctx)
+}
+
+// waitSchedulerIdle waits until kube-scheduler runs no binding cycle. A
+// deleted pod's cycle can still hold its devices in the scheduler's memory,
+// and the next run would then see less free than the cluster shows.
+func waitSchedulerIdle(ctx context.Context) error {
+	state, start := "", time.Now()
+	defer func() {
+		if d := time.Since(start); d > time.Second {
+			fmt.Printf("    waited %s for kube-scheduler's binding cycles to end\n", d.Round(100*time.Millisecond))
+		}
+	}()
+	err := poll(ctx, waitBindings, func() bool {
+		n, err := framework.SchedulerBindingsInFlight(ctx, suite.Cluster)
+		if err != nil {
+			state = err.Error()
+			return false
+		}
+		state = fmt.Sprintf("%g binding cycles in flight", n)
+		return n == 0
+	})
+	if err != nil {
+		return fmt.Errorf("wait for kube-scheduler to finish its binding cycles: %w; last state: %s", err, state)
 	}
 	return nil
 }
