@@ -214,3 +214,10 @@ func allocationNode(a *resourceapi.AllocationResult) string {
 	}
 	return ""
 }
+
+// planNamesNoNode reports whether a pod's planned allocations name no one
+// node: none of them is on a single node (devices that are not node-local
+// only).
+func planNamesNoNode(results []resourceapi.AllocationResult) bool {
+	return len(results) > 0 && !slices.ContainsFunc(results, func(a resourceapi.AllocationResult) bool { return allocationNode(&a) != "" })
+}

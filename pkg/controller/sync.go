@@ -184,6 +184,12 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 			if ok && m.node == "" {
 				m.node, m.domain = pl.node, pl.domain
 			}
+		} else if m.node == "" && ours && p.Spec.NodeName == "" {
+			// Claims whose devices are not node-local name no one node:
+			// until the pod binds, it is steered to the plan's.
+			if pl, ok := c.plannedAt(p.UID); ok {
+				m.node = pl.node
+			}
 		}
 		switch {
 		case p.Spec.NodeName != "":
@@ -604,9 +610,11 @@ func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan)
 			return undo(fmt.Errorf("plan for pod %s has %d allocations for %d claims", u.name(), len(results), len(u.claims)+len(u.exts())))
 		}
 		// kube-scheduler allocates the devices of DRA extended resources
-		// itself (extended.go): only where the pod goes is kept.
-		for _, m := range u.members {
-			if m.ext != nil {
+		// itself (extended.go): only where the pod goes is kept. So it is
+		// for a pod whose allocations name no one node (devices that are
+		// not node-local only): the node is the plan's.
+		if planNamesNoNode(results) || slices.ContainsFunc(u.members, func(m *member) bool { return m.ext != nil }) {
+			for _, m := range u.members {
 				c.notePlanned(m.pod.UID, plannedPod{node: plan.Assignments[u.name()], domain: domain})
 			}
 		}

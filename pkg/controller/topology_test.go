@@ -287,3 +287,40 @@ func TestNonLocalSliceIsPlannedAndRequeuesWaitingGroups(t *testing.T) {
 		t.Errorf("the tree took the NIC slices %d times, want 2: built with one NIC, patched with three", w.SharedApplied)
 	}
 }
+
+// A pod whose only claim asks for a device local to no one node (a NIC
+// from a pool every node can use) gets no node from its allocation: its
+// gputopo.dev/node is the node its plan chose, so that it is steered,
+// explained and watched (bind timeout, node trouble) like any other.
+func TestPodWithOnlyNonLocalDevicesIsNotedOnItsPlannedNode(t *testing.T) {
+	const nic = "nic.example.com"
+	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: nic}, Spec: resourceapi.DeviceClassSpec{
+		Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "` + nic + `"`}}}}}
+	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "nic-only", Namespace: "default"},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
+			{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nic, Count: 1}},
+		}}}}}
+	pool := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "nics", ResourceVersion: "1"}, Spec: resourceapi.ResourceSliceSpec{
+		Driver: nic, Pool: resourceapi.ResourcePool{Name: "nics", ResourceSliceCount: 1}, AllNodes: ptr.To(true),
+		Devices: []resourceapi.Device{{Name: "nic-0"}}}}
+	h := newHarness(t, class, tmpl, pool, job("solo", 1))
+	h.addPod(jobPod("solo", 0, "nic-only", nil))
+	h.sync("default/job/solo")
+	if got := h.devicesOf("solo-0"); !slices.Equal(got, []string{nic + "/nics/nic-0"}) {
+		t.Fatalf("solo-0 holds %v, want the pool's NIC", got)
+	}
+	if n := h.allocatedNode("solo-0"); n != "" {
+		t.Fatalf("the NIC's allocation names node %q; the test needs one that names none", n)
+	}
+	p := h.pod("solo-0")
+	if hasGate(p) {
+		t.Fatalf("solo-0 is still gated: %s", p.Annotations[placement.AnnotationStatus])
+	}
+	node := p.Annotations[placement.AnnotationNode]
+	if node == "" {
+		t.Fatalf("solo-0 has no %s; annotations %v", placement.AnnotationNode, p.Annotations)
+	}
+	if _, err := h.client.CoreV1().Nodes().Get(h.ctx, node, metav1.GetOptions{}); err != nil {
+		t.Errorf("%s=%q is not a node of the cluster: %v", placement.AnnotationNode, node, err)
+	}
+}
