@@ -138,7 +138,11 @@ type NativeRow struct {
 	// Jobs, JobsBound; Refused Jobs not all bound that carry a refusal;
 	// Partial Jobs with some but not all pods bound at the end.
 	Jobs, JobsBound, Refused, Partial int
-	Seconds                           float64
+	// GPUsBound: the GPUs of the Jobs all bound; GPUsAsked: of every Job.
+	// A path that refuses large Jobs binds more Jobs; GPUs bound says
+	// how much of the stream's work it placed.
+	GPUsBound, GPUsAsked int
+	Seconds              float64
 }
 
 // Summarize computes a path's placement columns from the Jobs' outcomes
@@ -151,6 +155,7 @@ func Summarize(row *NativeRow, jobs []JobOutcome, gpusPerNode, nodesPerLeaf, nod
 			continue
 		}
 		row.Jobs++
+		row.GPUsAsked += j.Item.GPUs()
 		all := !j.Bound.IsZero()
 		if !all && j.BoundPods > 0 {
 			row.Partial++
@@ -162,6 +167,7 @@ func Summarize(row *NativeRow, jobs []JobOutcome, gpusPerNode, nodesPerLeaf, nod
 			continue
 		}
 		row.JobsBound++
+		row.GPUsBound += j.Item.GPUs()
 		waits = append(waits, j.Bound.Sub(j.Created).Seconds())
 		if j.Item.Pods < 2 {
 			continue
@@ -224,8 +230,8 @@ var pathLabels = map[string]string{
 // WriteNative renders the rows as one Markdown table.
 func WriteNative(w io.Writer, title string, rows []NativeRow) {
 	fmt.Fprintf(w, "#### %s\n\n", title)
-	fmt.Fprintln(w, "| Path | Multi-pod Jobs in their size-rule domain | NVLink-contiguous quads | Create → all bound p50 / p95 | Capacity freed → waiting Job bound p50 (probes) | Whole leaves free at end | GPU-s held by groups not all bound | Jobs all bound | Refused (unbound, with a refusal) | Stuck part-bound |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| Path | Multi-pod Jobs in their size-rule domain | NVLink-contiguous quads | Create → all bound p50 / p95 | Capacity freed → waiting Job bound p50 (probes) | Whole leaves free at end | GPU-s held by groups not all bound | Jobs all bound | GPUs in Jobs all bound | Refused (unbound, with a refusal) | Stuck part-bound |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		label := pathLabels[r.Path]
 		if label == "" {
@@ -235,9 +241,9 @@ func WriteNative(w io.Writer, title string, rows []NativeRow) {
 		if r.FreedN > 0 {
 			freed = fmt.Sprintf("%.2f s (%d)", r.FreedP50, r.FreedN)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %.2f s / %.2f s | %s | %d / %d | %.0f | %d / %d | %d | %d |\n",
+		fmt.Fprintf(w, "| %s | %s | %s | %.2f s / %.2f s | %s | %d / %d | %.0f | %d / %d | %d / %d | %d | %d |\n",
 			label, Share(r.InDomain, r.Multi), Share(r.Contiguous, r.Quads), r.BoundP50, r.BoundP95, freed,
-			r.LeavesFree, r.Leaves, r.HeldGPUSeconds, r.JobsBound, r.Jobs, r.Refused, r.Partial)
+			r.LeavesFree, r.Leaves, r.HeldGPUSeconds, r.JobsBound, r.Jobs, r.GPUsBound, r.GPUsAsked, r.Refused, r.Partial)
 	}
 	fmt.Fprintln(w)
 }

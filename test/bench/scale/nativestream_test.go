@@ -110,7 +110,8 @@ func TestSummarize(t *testing.T) {
 	}
 	var r NativeRow
 	Summarize(&r, jobs, 8, 10, 50)
-	want := NativeRow{Multi: 3, InDomain: 2, BoundP50: 2, BoundP95: 10, Jobs: 6, JobsBound: 4, Refused: 2, Partial: 1}
+	want := NativeRow{Multi: 3, InDomain: 2, BoundP50: 2, BoundP95: 10, Jobs: 6, JobsBound: 4, Refused: 2, Partial: 1,
+		GPUsBound: 4*8 + 4*8 + 16*8 + 1, GPUsAsked: 4*8 + 4*8 + 16*8 + 1 + 8*8 + 12*8}
 	if diff := cmp.Diff(want, r); diff != "" {
 		t.Errorf("Summarize (-want +got):\n%s", diff)
 	}
