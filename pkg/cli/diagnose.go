@@ -348,17 +348,8 @@ func diagnose(ctx context.Context, p *v1.Pod, byName map[string]*resourceapi.Res
 		return out
 	}
 	own := claimsOf(p, byName)
-	var pending []*resourceapi.ResourceClaim
-	for _, c := range own {
-		if c.Status.Allocation == nil {
-			pending = append(pending, c)
-		}
-	}
+	pending := unallocated(own)
 	f := fitCheckFor(cs)
-	var out []string
-	if len(pending) > 0 && len(f.nodes) == 0 {
-		return []string{"no node publishes devices (ResourceSlices): install gputopo, or wait for its kubelet plugins to start"}
-	}
 	candidates := f.nodes
 	for _, c := range own {
 		if c.Status.Allocation == nil {
@@ -373,7 +364,59 @@ func diagnose(ctx context.Context, p *v1.Pod, byName map[string]*resourceapi.Res
 			return []string{fmt.Sprintf("claim %s is allocated on node %s, which does not exist or publishes no devices: delete the claim so that it is allocated again", c.Name, node)}
 		}
 	}
-	blocked := false
+	if out, blocked := diagnoseClaims(ctx, pending, f); blocked {
+		return out
+	}
+	fit, _, err := f.fits(ctx, f.slices, f.state, pending, candidates)
+	if err != nil {
+		return []string{fmt.Sprintf("the pod's claims cannot be allocated: %v", err)}
+	}
+	if len(fit) == 0 {
+		return []string{fmt.Sprintf("each of the pod's %d claims fits on some node, but no node holds all of them together now", len(pending))}
+	}
+	why := map[string]int{}
+	var ok []*v1.Node
+	for _, n := range fit {
+		if w := nodeFilter(p, n); w != "" {
+			why[w]++
+		} else {
+			ok = append(ok, n)
+		}
+	}
+	if len(ok) == 0 {
+		parts := make([]string, 0, len(why))
+		for _, w := range slices.Sorted(maps.Keys(why)) {
+			parts = append(parts, fmt.Sprintf("%d %s", why[w], w))
+		}
+		return []string{fmt.Sprintf("the pod's claims fit on %s, but the pod may not run there: %s; make the node Ready, add a toleration for the taint, or change the pod's node selector",
+			nodeList(fit), strings.Join(parts, ", "))}
+	}
+	if len(pending) > 0 {
+		return []string{fmt.Sprintf("the pod's claims fit now on %s and the pod may run there: what stops it is not its devices (see the scheduler's message: cpu, memory, pod affinity)", nodeList(ok))}
+	}
+	return nil
+}
+
+// unallocated are the claims that have no allocation yet.
+func unallocated(claims []*resourceapi.ResourceClaim) []*resourceapi.ResourceClaim {
+	var out []*resourceapi.ResourceClaim
+	for _, c := range claims {
+		if c.Status.Allocation == nil {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// diagnoseClaims says, for each claim on its own, why it cannot be
+// allocated on any node: its selectors fail or match no device even with
+// every device free (and why), or other claims hold every device it
+// matches now. blocked is set when some claim cannot be allocated now.
+// Claims that fit are not mentioned.
+func diagnoseClaims(ctx context.Context, pending []*resourceapi.ResourceClaim, f *fitCheck) (out []string, blocked bool) {
+	if len(pending) > 0 && len(f.nodes) == 0 {
+		return []string{"no node publishes devices (ResourceSlices): install gputopo, or wait for its kubelet plugins to start"}, true
+	}
 	for _, c := range pending {
 		one := []*resourceapi.ResourceClaim{c}
 		empty, _, err := f.fits(ctx, f.slices, devicefit.NewState(), one, f.nodes)
@@ -405,37 +448,7 @@ func diagnose(ctx context.Context, p *v1.Pod, byName map[string]*resourceapi.Res
 			blocked = true
 		}
 	}
-	if blocked {
-		return out
-	}
-	fit, _, err := f.fits(ctx, f.slices, f.state, pending, candidates)
-	if err != nil {
-		return []string{fmt.Sprintf("the pod's claims cannot be allocated: %v", err)}
-	}
-	if len(fit) == 0 {
-		return []string{fmt.Sprintf("each of the pod's %d claims fits on some node, but no node holds all of them together now", len(pending))}
-	}
-	why := map[string]int{}
-	var ok []*v1.Node
-	for _, n := range fit {
-		if w := nodeFilter(p, n); w != "" {
-			why[w]++
-		} else {
-			ok = append(ok, n)
-		}
-	}
-	if len(ok) == 0 {
-		parts := make([]string, 0, len(why))
-		for _, w := range slices.Sorted(maps.Keys(why)) {
-			parts = append(parts, fmt.Sprintf("%d %s", why[w], w))
-		}
-		return []string{fmt.Sprintf("the pod's claims fit on %s, but the pod may not run there: %s; make the node Ready, add a toleration for the taint, or change the pod's node selector",
-			nodeList(fit), strings.Join(parts, ", "))}
-	}
-	if len(pending) > 0 {
-		return []string{fmt.Sprintf("the pod's claims fit now on %s and the pod may run there: what stops it is not its devices (see the scheduler's message: cpu, memory, pod affinity)", nodeList(ok))}
-	}
-	return nil
+	return out, blocked
 }
 
 // noDevice explains a claim that fits no node even with every device

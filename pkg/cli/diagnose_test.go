@@ -248,3 +248,83 @@ func TestExplainEveryPendingPodOfAJobNamesItsOwnClaim(t *testing.T) {
 		}
 	}
 }
+
+// gatedByGputopo makes the pod one that gputopo holds with status st.
+func (w *waitCase) gatedByGputopo(st placement.Status) {
+	w.pod.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: placement.SchedulingGate}}
+	w.pod.Annotations = map[string]string{placement.AnnotationStatus: st.Format()}
+}
+
+// A pod gputopo holds gets, beside the controller's reason, what the
+// allocator says of each of its claims on the live devices: here a share
+// of a GPU while no GPU is shared, which the controller can only report
+// as a domain that cannot hold the pod.
+func TestExplainManagedShareWithoutSharedGPUs(t *testing.T) {
+	w := newWaitCase(t)
+	w.fromTemplate(t, "gpu-share-half", nil)
+	reason := "no node can hold 1 pod (1 × gpu.gputopo.dev each), not even when empty"
+	w.gatedByGputopo(placement.Status{Reason: placement.StatusUnschedulable, Message: reason})
+	p, text := w.explain(t)
+	if p.State != cli.StateGated {
+		t.Errorf("state %q, want %q", p.State, cli.StateGated)
+	}
+	wantLines(t, text,
+		"      why: Unschedulable: "+reason+"\n",
+		"problem: claim p-gpus fits on none of the 3 nodes with devices even with every device free: it asks for a share of a GPU (capacity milliGPU), and no GPU is published for sharing")
+}
+
+func TestExplainManagedSelectorMatchesNothing(t *testing.T) {
+	w := newWaitCase(t)
+	w.fromTemplate(t, "gpu-1", func(c *resourceapi.ResourceClaim) {
+		c.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: `device.attributes["gpu.gputopo.dev"].architecture == "blackwell"`}}}
+	})
+	w.gatedByGputopo(placement.Status{Reason: placement.StatusUnschedulable, Message: "no node can hold 1 pod, not even when empty"})
+	_, text := w.explain(t)
+	wantLines(t, text, `problem: claim p-gpus fits on none of the 3 nodes with devices even with every device free: no device matches its selectors (device.attributes["gpu.gputopo.dev"].architecture == "blackwell")`)
+}
+
+func TestExplainManagedSelectorNamesUnknownAttribute(t *testing.T) {
+	w := newWaitCase(t)
+	w.fromTemplate(t, "gpu-1", func(c *resourceapi.ResourceClaim) {
+		c.Spec.Devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: `device.attributes["gpu.gputopo.dev"].nvlinkDomian == "x"`}}}
+	})
+	w.gatedByGputopo(placement.Status{Reason: placement.StatusInvalidClaim, Message: "job ml/job/p: claims of pod p cannot be evaluated on node a1: no such key: nvlinkDomian"})
+	_, text := w.explain(t)
+	wantLines(t, text, "problem: claim p-gpus cannot be allocated on any node: its selector names the attribute gpu.gputopo.dev/nvlinkDomian, which no device has")
+}
+
+func TestExplainManagedDevicesTaken(t *testing.T) {
+	w := newWaitCase(t)
+	w.fromTemplate(t, "gpu-8-node", nil)
+	w.f.claims = append(w.f.claims, allocated("ml", "other", "other", "a2", "gpu-0"))
+	w.f.claims[1] = allocated("ml", "solo-gpus", "solo", "b1", "gpu-0")
+	w.gatedByGputopo(placement.Status{Reason: placement.StatusUnschedulable, Message: "no node can hold 1 pod (8 GPUs each)"})
+	_, text := w.explain(t)
+	wantLines(t, text, "problem: claim p-gpus fits on ", "when their devices are free, but other claims hold all the devices it matches there now")
+}
+
+// When the controller's reason is the whole story (the group is too big
+// for the free domains, each pod's claim fits a node on its own), explain
+// adds no problem.
+func TestExplainManagedClaimsFitNoProblem(t *testing.T) {
+	w := newWaitCase(t)
+	w.fromTemplate(t, "gpu-8-node", nil)
+	w.gatedByGputopo(placement.Status{Reason: placement.StatusUnschedulable, Message: "no leaf can hold 4 pods (8 GPUs each)"})
+	p, _ := w.explain(t)
+	if len(p.Problems) != 0 {
+		t.Errorf("problems %q for a pod whose claim fits", p.Problems)
+	}
+}
+
+func TestExplainManagedMissingTemplate(t *testing.T) {
+	w := newWaitCase(t)
+	w.pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpus", ResourceClaimTemplateName: ptr.To("gpu-one")}}
+	w.gatedByGputopo(placement.Status{Reason: placement.StatusInvalidClaim,
+		Message: `pod p: its claim "gpus" names ResourceClaimTemplate ml/gpu-one, which does not exist`})
+	_, text := w.explain(t)
+	wantLines(t, text,
+		`why: InvalidClaim: pod p: its claim "gpus" names ResourceClaimTemplate ml/gpu-one, which does not exist`,
+		`problem: ResourceClaimTemplate ml/gpu-one, which the pod's claim "gpus" names, does not exist: create it in namespace ml`)
+}

@@ -152,8 +152,11 @@ func explainWait(ctx context.Context, pp *PodPlan, p *v1.Pod, byName map[string]
 			if e := lastEvent(evs, EventFailedResourceClaimCreation); e != nil {
 				pp.Why = e.Message
 			}
-			if cs != nil {
-				pp.Problems = missingClaims(p, byName, evs, templates)
+		}
+		if cs != nil {
+			pp.Problems = missingClaims(p, byName, evs, templates)
+			if len(pp.Problems) == 0 {
+				pp.Problems, _ = diagnoseClaims(ctx, unallocated(claimsOf(p, byName)), fitCheckFor(cs))
 			}
 		}
 	case len(p.Spec.SchedulingGates) > 0:

@@ -34,6 +34,9 @@ func (c *Controller) podClaims(p *v1.Pod) ([]*resourceapi.ResourceClaim, error) 
 		name, mustCheckOwner, err := resourceclaim.Name(p, pc)
 		switch {
 		case errors.Is(err, resourceclaim.ErrClaimNotFound):
+			if err := c.templateMissing(p, i); err != nil {
+				return nil, err
+			}
 			return nil, errClaimsPending
 		case err != nil:
 			return nil, fmt.Errorf("pod %s: claim %s: %w", p.Name, pc.Name, err)
@@ -44,6 +47,9 @@ func (c *Controller) podClaims(p *v1.Pod) ([]*resourceapi.ResourceClaim, error) 
 		if apierrors.IsNotFound(err) {
 			if pc.ResourceClaimName != nil {
 				return nil, fmt.Errorf("pod %s uses ResourceClaim %s/%s, which does not exist: create it", p.Name, p.Namespace, *name)
+			}
+			if err := c.templateMissing(p, i); err != nil {
+				return nil, err
 			}
 			return nil, errClaimsPending
 		}
@@ -58,6 +64,23 @@ func (c *Controller) podClaims(p *v1.Pod) ([]*resourceapi.ResourceClaim, error) 
 		out = append(out, claim)
 	}
 	return out, nil
+}
+
+// templateMissing says, for a pod's claim i made from a template, that
+// the template does not exist: the resource claim controller then never
+// creates the claim (its only trace is a FailedResourceClaimCreation event
+// on the pod), so the group would wait for it forever.
+func (c *Controller) templateMissing(p *v1.Pod, i int) error {
+	pc := &p.Spec.ResourceClaims[i]
+	if pc.ResourceClaimTemplateName == nil {
+		return nil
+	}
+	_, err := c.tmpls.ResourceClaimTemplates(p.Namespace).Get(*pc.ResourceClaimTemplateName)
+	if !apierrors.IsNotFound(err) {
+		return nil
+	}
+	return fmt.Errorf("pod %s: its claim %q names ResourceClaimTemplate %s/%s, which does not exist: create it in namespace %s, or fix spec.resourceClaims[%d].resourceClaimTemplateName of the pod's template",
+		p.Name, pc.Name, p.Namespace, *pc.ResourceClaimTemplateName, p.Namespace, i)
 }
 
 // settledFor reports whether the claim needs nothing more from group

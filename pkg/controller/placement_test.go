@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	specs "github.com/gputopo/gputopo/demo/specs"
 )
 
 func leafOf(node string) string {
@@ -674,5 +675,47 @@ func TestPlacedConditionFollowsTheWait(t *testing.T) {
 	c = placedCondition(h.pod("wide-0"))
 	if hasGate(h.pod("wide-0")) || c == nil || c.Status != v1.ConditionTrue || c.Reason != ReasonPlaced || !strings.Contains(c.Message, "placed in leaf:") {
 		t.Errorf("condition of a placed pod: %+v (gated %v)", c, hasGate(h.pod("wide-0")))
+	}
+}
+
+// A Job whose pod template names a ResourceClaimTemplate that does not
+// exist never gets its claims: its pods say so (InvalidClaim, naming the
+// template) in their status and gputopo.dev/Placed condition, rather than
+// waiting for claims that will not come. Once the template exists and the
+// claim is made, the Job is placed.
+func TestMissingTemplateIsNamed(t *testing.T) {
+	h := newHarness(t, job("orphan", 1))
+	h.create(jobPod("orphan", 0, "gpu-none", nil))
+	h.settle()
+	h.sync("default/job/orphan")
+	p := h.pod("orphan-0")
+	want := `its claim "gpus" names ResourceClaimTemplate default/gpu-none, which does not exist`
+	st, err := placement.ParseStatus(p.Annotations[placement.AnnotationStatus])
+	if err != nil || st.Reason != placement.StatusInvalidClaim || !strings.Contains(st.Message, want) {
+		t.Errorf("status of a pod whose template is missing: %q (%v), want %s naming the template", p.Annotations[placement.AnnotationStatus], err, placement.StatusInvalidClaim)
+	}
+	c := placedCondition(p)
+	if c == nil || c.Status != v1.ConditionFalse || c.Reason != ReasonInvalidClaim || !strings.Contains(c.Message, want) {
+		t.Errorf("condition of a pod whose template is missing: %+v", c)
+	}
+
+	// The template arrives; the resource claim controller makes the claim.
+	tmpl, err := specs.ClaimTemplate("gpu-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl.Name, tmpl.Namespace = "gpu-none", "default"
+	h.create(tmpl)
+	h.eventually("the template in the informer", func() bool {
+		_, err := h.c.tmpls.ResourceClaimTemplates("default").Get("gpu-none")
+		return err == nil
+	})
+	if err := h.client.CoreV1().Pods("default").Delete(h.ctx, "orphan-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.addPod(jobPod("orphan", 0, "gpu-none", nil))
+	h.place("default/job/orphan")
+	if p := h.pod("orphan-0"); hasGate(p) {
+		t.Errorf("pod still gated once its template exists: %s", p.Annotations[placement.AnnotationStatus])
 	}
 }
