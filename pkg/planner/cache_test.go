@@ -48,7 +48,7 @@ func TestClaimsReadingALeafDoNotShare(t *testing.T) {
 	checkPlan(t, plan, err, &placed{Domain: planner.Domain{Level: planner.LevelCluster}, Assignments: assign("l0n0", "l0n0")}, nil)
 
 	_, err = p.Plan(context.Background(), planner.NewSnapshot(c, nil), nil, none(3))
-	checkPlan(t, nil, err, nil, &planner.Unschedulable{Job: "j", Reason: "the whole cluster cannot hold 3 pods (4 GPUs each)",
+	checkPlan(t, nil, err, nil, &planner.Unschedulable{Job: "j", Reason: "the whole cluster cannot hold 3 pods (4 GPUs each), not even when empty",
 		Best: "the whole cluster holds 2 (1 node with room for a pod)", BestDomain: planner.Domain{Level: planner.LevelCluster}, BestPods: 2})
 }
 

@@ -55,7 +55,14 @@ func (st *state) failLevel(lv level, cands []*candidate, full bool) (levelFailur
 		fl.line = fmt.Sprintf("no %s can hold %s (%s)", lv.label, pods(st.n), st.podDesc())
 	}
 	for _, c := range cands {
-		fl.bigEnough = fl.bigEnough || c.ubEmpty >= st.n
+		ok, err := st.couldHold(c)
+		if err != nil {
+			return fl, err
+		}
+		if ok {
+			fl.bigEnough = true
+			break
+		}
 	}
 	if !fl.bigEnough && len(cands) > 0 {
 		fl.line += ", not even when empty"

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -463,3 +464,34 @@ func (f *fitter) capacity(n, sh, limit int) (int, error) {
 }
 
 var errVerify = errors.New("the allocator no longer accepts the placement")
+
+// fitsEmpty reports whether a pod of shape sh could ever fit on node n:
+// the allocator run on the node with every device free, its own and the
+// non-local ones, and no share taken. A claim whose selectors match no
+// device the node can use (a misspelt value, a share where no GPU is
+// published for sharing, a taint it does not tolerate) never fits, and a
+// job that waits must not hold the node for it.
+func (f *fitter) fitsEmpty(n, sh int) (bool, error) {
+	s := &f.shapes[sh]
+	if len(s.claims) == 0 || f.noPrefilter(n) {
+		return true, nil
+	}
+	nd := f.c.nodes[n]
+	key := fitKey{node: f.key(n), set: s.set, used: "\x00empty"}
+	if r, ok := f.memo[key]; ok {
+		return r.ok, nil
+	}
+	if err := f.ctx.Err(); err != nil {
+		return false, err
+	}
+	f.runs++
+	results, err := f.eval.AllocateOn(f.ctx, nd.obj, f.c.slicesFor(nd), structured.AllocatedState{AllocatedDevices: devicefit.Allocated{}}, s.claims)
+	if err != nil {
+		if ctxErr := f.ctx.Err(); ctxErr != nil {
+			return false, ctxErr
+		}
+		return false, &BrokenClaimError{Job: f.job, Pod: s.pod, Node: nd.name, Err: err}
+	}
+	f.memo[key] = fitResult{ok: results != nil}
+	return results != nil, nil
+}

@@ -99,7 +99,7 @@ func TestNVLinkQuads(t *testing.T) {
 			job: func(t testing.TB) planner.Job {
 				return makeJob(t, "j").Pods(5, "gpu-4-nvlink").Placement(planner.PlacementSameLeaf).Obj()
 			},
-			wantErr: &planner.Unschedulable{Job: "j", Reason: "no leaf can hold 5 pods (4 GPUs each)",
+			wantErr: &planner.Unschedulable{Job: "j", Reason: "no leaf can hold 5 pods (4 GPUs each), not even when empty",
 				Best: "leaf leaf-1 holds 4 (2 nodes with room for a pod)", BestDomain: leaf("leaf-1"), BestPods: 4},
 		},
 	}

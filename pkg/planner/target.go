@@ -44,12 +44,23 @@ func (p *Planner) Target(ctx context.Context, snap *Snapshot, job Job) (Hold, er
 			if onlyPreferred && !st.honours(c) {
 				continue
 			}
-			if c.ubEmpty >= st.n && (best == nil || c.free > best.free) {
+			if best != nil && c.free <= best.free {
+				continue
+			}
+			ok, err := st.couldHold(c)
+			if err != nil {
+				return Hold{}, err
+			}
+			if ok {
 				best = c
 			}
 		}
 		if best != nil {
-			return Hold{Domain: best.dom, Nodes: st.holdNodes(best)}, nil
+			nodes, err := st.holdNodes(best)
+			if err != nil {
+				return Hold{}, err
+			}
+			return Hold{Domain: best.dom, Nodes: nodes}, nil
 		}
 	}
 	return Hold{}, &Unschedulable{Job: job.Key, Reason: "no domain could hold the job even with all of its devices free"}
@@ -57,11 +68,17 @@ func (p *Planner) Target(ctx context.Context, snap *Snapshot, job Job) (Hold, er
 
 // holdNodes picks the nodes of c to hold: by most devices free now, then
 // topology order, until they could hold every pod of the job when empty.
-func (st *state) holdNodes(c *candidate) []string {
+func (st *state) holdNodes(c *candidate) ([]string, error) {
 	var nodes []int
+	room := map[int]int{}
 	for _, n := range c.nodes() {
-		if st.nodeAgg[n].ubEmpty > 0 {
+		r, err := st.emptyRoom(n)
+		if err != nil {
+			return nil, err
+		}
+		if r > 0 {
 			nodes = append(nodes, n)
+			room[n] = r
 		}
 	}
 	freeNow := func(n int) int { return st.c.nodes[n].all.free(st.f.base[n]) }
@@ -69,11 +86,11 @@ func (st *state) holdNodes(c *candidate) []string {
 		return cmp.Or(freeNow(b)-freeNow(a), st.c.rank(a)-st.c.rank(b))
 	})
 	var out []string
-	for room := 0; room < st.n && len(nodes) > 0; nodes = nodes[1:] {
-		room += st.nodeAgg[nodes[0]].ubEmpty
+	for held := 0; held < st.n && len(nodes) > 0; nodes = nodes[1:] {
+		held += room[nodes[0]]
 		out = append(out, st.c.nodes[nodes[0]].name)
 	}
-	return out
+	return out, nil
 }
 
 // Holding returns a copy of the snapshot in which every device of the
@@ -91,4 +108,46 @@ func (s *Snapshot) Holding(nodes []string) *Snapshot {
 		}
 	}
 	return &out
+}
+
+// emptyRoom is how many pods of the job node n could hold with all its
+// devices free: its counting bound (ubEmpty), or 0 when no shape of the
+// job that passes the node's filters could fit there even then, which
+// only the allocator can tell. Asked only of jobs that wait, so a job
+// that fits pays nothing for it.
+func (st *state) emptyRoom(n int) (int, error) {
+	ub := st.nodeAgg[n].ubEmpty
+	if ub <= 0 {
+		return 0, nil
+	}
+	for s := range st.f.shapes {
+		if st.filters[s].why[n] != "" {
+			continue
+		}
+		ok, err := st.f.fitsEmpty(n, s)
+		if err != nil || ok {
+			return ub, err
+		}
+	}
+	return 0, nil
+}
+
+// couldHold reports whether candidate c could hold every pod of the job
+// once its devices were free: its counting bound, checked node by node
+// with the allocator (emptyRoom) when the bound says yes.
+func (st *state) couldHold(c *candidate) (bool, error) {
+	if c.ubEmpty < st.n {
+		return false, nil
+	}
+	room := 0
+	for _, n := range c.nodes() {
+		r, err := st.emptyRoom(n)
+		if err != nil {
+			return false, err
+		}
+		if room += r; room >= st.n {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -263,11 +263,21 @@ func TestExplainSelectorMatchesNothing(t *testing.T) {
 
 	createJobFrom(t, "explain-blackwell", 1, "explain-blackwell", placed(placementapi.PlacementAuto))
 	createJobFrom(t, "explain-misspelt", 1, "explain-misspelt", placed(placementapi.PlacementAuto))
-	// The controller's own reason reads as capacity ("no node can hold 1
-	// pod"): its bounds count GPUs, not what the selectors match.
-	waitCondition(t, "explain-blackwell", placementapi.StatusUnschedulable, "")
+	// The controller checks with the allocator, on nodes with every device
+	// free, that the Job could ever fit: it says it could not, and holds
+	// no node for it.
+	waitCondition(t, "explain-blackwell", placementapi.StatusUnschedulable, "not even when empty")
+	pods, err := jobPods(context.Background(), "explain-blackwell")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods {
+		if r, ok := p.Annotations[placementapi.AnnotationReservation]; ok {
+			t.Errorf("pod %s of a Job no node could ever hold reserves %q", p.Name, r)
+		}
+	}
 	checkExplain(t, explainCase{target: "job/explain-blackwell", state: "waiting (gated)",
-		why: []string{"Unschedulable: "}, problems: []string{problem}, doc: "6. "})
+		why: []string{"Unschedulable: ", "not even when empty"}, problems: []string{problem}, doc: "6. "})
 	waitCondition(t, "explain-misspelt", placementapi.StatusInvalidClaim, "nvlinkDomian")
 	checkExplain(t, explainCase{target: "job/explain-misspelt", state: "waiting (gated)",
 		why: []string{"InvalidClaim: ", "nvlinkDomian"}, problems: []string{misspelt}, doc: "6. "})
