@@ -159,8 +159,8 @@ image:
 
 # The same image without Docker or a registry: an OCI layout tarball,
 # _output/image/gputopo-image.oci.tar, named ghcr.io/gputopo/gputopo:<the
-# chart's appVersion> (IMAGE and TAG override), of Debian's libc6 and the
-# binaries of `make build` (hack/build-image-oci.sh). Load it with
+# chart's appVersion> (IMAGE and TAG override): the binaries of `make build`
+# on Debian's libc6 (hack/build-image-oci.sh). Load it with
 # `ctr -n k8s.io images import` or `docker load`.
 image-oci: build
 	hack/build-image-oci.sh

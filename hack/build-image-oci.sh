@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the gputopo container image without Docker or a registry, as an
 # OCI image layout tarball (`ctr images import`, `docker load`, `skopeo copy
-# oci-archive:...`). The same files as deployments/container/Dockerfile,
-# in two layers (hack/ociimage, go-containerregistry):
+# oci-archive:...`). The binaries, entrypoint and user of
+# deployments/container/Dockerfile's image, on a smaller base than its
+# distroless/base, in two layers (hack/ociimage, go-containerregistry):
 #   1. the base: Debian's libc6 package, whole (the C library and dynamic
 #      loader that the cgo binaries need; NVML is loaded with dlopen), at the
 #      version installed on this machine, which is the glibc `make build`
