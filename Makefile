@@ -25,7 +25,7 @@ E2E_TIMEOUT ?= 60m
 # loaded into memory.
 BUILD_FLAGS ?= -tags=grpcnotrace -ldflags='-s -w'
 
-.PHONY: all build test test-matrix unit e2e test-peers peer-binaries parity soak chart lint demo demo-loop demo-down bench bench-scale bench-native k8s-binaries gpu-check-bundle runtime-deps image verify-chart verify-chart-cluster lint-dockerfile clean
+.PHONY: all build test test-matrix unit e2e test-peers peer-binaries parity soak chart lint demo demo-loop demo-down bench bench-scale bench-native k8s-binaries gpu-check-bundle runtime-deps image image-oci verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
@@ -88,6 +88,7 @@ unit:
 	cd pkg/clustertopo && $(GO) test ./...
 	cd test/cluster && GPUTOPO_K8S_BIN= $(GO) test ./...
 	cd test/bench && $(GO) test ./...
+	cd hack/ociimage && $(GO) test ./...
 	cd test/e2e && GPUTOPO_SOAK_DURATION= $(GO) test ./soak
 
 # First the local cluster itself (test/cluster's TestCluster*: a cluster
@@ -136,7 +137,8 @@ soak: build k8s-binaries
 	  $(GO) test -count=1 -timeout $(SOAK_TIMEOUT) -v -run 'TestSoak$$' ./soak 2>&1 | tee $(CURDIR)/_output/soak.log | grep -E '^(--- |PASS|FAIL|ok|panic|soak:)'; exit $${PIPESTATUS[0]}
 
 # The Helm chart: lint and template checks, then an install into the local
-# cluster with the plugin and controller running on the chart's RBAC.
+# cluster whose DaemonSet and Deployment run from the project's image
+# (built without Docker) on a containerd node.
 chart: verify-chart verify-chart-cluster
 
 verify-chart:
@@ -151,8 +153,17 @@ verify-chart-cluster: build k8s-binaries
 gpu-check-bundle:
 	GO=$(GO) hack/gpu-check-bundle.sh _output/gpu-check
 
+# The container image with Docker (deployments/container/Dockerfile).
 image:
 	hack/build-image.sh
+
+# The same image without Docker or a registry: an OCI layout tarball,
+# _output/image/gputopo-image.oci.tar, named ghcr.io/gputopo/gputopo:<the
+# chart's appVersion> (IMAGE and TAG override): the binaries of `make build`
+# on Debian's libc6 (hack/build-image-oci.sh). Load it with
+# `ctr -n k8s.io images import` or `docker load`.
+image-oci: build
+	hack/build-image-oci.sh
 
 lint-dockerfile:
 	hack/lint-dockerfile.sh
@@ -164,6 +175,7 @@ lint:
 	cd test/cluster && $(GO) vet ./...
 	cd test/e2e && $(GO) vet ./...
 	cd test/bench && $(GO) vet ./...
+	cd hack/ociimage && $(GO) vet ./...
 
 # Start the local cluster with simulated GPUs, run the demo workloads and
 # print where everything landed. The cluster keeps running: `make demo-down`.

@@ -6,6 +6,9 @@
 #   IMAGE=registry.example.com/gputopo TAG=v0.1.0 hack/build-image.sh
 #   PUSH=1 PLATFORMS=linux/amd64,linux/arm64 hack/build-image.sh   # buildx, multi-arch
 #
+# hack/build-image-oci.sh (make image-oci) builds the same image without
+# Docker or a registry, as an OCI layout tarball.
+#
 # Needs docker with BuildKit (Docker 23+ default) or podman/buildah-compatible
 # `docker` CLI. The binaries use cgo (NVML is loaded with dlopen), so a
 # multi-arch build runs the compiler under emulation (QEMU) for foreign
@@ -25,6 +28,8 @@ Install Docker (with BuildKit) or set DOCKER to a compatible CLI (e.g.
 DOCKER=podman), then run hack/build-image.sh again. The Dockerfile is
 deployments/container/Dockerfile; build it from the repository root:
   docker build -f deployments/container/Dockerfile -t $IMAGE:$TAG .
+Without Docker, 'make image-oci' (hack/build-image-oci.sh) builds the same
+files as an OCI layout tarball, for 'ctr images import' or 'docker load'.
 MSG
   exit 1
 fi

@@ -1,25 +1,44 @@
 #!/usr/bin/env bash
 # Installs the Helm chart into the repository's local Kubernetes cluster
-# (the newest supported release, or GPUTOPO_K8S_VERSION's) (test/cluster: real apiserver, scheduler and controller-manager,
-# fake nodes; no Docker) and checks what a template cannot:
+# (the newest supported release, or GPUTOPO_K8S_VERSION's; test/cluster:
+# real apiserver, scheduler and controller-manager; no Docker) and runs the
+# chart's DaemonSet and Deployment from the project's own image:
+#   - the image is built without Docker or a registry
+#     (hack/build-image-oci.sh: an OCI layout tarball named as the chart's
+#     default image, ghcr.io/gputopo/gputopo:<appVersion>) and imported into
+#     a node that runs containerd 2.4 and runc (test/cluster/README.md);
+#   - on that node the DaemonSet's plugin pod runs from the image, registers
+#     with the node's kubelet (its startup probe passes) and publishes the
+#     node's ResourceSlices with its own pod-bound ServiceAccount token,
+#     through the chart's ResourceSlice policy; the Deployment's controller
+#     pod runs from the image, takes the leader Lease, is ready, and places
+#     a gated Job whose pods the plugin pod prepares: their containers run
+#     there and print the environment of their claims' CDI specs;
+# and checks what a template cannot:
 #   - the API server accepts every object (schemas, CEL of the admission
 #     policies) and `helm install` / `helm uninstall` succeed,
-#   - the plugin's RBAC and ResourceSlice policy, with real ServiceAccount
-#     tokens: a token bound to a plugin pod on node A may write gpu.gputopo.dev
-#     slices of node A only,
-#   - the real gputopo-kubelet-plugin publishes its node's slices with that
-#     token, and the real gputopo-controller, with its ServiceAccount's token,
-#     takes the leader Lease and places a gated pod group (the chart's
-#     scheduling-gate policy gates it) without any "forbidden" error,
+#   - the plugin's RBAC and ResourceSlice policy, with ServiceAccount tokens
+#     minted here: a token bound to a plugin pod on node A may write
+#     gpu.gputopo.dev slices of node A only,
 #   - the controller's RBAC denies what it must not do,
 #   - both read the chart's label mapping ConfigMap, and no other,
 #   - the placement policy lets the controller's ServiceAccount, and not a
 #     user who may edit pods, write the controller's annotations.
-# The binaries run on this machine with the ServiceAccount tokens, as the
-# image cannot run here (the nodes are fake).
+# The cluster's other two nodes are fake (no kubelet; the harness publishes
+# their slices): the plugin pods bound there never run, and their tokens
+# serve the RBAC checks; the controller pod places a gated group of pods
+# there too.
 #
-# Needs the Kubernetes binaries (make k8s-binaries; cached in
-# ~/.cache/gputopo/k8s-VERSION/bin, `localcluster bin-dir`) and helm
+# On this local cluster pods connect to nothing (no kube-proxy, and pod
+# network namespaces reach neither the host nor the API server on
+# 127.0.0.1), so both pods run with hostNetwork and KUBERNETES_SERVICE_HOST
+# and _PORT naming the API server (kubeletPlugin/controller.hostNetwork and
+# .extraEnv); the kubelet plugin and CDI directories are the node's, under
+# the cluster directory (kubeletPlugin.kubeletDir and .cdiRoot).
+#
+# Needs the Kubernetes binaries and containerd (make k8s-binaries; cached in
+# ~/.cache/gputopo/), root, runc and busybox-static (make runtime-deps),
+# apt-get for the image's libc6 (hack/build-image-oci.sh) and helm
 # (hack/install-helm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,16 +51,12 @@ fi
 HELM="${HELM:-$(hack/install-helm.sh)}"
 NS=gputopo
 CHART=deployments/helm/gputopo
-PLUGIN_METRICS="${PLUGIN_METRICS:-127.0.0.1:19400}"
-CONTROLLER_METRICS="${CONTROLLER_METRICS:-127.0.0.1:19401}"
+# The chart's image, as hack/build-image-oci.sh names it by default.
+IMAGE="ghcr.io/gputopo/gputopo:$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$CHART/Chart.yaml")"
 
 WORK=$(mktemp -d /tmp/gputopo-chart.XXXXXX) # short: unix sockets live below
 CLUSTER="$WORK/c"
-pids=()
 cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   if [ -x "$WORK/bin/localcluster" ]; then
     "$WORK/bin/localcluster" down --dir "$CLUSTER" >/dev/null 2>&1 || true
   fi
@@ -58,34 +73,90 @@ bad() {
 }
 kubectl() { "$K8S_BIN/kubectl" "$@"; }
 
-step "build localcluster, gputopo-kubelet-plugin, gputopo-controller"
+# A free TCP port on 127.0.0.1 (nothing answers there), from a random start.
+free_port() {
+  local p
+  for _ in $(seq 200); do
+    p=$((20000 + RANDOM % 20000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      echo "$p"
+      return
+    fi
+  done
+  echo "verify-chart-cluster: no free port found" >&2
+  exit 1
+}
+# The pods run in the host's network namespace: their ports must be free.
+PLUGIN_METRICS_PORT=$(free_port)
+PLUGIN_HEALTH_PORT=$(free_port)
+CONTROLLER_METRICS_PORT=$(free_port)
+
+step "build localcluster, the binaries (as make build does) and the image $IMAGE"
 mkdir -p "$WORK/bin"
 go build -C test/cluster -o "$WORK/bin/localcluster" ./cmd/localcluster
-go build -tags=grpcnotrace -ldflags="-s -w" -o "$WORK/bin/" ./cmd/gputopo-kubelet-plugin ./cmd/gputopo-controller
+go build -tags=grpcnotrace -ldflags="-s -w" -o "$WORK/bin/" ./cmd/gputopo-kubelet-plugin ./cmd/gputopo-controller ./cmd/gputopo
+hack/build-cdi-hook.sh "$WORK/bin"
+image_tag=${IMAGE##*:}
+BIN="$WORK/bin" IMAGE="${IMAGE%:*}" TAG="$image_tag" OUT="$WORK/gputopo-image.oci.tar" hack/build-image-oci.sh >"$WORK/image.log" 2>&1 || {
+  cat "$WORK/image.log"
+  exit 1
+}
+grep '^ociimage:' "$WORK/image.log"
 
-step "start a local $("$K8S_BIN/kube-apiserver" --version) cluster: 2 fake nodes on 2 leaves"
-cat >"$WORK/topology.yaml" <<'EOF'
-spines: 1
-leavesPerSpine: 2
-nodesPerLeaf: 1
-profiles: [dgx-h100]
+NODE_A=gpu-a NODE_B=gpu-b RNODE=gpu-ctr
+step "start a local $("$K8S_BIN/kube-apiserver" --version) cluster: fake nodes $NODE_A and $NODE_B, $RNODE on containerd with the image"
+cat >"$WORK/topology.yaml" <<EOF
+nodes:
+- {name: $NODE_A, leaf: leaf-0, spine: spine-0, profile: dgx-h100}
+- {name: $NODE_B, leaf: leaf-1, spine: spine-0, profile: dgx-h100}
+- {name: $RNODE, leaf: leaf-2, spine: spine-0, profile: dgx-h100, real: true, runtime: containerd}
 EOF
+# --no-plugin: the harness runs no plugin of its own on $RNODE; the
+# chart's DaemonSet does.
 "$WORK/bin/localcluster" up --topology "$WORK/topology.yaml" --dir "$CLUSTER" --bin-dir "$K8S_BIN" \
-  --plugin-bin "$WORK/bin/gputopo-kubelet-plugin" >"$WORK/up.log" 2>&1 || {
+  --plugin-bin "$WORK/bin/gputopo-kubelet-plugin" --no-plugin "$RNODE" --image "$WORK/gputopo-image.oci.tar" >"$WORK/up.log" 2>&1 || {
   cat "$WORK/up.log"
   exit 1
 }
 export KUBECONFIG="$CLUSTER/kubeconfig"
-mapfile -t nodes < <(kubectl get nodes -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}')
-NODE_A=${nodes[0]}
-NODE_B=${nodes[1]}
-echo "nodes: ${nodes[*]}"
+echo "nodes: $(kubectl get nodes -o jsonpath='{.items[*].metadata.name}')"
+server=$(kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
+RDIR="$CLUSTER/nodes/$RNODE"
 
-step "helm install (backend=sim)"
+step "helm install (backend=sim, the chart's image; the pods run on $RNODE)"
 kubectl create namespace "$NS" >/dev/null
 kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=privileged >/dev/null
-if "$HELM" install gputopo "$CHART" --namespace "$NS" --set backend=sim --set sim.profile=dgx-h100 \
-  --set metrics.service=true >"$WORK/install.log" 2>&1; then
+server_host=${server#https://}
+server_port=${server_host##*:}
+server_host=${server_host%:*}
+cat >"$WORK/values.yaml" <<EOF
+backend: sim
+sim: {profile: dgx-h100}
+metrics: {service: true}
+kubeletPlugin:
+  # The node's kubelet root and the CDI directory its containerd reads.
+  kubeletDir: $RDIR/kubelet
+  cdiRoot: $RDIR/cdi
+  hostNetwork: true
+  metricsPort: $PLUGIN_METRICS_PORT
+  healthProbePort: $PLUGIN_HEALTH_PORT
+  extraEnv:
+  - {name: KUBERNETES_SERVICE_HOST, value: "$server_host"}
+  - {name: KUBERNETES_SERVICE_PORT, value: "$server_port"}
+  tolerations:
+  - {key: localcluster.gputopo.dev/runtime, operator: Exists, effect: NoSchedule}
+controller:
+  replicas: 1
+  hostNetwork: true
+  metricsPort: $CONTROLLER_METRICS_PORT
+  nodeSelector: {kubernetes.io/hostname: $RNODE}
+  tolerations:
+  - {key: localcluster.gputopo.dev/runtime, operator: Exists, effect: NoSchedule}
+  extraEnv:
+  - {name: KUBERNETES_SERVICE_HOST, value: "$server_host"}
+  - {name: KUBERNETES_SERVICE_PORT, value: "$server_port"}
+EOF
+if "$HELM" install gputopo "$CHART" --namespace "$NS" -f "$WORK/values.yaml" >"$WORK/install.log" 2>&1; then
   ok "helm install accepted by the API server"
   sed -n '/^NOTES:/,$p' "$WORK/install.log"
 else
@@ -109,7 +180,6 @@ for vap in $(kubectl get validatingadmissionpolicies -o name); do
 done
 
 # A kubeconfig that authenticates with a ServiceAccount token.
-server=$(kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
 kubectl config view --raw --minify --flatten -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$WORK/ca.crt"
 token_kubeconfig() { # FILE TOKEN
   KUBECONFIG="$1" kubectl config set-cluster c --server="$server" --certificate-authority="$WORK/ca.crt" --embed-certs >/dev/null
@@ -117,6 +187,67 @@ token_kubeconfig() { # FILE TOKEN
   KUBECONFIG="$1" kubectl config set-context c --cluster=c --user=u >/dev/null
   KUBECONFIG="$1" kubectl config use-context c >/dev/null
 }
+
+step "the DaemonSet's plugin pod on $RNODE, from the image"
+read -r _ _ manifest_digest _ config_digest < <(grep '^ociimage:' "$WORK/image.log" | sed 's/^ociimage: wrote [^ ]* //')
+imported=$(kubectl get node "$RNODE" -o jsonpath='{.status.images[*].names}' | tr -d '[]"' | tr ',' ' ')
+if grep -qw -- "$IMAGE" <<<"$imported"; then ok "$RNODE's containerd has $IMAGE"; else bad "$RNODE's containerd lacks $IMAGE (it has: $imported)"; fi
+# pod_on COMPONENT NODE: the name of the component's pod bound to NODE.
+pod_on() {
+  local name=""
+  for _ in $(seq 120); do
+    name=$(kubectl -n "$NS" get pods -l app.kubernetes.io/component="$1" --field-selector spec.nodeName="$2" \
+      -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)
+    [ -n "$name" ] && break
+    sleep 1
+  done
+  echo "$name"
+}
+# runs_from_image WHAT POD: Ready (its probes pass), from the image built here.
+runs_from_image() {
+  local what=$1 pod=$2 image image_id
+  # A cold start on a loaded machine: the plugin waits for its Node, then
+  # the startup probe asks every 5 s.
+  if kubectl -n "$NS" wait --for=condition=Ready --timeout=300s "pod/$pod" >/dev/null 2>&1; then
+    ok "$what $pod is Ready on $(kubectl -n "$NS" get pod "$pod" -o jsonpath='{.spec.nodeName}')"
+  else
+    bad "$what $pod is not Ready: $(kubectl -n "$NS" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].state}{" "}{.status.conditions}')"
+    kubectl -n "$NS" logs "$pod" --tail=20 2>&1 | sed 's/^/  log: /'
+    return
+  fi
+  image=$(kubectl -n "$NS" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].image}')
+  image_id=$(kubectl -n "$NS" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].imageID}')
+  # containerd reports the image ID (the config digest) of an imported
+  # image, or a repository digest (the manifest digest) once it has one.
+  if [ "$image" = "$IMAGE" ] && { [ "$image_id" = "$config_digest" ] || [ "${image_id##*@}" = "$manifest_digest" ]; }; then
+    ok "$what runs $image, image ID $image_id: the image built here"
+  else
+    bad "$what runs $image ($image_id), want $IMAGE (config $config_digest, manifest $manifest_digest)"
+  fi
+}
+rpod=$(pod_on kubelet-plugin "$RNODE")
+[ -n "$rpod" ] || { bad "no plugin pod was scheduled to $RNODE"; exit 1; }
+runs_from_image "plugin pod" "$rpod"
+if grep -q "Registered DRA plugin.*driverName=\"gpu.gputopo.dev\"" "$CLUSTER/logs/kubelet-$RNODE.log"; then
+  ok "the kubelet of $RNODE registered gpu.gputopo.dev: $(grep -o 'endpoint="[^"]*"' "$CLUSTER/logs/kubelet-$RNODE.log" | tail -n1)"
+else
+  bad "the kubelet of $RNODE did not register gpu.gputopo.dev"
+fi
+published=""
+for _ in $(seq 60); do
+  published=$(kubectl get resourceslices --field-selector spec.nodeName="$RNODE",spec.driver=gpu.gputopo.dev \
+    -o jsonpath='{range .items[*]}{.metadata.managedFields[*].manager}{"\n"}{end}' | grep -c gputopo-kubelet-plugin || true)
+  [ "$published" -gt 0 ] && break
+  sleep 1
+done
+if [ "$published" -gt 0 ]; then
+  ok "the plugin pod published $published slice(s) of $RNODE ($(kubectl get resourceslices --field-selector spec.nodeName="$RNODE" -o jsonpath='{range .items[*]}{.spec.devices[*].name}{end}' | wc -w) devices)"
+else
+  bad "no slice of $RNODE from the plugin pod"
+fi
+kubectl -n "$NS" logs "$rpod" >"$WORK/plugin.log" 2>&1 || true
+if grep -Eiq 'forbidden|denied' "$WORK/plugin.log"; then bad "plugin log: $(grep -Ei 'forbidden|denied' "$WORK/plugin.log" | head -n 3)"; else ok "no forbidden/denied in the plugin pod's log"; fi
+curl -sf "http://127.0.0.1:$PLUGIN_METRICS_PORT/metrics" | grep -E '^gputopo_plugin_(published|unhealthy)_devices' | sed 's/^/  /' || bad "plugin metrics on :$PLUGIN_METRICS_PORT"
 
 step "kubelet plugin: RBAC and ResourceSlice policy with pod-bound tokens"
 pod_a=""
@@ -187,48 +318,6 @@ can "$PA" no list secrets -A
 can "$PA" yes watch configmaps/gputopo-label-mapping -n "$NS"
 can "$PA" no get configmaps/other -n "$NS"
 
-step "the installed DaemonSet and Deployment run the binaries as built here"
-# The chart's pod specs must stay in step with the binaries: every arg must
-# parse, and every directory the plugin is pointed at must be mounted.
-mapfile -t ds_args < <(kubectl -n "$NS" get daemonsets -o jsonpath='{range .items[0].spec.template.spec.containers[0].args[*]}{@}{"\n"}{end}')
-mapfile -t ds_mounts < <(kubectl -n "$NS" get daemonsets -o jsonpath='{range .items[0].spec.template.spec.containers[0].volumeMounts[*]}{.mountPath}{"\n"}{end}')
-if NODE_NAME="$NODE_A" "$WORK/bin/gputopo-kubelet-plugin" "${ds_args[@]}" --print-resource-slices >/dev/null 2>"$WORK/ds-args.err"; then
-  ok "the plugin accepts the DaemonSet's args: ${ds_args[*]}"
-else
-  bad "the plugin rejects the DaemonSet's args: $(cat "$WORK/ds-args.err")"
-fi
-for arg in "${ds_args[@]}"; do
-  case "$arg" in
-  --kubelet-registrar-directory-path=* | --cdi-root=*) dir=${arg#*=} ;;
-  --kubelet-plugins-directory-path=*) dir=${arg#*=}/gpu.gputopo.dev ;;
-  *) continue ;;
-  esac
-  if printf '%s\n' "${ds_mounts[@]}" | grep -qxF "$dir"; then ok "$dir is mounted from the host"; else bad "$dir is used by the plugin but not mounted (mounts: ${ds_mounts[*]})"; fi
-done
-mapfile -t ctl_args < <(kubectl -n "$NS" get deployments -o jsonpath='{range .items[0].spec.template.spec.containers[0].args[*]}{@}{"\n"}{end}')
-if "$WORK/bin/gputopo-controller" "${ctl_args[@]}" --help >/dev/null 2>"$WORK/ctl-args.err"; then
-  ok "the controller accepts the Deployment's args: ${ctl_args[*]}"
-else
-  bad "the controller rejects the Deployment's args: $(cat "$WORK/ctl-args.err")"
-fi
-
-step "kubelet plugin binary, with the token of the plugin pod on $NODE_A"
-mkdir -p "$WORK/node-a/registry" "$WORK/node-a/plugins" "$WORK/node-a/cdi"
-"$WORK/bin/gputopo-kubelet-plugin" --kubeconfig "$PA" --backend=sim --profile=dgx-h100 --node-name="$NODE_A" \
-  --kubelet-registrar-directory-path="$WORK/node-a/registry" --kubelet-plugins-directory-path="$WORK/node-a/plugins" \
-  --cdi-root="$WORK/node-a/cdi" --metrics-address="$PLUGIN_METRICS" --label-mapping="$NS/gputopo-label-mapping" >"$WORK/plugin.log" 2>&1 &
-pids+=($!)
-published=""
-for _ in $(seq 30); do
-  published=$(kubectl get resourceslices --field-selector spec.nodeName="$NODE_A",spec.driver=gpu.gputopo.dev \
-    -o jsonpath='{range .items[*]}{.metadata.managedFields[*].manager}{"\n"}{end}' | grep -c gputopo-kubelet-plugin || true)
-  [ "$published" -gt 0 ] && break
-  sleep 1
-done
-if [ "$published" -gt 0 ]; then ok "the plugin wrote $published slice(s) of $NODE_A"; else bad "the plugin published nothing; log: $(tail -n 5 "$WORK/plugin.log")"; fi
-if grep -Eiq 'forbidden|denied' "$WORK/plugin.log"; then bad "plugin log: $(grep -Ei 'forbidden|denied' "$WORK/plugin.log" | head -n 3)"; else ok "no forbidden/denied in the plugin log"; fi
-curl -sf "http://$PLUGIN_METRICS/metrics" | grep -E '^gputopo_plugin_(published|unhealthy)_devices' | sed 's/^/  /' || bad "plugin metrics"
-
 step "controller: RBAC"
 CT="$WORK/controller.kubeconfig"
 token_kubeconfig "$CT" "$(kubectl -n "$NS" create token gputopo-controller --duration 1h)"
@@ -297,46 +386,100 @@ if out=$(pod bad-placement sideways | kubectl create -f - 2>&1); then
 else
   ok "placement policy: $(grep -o 'gputopo.dev/placement: .*' <<<"$out" | head -n1 | cut -c1-100)"
 fi
-pod verify-0 same-leaf | kubectl create -f - >/dev/null
-pod verify-1 same-leaf | kubectl create -f - >/dev/null
-gates=$(kubectl get pod verify-0 verify-1 -o jsonpath='{range .items[*]}{.spec.schedulingGates[*].name}{" "}{end}')
+# The controller runs already and may open the gates at once: read them
+# from the create responses, which admission wrote.
+gates=$(pod verify-0 same-leaf | kubectl create -o jsonpath='{.spec.schedulingGates[*].name}{" "}' -f -)
+gates+=$(pod verify-1 same-leaf | kubectl create -o jsonpath='{.spec.schedulingGates[*].name}{" "}' -f -)
 if [ "$gates" = "gputopo.dev/topology gputopo.dev/topology " ]; then ok "scheduling-gate policy gated both pods"; else bad "scheduling gates: '$gates'"; fi
 
-step "controller binary, with its ServiceAccount token: Lease and a placement"
-"$WORK/bin/gputopo-controller" --kubeconfig "$CT" --leader-election-namespace "$NS" \
-  --leader-election-identity verify-chart --metrics-address "$CONTROLLER_METRICS" --retry-interval 2s \
-  --label-mapping="$NS/gputopo-label-mapping" >"$WORK/controller.log" 2>&1 &
-pids+=($!)
+step "the Deployment's controller pod on $RNODE, from the image: Lease, readiness, placements"
+cpod=$(pod_on controller "$RNODE")
+[ -n "$cpod" ] || { bad "no controller pod was scheduled to $RNODE"; exit 1; }
+runs_from_image "controller pod" "$cpod"
 holder=""
-for _ in $(seq 30); do
+for _ in $(seq 60); do
   holder=$(kubectl -n "$NS" get lease gputopo-controller -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)
-  [ "$holder" = verify-chart ] && break
+  [ "$holder" = "$cpod" ] && break
   sleep 1
 done
-if [ "$holder" = verify-chart ]; then ok "the controller holds Lease $NS/gputopo-controller"; else bad "Lease holder: '$holder'"; fi
-# The chart's readinessProbe: ok once the leader synced every group once.
-ready=""
-for _ in $(seq 120); do
-  ready=$(curl -s "http://$CONTROLLER_METRICS/readyz" || true)
-  [ "$ready" = ok ] && break
-  sleep 0.5
-done
+if [ "$holder" = "$cpod" ]; then ok "the controller pod holds Lease $NS/gputopo-controller"; else bad "Lease holder: '$holder', want $cpod"; fi
+ready=$(curl -s "http://127.0.0.1:$CONTROLLER_METRICS_PORT/readyz" || true)
 if [ "$ready" = ok ]; then ok "the controller's /readyz (the chart's readinessProbe) says ok"; else bad "controller /readyz: '$ready'"; fi
 placed=""
-for _ in $(seq 60); do
+for _ in $(seq 120); do
   placed=$(kubectl get pod verify-0 verify-1 -o jsonpath='{range .items[*]}{.spec.nodeName}{" "}{end}')
   [[ "$placed" =~ ^[^\ ]+\ [^\ ]+\ $ ]] && break
   sleep 1
 done
 read -r n0 n1 <<<"$placed"
 if [ -n "${n0:-}" ] && [ "${n0:-}" = "${n1:-}" ]; then
-  ok "the group was placed and scheduled together on $n0 ($(kubectl get pod verify-0 -o jsonpath='{.metadata.annotations.gputopo\.dev/domain}'))"
+  ok "the gated pod group on the fake nodes was placed and scheduled together on $n0 ($(kubectl get pod verify-0 -o jsonpath='{.metadata.annotations.gputopo\.dev/domain}'))"
 else
   bad "pods not placed: nodeNames '$placed'; gates: $(kubectl get pod verify-0 -o jsonpath='{.spec.schedulingGates}'); status: $(kubectl get pod verify-0 -o jsonpath='{.metadata.annotations.gputopo\.dev/status}')"
 fi
-events=$(kubectl get events --field-selector involvedObject.name=verify-0,source=gputopo-controller -o name 2>/dev/null | wc -l)
-if [ "$events" -gt 0 ]; then ok "the controller recorded $events event(s) on verify-0"; else echo "note: no controller events on verify-0"; fi
-if grep -Eiq 'forbidden' "$WORK/controller.log"; then bad "controller log: $(grep -i forbidden "$WORK/controller.log" | head -n 3)"; else ok "no forbidden in the controller log"; fi
+# A Job whose two pods run on $RNODE: gated by the chart's policy, placed by
+# the controller pod, their claims prepared by the plugin pod (the CDI
+# specs it writes into the node's cdi/, which containerd reads), their
+# containers run from the local busybox image and print what the specs
+# gave them.
+cat >"$WORK/job.yaml" <<EOF
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: verify-image
+spec:
+  completions: 2
+  parallelism: 2
+  completionMode: Indexed
+  backoffLimit: 0
+  template:
+    metadata:
+      annotations:
+        gputopo.dev/placement: same-leaf
+    spec:
+      restartPolicy: Never
+      nodeSelector: {kubernetes.io/hostname: $RNODE}
+      tolerations: [{key: localcluster.gputopo.dev/runtime, operator: Exists, effect: NoSchedule}]
+      containers:
+      - name: show
+        image: localhost/gputopo/busybox:v1
+        imagePullPolicy: Never
+        command: ["sh", "-c", "env | grep -E '^(NVIDIA|GPUTOPO)_' | sort"]
+        resources:
+          claims: [{name: gpu}]
+      resourceClaims:
+      - name: gpu
+        resourceClaimTemplateName: gpu-1
+EOF
+kubectl create -f "$WORK/job.yaml" >/dev/null
+if kubectl wait --for=condition=Complete --timeout=300s job/verify-image >/dev/null 2>&1; then
+  ok "Job verify-image completed on $RNODE"
+else
+  bad "Job verify-image did not complete: $(kubectl get pods -l batch.kubernetes.io/job-name=verify-image -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.nodeName}{" "}{.status.phase}{" "}{.spec.schedulingGates}{" "}{.metadata.annotations.gputopo\.dev/status}{"; "}{end}')"
+fi
+for p in $(kubectl get pods -l batch.kubernetes.io/job-name=verify-image -o name); do
+  node=$(kubectl get "$p" -o jsonpath='{.spec.nodeName}')
+  domain=$(kubectl get "$p" -o jsonpath='{.metadata.annotations.gputopo\.dev/domain}')
+  out=$(kubectl logs "$p" 2>&1 || true)
+  if [ "$node" = "$RNODE" ] && [ -n "$domain" ] && grep -qx "GPUTOPO_NODE=$RNODE" <<<"$out" && grep -q '^NVIDIA_VISIBLE_DEVICES=GPU-' <<<"$out"; then
+    ok "${p#pod/}: placed in $domain, ran on $node; its container got $(grep -c . <<<"$out") variables from the CDI spec, e.g. $(grep '^NVIDIA_VISIBLE_DEVICES=' <<<"$out")"
+  else
+    bad "${p#pod/}: node '$node', domain '$domain', container output: $out"
+  fi
+done
+# Once the pods have terminated, the kubelet asks the plugin pod to
+# unprepare their claims: it removes their CDI specs from the node's cdi/.
+specs=""
+for _ in $(seq 120); do
+  specs=$(find "$RDIR/cdi" -name '*_*.json' -printf '%f ' 2>/dev/null)
+  [ -z "$specs" ] && break
+  sleep 1
+done
+if [ -z "$specs" ]; then ok "the plugin pod removed the claims' CDI specs from $RNODE's cdi/ (left: $(find "$RDIR/cdi" -type f -printf '%f ' 2>/dev/null))"; else bad "claim CDI specs left in $RDIR/cdi: $specs"; fi
+events=$(kubectl get events --field-selector involvedObject.name=verify-image,source=gputopo-controller -o jsonpath='{.items[*].reason}' 2>/dev/null)
+if [ -n "$events" ]; then ok "the controller recorded events on Job verify-image: $events"; else echo "note: no controller events on Job verify-image"; fi
+kubectl -n "$NS" logs "$cpod" >"$WORK/controller.log" 2>&1 || true
+if grep -Eiq 'forbidden' "$WORK/controller.log"; then bad "controller log: $(grep -i forbidden "$WORK/controller.log" | head -n 3)"; else ok "no forbidden in the controller pod's log"; fi
 
 step "controller-written annotations: only the controller's ServiceAccount writes them"
 # A pod neither the controller nor the scheduler acts on, and a user who
@@ -369,13 +512,11 @@ expect_denied "verify-user removes gputopo.dev/status" "gputopo.dev/status is wr
   "$KUBECONFIG" annotate pod verify-held --as verify-user gputopo.dev/status-
 kubectl delete pod verify-held --force --grace-period=0 >/dev/null 2>&1 || true
 kubectl -n default delete rolebinding verify-user-edit >/dev/null
-curl -sf "http://$CONTROLLER_METRICS/metrics" | grep -E '^gputopo_controller_(decisions_total|pending_groups|leaf_gpu_utilization)' | sed 's/^/  /' || bad "controller metrics"
+curl -sf "http://127.0.0.1:$CONTROLLER_METRICS_PORT/metrics" | grep -E '^gputopo_controller_(decisions_total|pending_groups|leaf_gpu_utilization)' | sed 's/^/  /' || bad "controller metrics"
 
 step "helm uninstall"
-# Stop the binaries first: without their RBAC they would only log errors.
-for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-pids=()
+# The Job's pods first, while the plugin pod runs to unprepare their claims.
+kubectl delete job verify-image --cascade=foreground --wait --timeout=120s >/dev/null 2>&1 || bad "delete Job verify-image"
 kubectl delete pod verify-0 verify-1 --force --grace-period=0 >/dev/null 2>&1 || true
 if "$HELM" uninstall gputopo --namespace "$NS" --wait >/dev/null; then ok "helm uninstall"; else bad "helm uninstall"; fi
 left=$(kubectl get validatingadmissionpolicies,mutatingadmissionpolicies,deviceclasses,clusterroles,clusterrolebindings -o name | grep -c gputopo || true)

@@ -116,7 +116,10 @@ render everything "$BASE,$POLICIES,DaemonSet=1,ServiceMonitor=1" \
   --set kubeletPlugin.numaNodeList=true --set nvml.driverRoot=/run/nvidia/driver \
   --set nvml.devRoot=/opt/devroot --set nvml.cdiHookPath=/usr/local/nvidia/toolkit/nvidia-cdi-hook \
   --set nvml.libraryPath=/usr/lib64/libnvidia-ml.so.1 --set-json 'nvml.ignoredXids=[13,79]' \
-  --set kubeletPlugin.taintEffect=NoExecute --set-json 'kubeletPlugin.sharedGPUs="0,1"'
+  --set kubeletPlugin.taintEffect=NoExecute --set-json 'kubeletPlugin.sharedGPUs="0,1"' \
+  --set kubeletPlugin.hostNetwork=true --set controller.hostNetwork=true \
+  --set-json 'kubeletPlugin.extraEnv=[{"name":"KUBERNETES_SERVICE_HOST","value":"10.0.0.5"}]' \
+  --set-json 'controller.extraEnv=[{"name":"GODEBUG","value":"http2debug=1"}]'
 must everything 'extendedResourceName: gputopo.dev/gpu' "extendedResourceName toggle"
 must everything -- '--dev-root=/opt/devroot$' "devRoot must reach the plugin"
 must everything 'path: /opt/devroot/dev$' "a dev root outside the driver root must be mounted"
@@ -126,6 +129,11 @@ must everything -- '--taint-effect=NoExecute$' "taintEffect must reach the plugi
 must everything -- '--shared-gpus=0,1$' "shared GPUs must reach the plugin"
 must everything 'leaf: "example.com/leaf,example.com/rack"' "leaf labels must reach the label mapping ConfigMap"
 must everything 'tierPrefix: ""' "an empty tier prefix must be kept"
+[ "$(grep -c '^      hostNetwork: true$' "$OUT/everything.yaml")" = 2 ] ||
+  { echo "FAIL: everything: hostNetwork must reach the plugin and the controller pods"; fail=1; }
+must everything 'value: 10.0.0.5$' "kubeletPlugin.extraEnv must reach the plugin container"
+must everything 'name: GODEBUG$' "controller.extraEnv must reach the controller container"
+mustnot default 'hostNetwork' "pods use the pod network by default"
 [ "$(grep -c -- '- --label-mapping=gputopo/gputopo-label-mapping$' "$OUT/everything.yaml")" = 2 ] ||
   { echo "FAIL: everything: the plugin and the controller must both read gputopo/gputopo-label-mapping"; fail=1; }
 must everything 'path: /run/nvidia/driver' "driverRoot must be mounted"

@@ -38,6 +38,15 @@ type Config struct {
 	PluginBin string
 	// PluginArgs are appended to the plugin's command line on real nodes.
 	PluginArgs []string
+	// NoPluginNodes are real nodes on which the harness runs no plugin of
+	// its own: something in the cluster runs it there, e.g. the Helm chart's
+	// DaemonSet from the project's image on a containerd node
+	// (hack/verify-chart-cluster.sh). Start waits for their kubelets only.
+	NoPluginNodes []string
+	// Images are OCI image layout tarballs (hack/build-image-oci.sh) that
+	// every containerd node imports beside ImageBusybox and ImagePause, for
+	// pods with imagePullPolicy IfNotPresent or Never.
+	Images []string
 	// ControllerBin is the gputopo controller; it runs once the nodes are
 	// ready when set. ControllerArgs are appended to its command line.
 	ControllerBin  string
@@ -200,6 +209,22 @@ func newCluster(cfg Config) (*Cluster, error) {
 	}
 	if err := validateNodes(cfg.Nodes); err != nil {
 		return nil, fmt.Errorf("cluster config: %w", err)
+	}
+	for _, name := range cfg.NoPluginNodes {
+		if !slices.ContainsFunc(cfg.Nodes, func(n NodeSpec) bool { return n.Name == name && n.Real }) {
+			return nil, fmt.Errorf("cluster config: NoPluginNodes names %q, which is not a real node of the topology", name)
+		}
+	}
+	for i, img := range cfg.Images {
+		if cfg.Images[i], err = filepath.Abs(img); err != nil {
+			return nil, fmt.Errorf("resolve image %s: %w", img, err)
+		}
+		if _, err := os.Stat(cfg.Images[i]); err != nil {
+			return nil, fmt.Errorf("cluster config: image tarball: %w (build it with hack/build-image-oci.sh)", err)
+		}
+	}
+	if len(cfg.Images) > 0 && !slices.ContainsFunc(cfg.Nodes, func(n NodeSpec) bool { return n.Runtime == RuntimeContainerd }) {
+		return nil, errors.New("cluster config: Images are imported into containerd nodes, and the topology has none (runtime: containerd)")
 	}
 	if cfg.ContainerdBinDir == "" {
 		cfg.ContainerdBinDir = DefaultContainerdBinDir()
@@ -451,6 +476,11 @@ func (c *Cluster) ContainerRecords(node string) ([]Record, error) {
 		return nil, err
 	}
 	return ReadRecords(c.recordFile(node))
+}
+
+// runsPlugin reports whether the harness runs the plugin of a real node.
+func (c *Cluster) runsPlugin(node string) bool {
+	return c.cfg.PluginBin != "" && !slices.Contains(c.cfg.NoPluginNodes, node)
 }
 
 func (c *Cluster) realNode(node string) (*nodeState, error) {

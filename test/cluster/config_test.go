@@ -35,3 +35,36 @@ func TestValidateExtraArgs(t *testing.T) {
 		t.Errorf("Validate(ExtraArgs for kubelet) = %v, want an error naming kubelet and the processes that take extra arguments", err)
 	}
 }
+
+// NoPluginNodes must name real nodes, and Images need a containerd node
+// to be imported into; both errors say what was wrong.
+func TestValidateNoPluginNodesAndImages(t *testing.T) {
+	bin := fakeBinDir(t)
+	nodes := []NodeSpec{{Name: "real-0", Real: true, Profile: "dgx-h100"}, {Name: "fake-0", Profile: "dgx-h100"}}
+	dir, err := os.MkdirTemp("/tmp", "v") // short: the node's socket paths must fit
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := (Config{Dir: dir, BinDir: bin, Nodes: nodes, NoPluginNodes: []string{"real-0"}}).Validate(); err != nil {
+		t.Errorf("Validate(NoPluginNodes: a real node) = %v, want nil", err)
+	}
+	for _, name := range []string{"fake-0", "missing"} {
+		err := Config{Dir: dir, BinDir: bin, Nodes: nodes, NoPluginNodes: []string{name}}.Validate()
+		if err == nil || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "not a real node") {
+			t.Errorf("Validate(NoPluginNodes: %s) = %v, want an error naming it and saying it is not a real node", name, err)
+		}
+	}
+	img := filepath.Join(t.TempDir(), "image.tar")
+	if err := os.WriteFile(img, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = Config{Dir: dir, BinDir: bin, Nodes: nodes, Images: []string{img}}.Validate()
+	if err == nil || !strings.Contains(err.Error(), "containerd") {
+		t.Errorf("Validate(Images without a containerd node) = %v, want an error saying it needs one", err)
+	}
+	err = Config{Dir: dir, BinDir: bin, Nodes: nodes, Images: []string{img + ".missing"}}.Validate()
+	if err == nil || !strings.Contains(err.Error(), "build-image-oci") {
+		t.Errorf("Validate(a missing image tarball) = %v, want an error saying how to build it", err)
+	}
+}

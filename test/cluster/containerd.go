@@ -86,9 +86,9 @@ func checkRuntimeDeps(containerdBinDir string) error {
 // startContainerd starts the node's containerd in its own mount and PID
 // namespace, with tmpfs over /var/lib, /var/log and /run there (its root
 // and state, the network namespaces, the runc state), and imports the
-// local images. It returns containerd's PID, whose namespaces the kubelet
-// joins.
-func (c *Cluster) startContainerd(ctx context.Context, n *nodeState, images string) (int, error) {
+// image tarballs (the local images first). It returns containerd's PID,
+// whose namespaces the kubelet joins.
+func (c *Cluster) startContainerd(ctx context.Context, n *nodeState, images []string) (int, error) {
 	name := n.spec.Name
 	dir := filepath.Join(c.NodeDir(name), "containerd")
 	cniBin, cniConf := filepath.Join(dir, "cni-bin"), filepath.Join(dir, "cni-conf")
@@ -127,10 +127,12 @@ func (c *Cluster) startContainerd(ctx context.Context, n *nodeState, images stri
 	if err != nil {
 		return 0, err
 	}
-	out, err := exec.CommandContext(ctx, filepath.Join(c.cfg.ContainerdBinDir, "ctr"), "--address", c.containerdSocket(name),
-		"--namespace", "k8s.io", "images", "import", "--platform", "linux/amd64", images).CombinedOutput()
-	if err != nil {
-		return 0, fmt.Errorf("import the local images into containerd of node %s: %w\n%s", name, err, out)
+	for _, img := range images {
+		out, err := exec.CommandContext(ctx, filepath.Join(c.cfg.ContainerdBinDir, "ctr"), "--address", c.containerdSocket(name),
+			"--namespace", "k8s.io", "images", "import", "--platform", "linux/amd64", img).CombinedOutput()
+		if err != nil {
+			return 0, fmt.Errorf("import the images of %s into containerd of node %s: %w\n%s", img, name, err, out)
+		}
 	}
 	return pid, nil
 }

@@ -47,6 +47,8 @@ type ReadyInfo struct {
 	BinDir         string         `json:"binDir"`
 	PluginBin      string         `json:"pluginBin,omitempty"`
 	PluginArgs     []string       `json:"pluginArgs,omitempty"`
+	NoPluginNodes  []string       `json:"noPluginNodes,omitempty"`
+	Images         []string       `json:"images,omitempty"`
 	ControllerBin  string         `json:"controllerBin,omitempty"`
 	ControllerArgs []string       `json:"controllerArgs,omitempty"`
 	StartSeconds   float64        `json:"startSeconds"`
@@ -56,7 +58,7 @@ func (c *Cluster) writeReady() error {
 	info := ReadyInfo{
 		Dir: c.dir, Kubeconfig: c.Kubeconfig(), Server: c.server, SupervisorPID: os.Getpid(),
 		PIDs: map[string]int{}, Ports: c.ports, Nodes: c.Nodes(), BinDir: c.cfg.BinDir,
-		PluginBin: c.cfg.PluginBin, PluginArgs: c.cfg.PluginArgs,
+		PluginBin: c.cfg.PluginBin, PluginArgs: c.cfg.PluginArgs, NoPluginNodes: c.cfg.NoPluginNodes, Images: c.cfg.Images,
 		ControllerBin: c.cfg.ControllerBin, ControllerArgs: c.cfg.ControllerArgs,
 		StartSeconds: time.Since(c.started).Seconds(),
 	}
@@ -110,6 +112,7 @@ func Attach(dir string) (*Cluster, error) {
 	}
 	c := &Cluster{
 		cfg: Config{Dir: info.Dir, BinDir: info.BinDir, PluginBin: info.PluginBin, PluginArgs: info.PluginArgs,
+			NoPluginNodes: info.NoPluginNodes, Images: info.Images,
 			ControllerBin: info.ControllerBin, ControllerArgs: info.ControllerArgs, Progress: os.Stderr},
 		dir: info.Dir, ports: info.Ports, server: info.Server, started: time.Now(),
 		procs: map[string]*proc{}, nodes: map[string]*nodeState{},
@@ -173,7 +176,7 @@ func (c *Cluster) waitNodes(ctx context.Context) error {
 	}
 	watch = watch[:0]
 	for _, name := range c.order {
-		if c.nodes[name].spec.Real {
+		if c.nodes[name].spec.Real && c.runsPlugin(name) {
 			watch = append(watch, "plugin-"+name, "kubelet-"+name)
 		}
 	}
@@ -190,7 +193,7 @@ func (c *Cluster) waitNodes(ctx context.Context) error {
 		}
 		pending = pending[:0]
 		for _, name := range c.order {
-			if !has[name] {
+			if !has[name] && (!c.nodes[name].spec.Real || c.runsPlugin(name)) {
 				pending = append(pending, name)
 			}
 		}
@@ -200,7 +203,7 @@ func (c *Cluster) waitNodes(ctx context.Context) error {
 		return fmt.Errorf("wait for ResourceSlices%s: %w", stillWaiting(pending), err)
 	}
 	for _, name := range c.order {
-		if c.nodes[name].spec.Real {
+		if c.nodes[name].spec.Real && c.runsPlugin(name) {
 			if err := c.waitPluginSockets(ctx, name); err != nil {
 				return fmt.Errorf("wait for the plugin of %s to listen: %w", name, err)
 			}
@@ -241,8 +244,8 @@ func (c *Cluster) StartPlugin(node string) error {
 	if _, err := c.realNode(node); err != nil {
 		return err
 	}
-	if c.cfg.PluginBin == "" {
-		return fmt.Errorf("start plugin of %s: the cluster has no plugin binary", node)
+	if !c.runsPlugin(node) {
+		return fmt.Errorf("start plugin of %s: the cluster runs no plugin there (no plugin binary, or NoPluginNodes)", node)
 	}
 	if p := c.procByName("plugin-" + node); p != nil {
 		if !p.exited() {

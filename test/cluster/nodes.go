@@ -74,7 +74,7 @@ func (c *Cluster) startRealNode(ctx context.Context, n *nodeState) error {
 		"sh", "-c", `mount -t tmpfs -o size=64m tmpfs /var/lib && mount -t tmpfs -o size=64m tmpfs /var/log && exec "$@"`, "sh"}
 	socket := filepath.Join(nodeDir, "cri.sock")
 	if n.spec.Runtime == RuntimeContainerd {
-		pid, err := c.startContainerd(ctx, n, c.imagesPath())
+		pid, err := c.startContainerd(ctx, n, append([]string{c.imagesPath()}, c.cfg.Images...))
 		if err != nil {
 			return err
 		}
@@ -108,7 +108,7 @@ func (c *Cluster) startRealNode(ctx context.Context, n *nodeState) error {
 	if err := c.launchOpts("kubelet-"+name, procOpts{workDir: workDir}, argv...); err != nil {
 		return err
 	}
-	if c.cfg.PluginBin != "" {
+	if c.runsPlugin(name) {
 		return c.launchPlugin(name) // waitNodes waits for it
 	}
 	return nil

@@ -15,8 +15,8 @@ func (c *Cluster) StartPluginWith(node string, extra ...string) error {
 	if _, err := c.realNode(node); err != nil {
 		return err
 	}
-	if c.cfg.PluginBin == "" {
-		return fmt.Errorf("start plugin of %s: the cluster has no plugin binary", node)
+	if !c.runsPlugin(node) {
+		return fmt.Errorf("start plugin of %s: the cluster runs no plugin there (no plugin binary, or NoPluginNodes)", node)
 	}
 	if p := c.procByName("plugin-" + node); p != nil && !p.exited() {
 		return fmt.Errorf("start plugin of %s: already running as pid %d", node, p.pid)

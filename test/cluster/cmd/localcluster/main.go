@@ -163,8 +163,10 @@ func setupUp(fs *flag.FlagSet) func(context.Context, []string) error {
 	binDir := fs.String("bin-dir", "", "Kubernetes binaries (env GPUTOPO_K8S_BIN; default those of --version)")
 	version := versionFlag(fs)
 	controllerBin := fs.String("controller-bin", "", "gputopo controller binary; none started if empty")
-	var manifests stringList
+	var manifests, noPlugin, images stringList
 	fs.Var(&manifests, "manifest", "file or directory applied before the controller starts (repeatable)")
+	fs.Var(&noPlugin, "no-plugin", "real node on which no plugin is started: a DaemonSet runs it there (repeatable)")
+	fs.Var(&images, "image", "OCI image layout tarball imported into every containerd node, e.g. from hack/build-image-oci.sh (repeatable)")
 	foreground := fs.Bool("foreground", false, "supervise in this process instead of daemonizing")
 	timeout := fs.Duration("timeout", 5*time.Minute, "how long to wait for the cluster to be ready")
 	return func(ctx context.Context, _ []string) error {
@@ -184,12 +186,17 @@ func setupUp(fs *flag.FlagSet) func(context.Context, []string) error {
 				return fmt.Errorf("resolve --manifest: %w", err)
 			}
 		}
+		for i, m := range images {
+			if images[i], err = filepath.Abs(m); err != nil {
+				return fmt.Errorf("resolve --image: %w", err)
+			}
+		}
 		bins, err := binDirFor(*binDir, *version)
 		if err != nil {
 			return err
 		}
 		cfg := cluster.Config{Dir: absDir, BinDir: bins, Nodes: nodes, PluginBin: *pluginBin, Timeout: *timeout,
-			ControllerBin: *controllerBin, Manifests: manifests}
+			ControllerBin: *controllerBin, Manifests: manifests, NoPluginNodes: noPlugin, Images: images}
 		if err := cfg.Validate(); err != nil {
 			return err
 		}
