@@ -80,6 +80,10 @@ func run() error {
 	if err != nil {
 		klog.FromContext(ctx).Info("Boot ID unknown: a checkpoint from before a reboot will be kept", "reason", err)
 	}
+	mpsDaemons, err := opts.MPS(ctx)
+	if err != nil {
+		return err
+	}
 	reg := command.Registry()
 	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg, opts.Profiling, nil)()
 	return kubeletplugin.Run(ctx, kubeletplugin.Config{
@@ -92,6 +96,7 @@ func run() error {
 		RegistrarDir: opts.RegistrarDir,
 		PluginDir:    opts.PluginDir(),
 		DriverEdits:  edits,
+		MPS:          mpsDaemons,
 		BootID:       bootID,
 		Metrics:      kubeletplugin.NewMetrics(reg),
 
