@@ -162,17 +162,21 @@ func New(ctx context.Context, cfg Config, labels map[string]string, cancel conte
 	d.setSkippedMetrics(ctx)
 	logger.Info("Discovered GPUs", "backend", cfg.Backend.Name(), "gpus", len(inv.Devices), "skipped", len(inv.Skipped),
 		"nvlinkDomains", len(nv.Domains), "preparedClaims", len(st.prepared()))
-	// Daemons as the prepared shares need them: after a restart, those
-	// that died with the plugin's container start again, and those of
-	// shares unprepared meanwhile stop. A failure here is retried by the
-	// next prepare or unprepare.
-	st.mu.Lock()
-	if err := st.syncMPSLocked(ctx, d.view()); err != nil {
-		logger.Error(err, "Starting the MPS control daemons of prepared shares failed")
-	}
-	st.mu.Unlock()
 	d.health = checkpoint.NewHealthStore(filepath.Join(cfg.PluginDir, healthFile))
 	d.unhealthy = recordedErrors(ctx, d.health, cfg.BootID)
+	if st.mps != nil {
+		// Daemons as the prepared shares need them: after a restart, those
+		// that died with the plugin's container start again, and those of
+		// shares unprepared meanwhile stop. A failure here is retried by
+		// the next prepare or unprepare.
+		view := d.view()
+		st.mu.Lock()
+		err := st.syncMPSLocked(ctx, view)
+		st.mu.Unlock()
+		if err != nil {
+			logger.Error(err, "Starting the MPS control daemons of prepared shares failed")
+		}
+	}
 	return d, nil
 }
 

@@ -32,8 +32,8 @@ const (
 	// claim asked for, or its compute share of the GPU's memory.
 	EnvShareMemory = "GPUTOPO_SHARE_MEMORY_BYTES"
 	// EnvMPSActiveThreadPercentage and EnvMPSPinnedMemoryLimit are CUDA
-	// MPS client limits, set on real GPUs. They take effect only where an
-	// MPS control daemon serves the GPU.
+	// MPS client limits, set on real GPUs, whose shared GPUs the plugin
+	// serves with an MPS control daemon each (pkg/mps).
 	EnvMPSActiveThreadPercentage = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 	EnvMPSPinnedMemoryLimit      = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 	// EnvMPSPipeDirectory is where the MPS control daemon of a shared GPU
