@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -62,11 +63,24 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 			t.Errorf("restart plugin of %s: %v", node, err)
 		}
 	})
+	// Claims of earlier tests, on their way out, may hold the shared GPU
+	// (a whole-GPU claim on it counts as a share of all of it): start
+	// from none.
+	framework.Eventually(t, 2*time.Minute, "earlier claims on "+node+" unprepared", func() (bool, string) {
+		cp, err := framework.LoadCheckpoint(lc, node)
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(cp.Claims) == 0, fmt.Sprintf("%d claims prepared", len(cp.Claims))
+	})
 	if err := lc.StopPlugin(node); err != nil {
 		t.Fatal(err)
 	}
 	if err := lc.StartPluginWith(node, flag); err != nil {
 		t.Fatal(err)
+	}
+	if got := readRecord(t, record); len(got) != 0 {
+		t.Fatalf("with no claim prepared the stand-in recorded %v", got)
 	}
 
 	a, logsA := runPod(t, "mps-a", map[string]string{"share": "gpu-share-quarter"}, mpsReport)
