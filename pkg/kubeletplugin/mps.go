@@ -27,7 +27,7 @@ func (s *state) syncMPSLocked(ctx context.Context, view *nodeView) error {
 	want := map[string]mps.Limits{}
 	for _, c := range s.cp.Claims {
 		for _, d := range c.Devices {
-			if d.ShareID == "" || d.AdminAccess {
+			if !mpsServes(d) {
 				continue
 			}
 			g, ok := view.devices[d.Device]
@@ -63,7 +63,7 @@ func (s *state) checkMPS(devs []checkpoint.PreparedDevice) error {
 	for _, d := range devs {
 		switch {
 		case d.AdminAccess:
-		case d.ShareID != "":
+		case mpsServes(d):
 			shared = append(shared, d.Device)
 		default:
 			other = append(other, d.Device)
@@ -81,7 +81,7 @@ func (s *state) checkMPS(devs []checkpoint.PreparedDevice) error {
 // mpsEdits mounts a shared GPU's pipe directory into its claim's
 // containers.
 func (s *state) mpsEdits(d checkpoint.PreparedDevice, edits *cdispec.ContainerEdits) *cdispec.ContainerEdits {
-	if s.mps == nil || d.ShareID == "" || d.AdminAccess {
+	if s.mps == nil || !mpsServes(d) {
 		return edits
 	}
 	if edits == nil {
@@ -95,7 +95,23 @@ func (s *state) mpsEdits(d checkpoint.PreparedDevice, edits *cdispec.ContainerEd
 }
 
 func hasShare(devs []checkpoint.PreparedDevice) bool {
-	return slices.ContainsFunc(devs, func(d checkpoint.PreparedDevice) bool { return d.ShareID != "" && !d.AdminAccess })
+	return slices.ContainsFunc(devs, mpsServes)
+}
+
+// mpsServes says whether a device of a claim is a share that MPS serves:
+// one that leaves room for others. A claim for a whole GPU that lands on
+// a shared GPU holding no share consumes all of its milliGPU, and holds
+// the GPU as it would one handed out whole (and may come with GPUs that
+// are, as in an NVLink pair): no daemon for it.
+func mpsServes(d checkpoint.PreparedDevice) bool {
+	if d.ShareID == "" || d.AdminAccess {
+		return false
+	}
+	milli, err := consumed(d, topology.CapacityMilliGPU)
+	if _, ok := d.Consumed[topology.CapacityMilliGPU]; !ok || err != nil {
+		return err != nil // unparsable: let the sync report it
+	}
+	return milli < topology.MilliPerGPU
 }
 
 // percentOf is a compute share as an MPS active-thread percentage.

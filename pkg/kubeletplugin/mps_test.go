@@ -101,7 +101,8 @@ func (e *env) mountsOf(t *testing.T, ids []string) map[string]string {
 // mounts the pipe directory is written; a second share of the GPU reuses
 // the daemon and lowers its default limits to the smaller share; a whole
 // GPU's container gets no pipe directory; another shared GPU gets its own
-// daemon; a claim with shares of two GPUs is refused and starts nothing;
+// daemon; a whole-GPU claim that landed on a shared GPU (all its milliGPU)
+// gets none; a claim with shares of two GPUs is refused and starts nothing;
 // the last share unprepared stops the daemon. A restarted plugin keeps the
 // running daemon and starts again one that died.
 func TestSharedGPUsGetAnMPSDaemon(t *testing.T) {
@@ -155,6 +156,18 @@ func TestSharedGPUsGetAnMPSDaemon(t *testing.T) {
 	}
 	if got := e.mountsOf(t, cdiIDs(t, res["s2"]))[topology.MPSContainerPipeDir]; got != m.PipeDir(uuid(2)) {
 		t.Errorf("gpu-2 share's container: pipe directory from %q, want %s", got, m.PipeDir(uuid(2)))
+	}
+
+	// A whole-GPU claim that landed on a shared GPU with no share takes all
+	// of its milliGPU: held whole, with another GPU, and no daemon.
+	pair := sharedClaim("pair", "gpu-5", 1000, "")
+	pair.Status.Allocation.Devices.Results = append(pair.Status.Allocation.Devices.Results, allocatedClaim("", "gpu-6").Status.Allocation.Devices.Results[0])
+	ids = cdiIDs(t, e.prepare(t, pair)["pair"])
+	if got := e.events(t); len(got) != 0 {
+		t.Errorf("a whole-GPU claim on a shared GPU: stand-in record %v, want nothing", got)
+	}
+	if _, ok := e.mountsOf(t, ids)[topology.MPSContainerPipeDir]; ok {
+		t.Errorf("a whole-GPU claim on a shared GPU has %s mounted", topology.MPSContainerPipeDir)
 	}
 
 	two := sharedClaim("two", "gpu-3", 250, "")
