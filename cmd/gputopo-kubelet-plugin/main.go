@@ -13,10 +13,13 @@ import (
 
 	"github.com/gputopo/gputopo/pkg/command"
 	"github.com/gputopo/gputopo/pkg/kubeletplugin"
+	"github.com/gputopo/gputopo/pkg/mps"
 	"github.com/gputopo/gputopo/pkg/slices"
 )
 
 func main() {
+	// Started as an MPS control daemon's launcher, this never returns.
+	mps.Launch()
 	if err := run(); err != nil && !errors.Is(err, command.ErrHelp) {
 		fmt.Fprintf(os.Stderr, "gputopo-kubelet-plugin: %v\n", err)
 		os.Exit(1)

@@ -78,8 +78,8 @@ func (s *state) checkMPS(devs []checkpoint.PreparedDevice) error {
 	return fmt.Errorf("the claim holds a share of %s and whole GPUs (%s); a CUDA process connected to the shared GPU's MPS control daemon sees that GPU alone: claim whole GPUs in another pod", strings.Join(shared, ", "), strings.Join(other, ", "))
 }
 
-// mpsEdits mounts a shared GPU's pipe directory into its claim's
-// containers.
+// mpsEdits mounts a shared GPU's pipe directory, and the directory its
+// daemon sees as /dev/shm, into its claim's containers.
 func (s *state) mpsEdits(d checkpoint.PreparedDevice, edits *cdispec.ContainerEdits) *cdispec.ContainerEdits {
 	if s.mps == nil || !mpsServes(d) {
 		return edits
@@ -91,6 +91,13 @@ func (s *state) mpsEdits(d checkpoint.PreparedDevice, edits *cdispec.ContainerEd
 		HostPath: s.mps.PipeDir(d.UUID), ContainerPath: topology.MPSContainerPipeDir,
 		Type: "bind", Options: []string{"rw", "nosuid", "nodev", "bind"},
 	})
+	if s.mps.SharesShm() {
+		// The MPS server and its clients share /dev/shm.
+		edits.Mounts = append(edits.Mounts, &cdispec.Mount{
+			HostPath: s.mps.ShmDir(d.UUID), ContainerPath: topology.MPSContainerShmDir,
+			Type: "bind", Options: []string{"rw", "nosuid", "nodev", "bind"},
+		})
+	}
 	return edits
 }
 

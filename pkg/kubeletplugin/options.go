@@ -259,6 +259,13 @@ func (o *Options) NewDriverEdits(ctx context.Context, backend gpu.Backend) (cdi.
 // GPUs, and a share on it fails with what to set.
 func (o *Options) MPS(ctx context.Context) (*mps.Manager, error) {
 	cfg := mps.Config{ControlPath: o.MPSControlPath, Root: filepath.Join(o.PluginDir(), "mps")}
+	// The daemon starts through this program (see mps.Launch), for a
+	// /dev/shm of its GPU's own.
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find this executable, through which MPS control daemons start: %w", err)
+	}
+	cfg.Launcher = exe
 	if o.Backend != "nvml" {
 		if cfg.ControlPath == "" {
 			return nil, nil

@@ -48,6 +48,7 @@ const (
 
 	pipeDir    = "pipe"
 	logDir     = "log"
+	shmDir     = "shm"
 	limitsFile = "limits.json"
 )
 
@@ -84,6 +85,12 @@ type Config struct {
 	// LibraryPath, when set, is LD_LIBRARY_PATH for the control program
 	// (the driver's libraries where this process is not the host).
 	LibraryPath string
+	// Launcher, when set, is this program's own executable, which calls
+	// Launch first thing: the daemon is then started through it in a mount
+	// namespace of its own whose /dev/shm is the GPU's ShmDir, as the MPS
+	// server and its clients must share /dev/shm (needs CAP_SYS_ADMIN).
+	// Empty: the daemon runs with this process's /dev/shm.
+	Launcher string
 	// StartTimeout bounds the wait for a started daemon's pid file, and
 	// StopTimeout the wait for a daemon told to quit; 0 means 30 s.
 	StartTimeout, StopTimeout time.Duration
@@ -115,6 +122,14 @@ func (m *Manager) ControlPath() string { return m.cfg.ControlPath }
 // PipeDir is the host directory of a GPU's daemon pipes, which its
 // shares' containers get at topology.MPSContainerPipeDir.
 func (m *Manager) PipeDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, pipeDir) }
+
+// ShmDir is the directory a GPU's daemon (with Config.Launcher) and its
+// shares' containers see as /dev/shm.
+func (m *Manager) ShmDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, shmDir) }
+
+// SharesShm says whether the daemons see ShmDir as /dev/shm, so that the
+// containers must too.
+func (m *Manager) SharesShm() bool { return m.cfg.Launcher != "" }
 
 // LogDir is where a GPU's daemon logs.
 func (m *Manager) LogDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, logDir) }
@@ -262,18 +277,24 @@ func (m *Manager) start(ctx context.Context, uuid string) error {
 	if err := m.checkControl(); err != nil {
 		return err
 	}
-	for _, d := range []string{m.PipeDir(uuid), m.LogDir(uuid)} {
+	for _, d := range []string{m.PipeDir(uuid), m.LogDir(uuid), m.ShmDir(uuid)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("create MPS directory of GPU %s: %w", uuid, err)
 		}
 	}
-	stale, err := os.ReadDir(m.PipeDir(uuid))
-	if err != nil {
-		return fmt.Errorf("read MPS pipe directory of GPU %s: %w", uuid, err)
+	// shm is world-writable, as /dev/shm is: clients of any user use it.
+	if err := os.Chmod(m.ShmDir(uuid), 0o1777); err != nil {
+		return fmt.Errorf("create MPS shm directory of GPU %s: %w", uuid, err)
 	}
-	for _, e := range stale {
-		if err := os.RemoveAll(filepath.Join(m.PipeDir(uuid), e.Name())); err != nil {
-			return fmt.Errorf("clear MPS pipe directory of GPU %s: %w", uuid, err)
+	for _, d := range []string{m.PipeDir(uuid), m.ShmDir(uuid)} {
+		stale, err := os.ReadDir(d)
+		if err != nil {
+			return fmt.Errorf("read MPS directory of GPU %s: %w", uuid, err)
+		}
+		for _, e := range stale {
+			if err := os.RemoveAll(filepath.Join(d, e.Name())); err != nil {
+				return fmt.Errorf("clear MPS directory of GPU %s: %w", uuid, err)
+			}
 		}
 	}
 	_ = os.Remove(filepath.Join(m.cfg.Root, uuid, limitsFile))
@@ -286,9 +307,14 @@ func (m *Manager) start(ctx context.Context, uuid string) error {
 	defer func() { _ = out.Close() }()
 	cmd := exec.Command(m.cfg.ControlPath, "-d")
 	cmd.Env = m.env(uuid)
-	cmd.Stdout, cmd.Stderr = out, out
 	// Its own process group: a signal to the plugin's group is not for it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if m.cfg.Launcher != "" {
+		cmd = exec.Command(m.cfg.Launcher, m.cfg.ControlPath, "-d")
+		cmd.Env = append(m.env(uuid), launchEnv+"="+m.ShmDir(uuid))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Unshareflags: syscall.CLONE_NEWNS}
+	}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("start MPS control daemon of GPU %s: %s -d: %w (see %s)", uuid, m.cfg.ControlPath, err, out.Name())
 	}

@@ -47,4 +47,7 @@ const (
 	// MPSContainerPipeDir is MPS's default pipe directory, so a client
 	// finds its GPU's daemon even without EnvMPSPipeDirectory.
 	MPSContainerPipeDir = "/tmp/nvidia-mps"
+	// MPSContainerShmDir is where a share's containers get the directory
+	// their GPU's MPS daemon sees as /dev/shm.
+	MPSContainerShmDir = "/dev/shm"
 )

@@ -1,7 +1,7 @@
 // Package mpstest provides a stand-in for nvidia-cuda-mps-control that
 // records what it is asked, for tests without a GPU: with -d it starts a
 // daemon (a shell that waits) that writes its pid file as the real one
-// does; without, it reads commands from stdin, and "quit" ends the daemon.
+// does, and its pid into /dev/shm/ShmMarker; without, it reads commands from stdin, and "quit" ends the daemon.
 package mpstest
 
 import (
@@ -13,6 +13,10 @@ import (
 	"path/filepath"
 	"strings"
 )
+
+// ShmMarker is the file the daemon writes, with its pid, into the /dev/shm
+// it sees.
+const ShmMarker = "mps-stand-in.pid"
 
 // Event kinds in the record.
 const (
@@ -47,6 +51,7 @@ case "$1" in
 	trap 'rec exit "" $$; [ -n "$child" ] && kill $child; exit 0' TERM
 	sleep 2147483647 &
 	child=$!
+	echo $$ > /dev/shm/%s
 	rec start "" $$
 	echo $$ > "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
 	wait $child
@@ -64,7 +69,7 @@ done
 // record, and returns the program's path.
 func Write(dir, record string) (string, error) {
 	path := filepath.Join(dir, "nvidia-cuda-mps-control")
-	if err := os.WriteFile(path, []byte(fmt.Sprintf(script, record)), 0o755); err != nil {
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(script, record, ShmMarker)), 0o755); err != nil {
 		return "", fmt.Errorf("write MPS control stand-in: %w", err)
 	}
 	return path, nil

@@ -20,10 +20,12 @@ import (
 )
 
 // mpsReport is what a container of TestSharedGPUGetsAnMPSDaemon prints:
-// its environment, its mount of the MPS pipe directory, and the pid file
-// the daemon wrote there.
+// its environment, its mount of the MPS pipe directory, the pid file the
+// daemon wrote there, and the pid the stand-in daemon wrote into the
+// /dev/shm it sees.
 const mpsReport = `env; echo @@mounts; grep ' ` + topology.MPSContainerPipeDir + ` ' /proc/mounts; ` +
-	`echo @@pid; cat ` + topology.MPSContainerPipeDir + `/` + mps.PidFile + `; echo; echo @@end; exec sleep inf`
+	`echo @@pid; cat ` + topology.MPSContainerPipeDir + `/` + mps.PidFile + `; echo; ` +
+	`echo @@shm; cat ` + topology.MPSContainerShmDir + `/` + mpstest.ShmMarker + `; echo; echo @@end; exec sleep inf`
 
 // TestSharedGPUGetsAnMPSDaemon: with --mps-control-path naming a stand-in
 // that records what it is asked, the first share of the shared GPU starts
@@ -31,8 +33,9 @@ const mpsReport = `env; echo @@mounts; grep ' ` + topology.MPSContainerPipeDir +
 // directories under the plugin's mps/<uuid>, and sets the share's compute
 // and memory limits as its defaults; a second share reuses it; both share
 // containers that containerd runs see the pipe directory mounted at
-// /tmp/nvidia-mps (with the pid file the daemon wrote) and
-// CUDA_MPS_PIPE_DIRECTORY, a whole GPU's container sees neither; a plugin
+// /tmp/nvidia-mps (with the pid file the daemon wrote), the /dev/shm the
+// daemon sees, and CUDA_MPS_PIPE_DIRECTORY, a whole GPU's container sees
+// none of them; a plugin
 // restart neither doubles nor loses the daemon; deleting one share's pod
 // keeps it, deleting the last stops it (quit) and removes its directory.
 func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
@@ -133,6 +136,10 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 		if got := section(logs, "pid"); got != daemon {
 			t.Errorf("pod %s: %s/%s reads %q, want the daemon's pid %s", name, topology.MPSContainerPipeDir, mps.PidFile, got, daemon)
 		}
+		// The daemon's /dev/shm is the container's.
+		if got := section(logs, "shm"); got != daemon {
+			t.Errorf("pod %s: %s/%s reads %q, want the daemon's pid %s (the daemon and its clients share /dev/shm)", name, topology.MPSContainerShmDir, mpstest.ShmMarker, got, daemon)
+		}
 		if got := seen.env[topology.EnvMPSPipeDirectory]; got != topology.MPSContainerPipeDir {
 			t.Errorf("pod %s: %s=%q, want %s", name, topology.EnvMPSPipeDirectory, got, topology.MPSContainerPipeDir)
 		}
@@ -140,6 +147,9 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 	seenWhole := parseReport(t, logsWhole)
 	if m, ok := seenWhole.mounts[topology.MPSContainerPipeDir]; ok {
 		t.Errorf("pod %s (a whole GPU) has %s mounted: %v", whole.Name, topology.MPSContainerPipeDir, m)
+	}
+	if got := section(logsWhole, "shm"); got != "" {
+		t.Errorf("pod %s (a whole GPU) reads %q from %s/%s; want the runtime's own /dev/shm, without it", whole.Name, got, topology.MPSContainerShmDir, mpstest.ShmMarker)
 	}
 	if v, ok := seenWhole.env[topology.EnvMPSPipeDirectory]; ok {
 		t.Errorf("pod %s (a whole GPU) has %s=%s", whole.Name, topology.EnvMPSPipeDirectory, v)
