@@ -24,8 +24,8 @@ import (
 // daemon wrote there, and the pid the stand-in daemon wrote into the
 // /dev/shm it sees.
 const mpsReport = `env; echo @@mounts; grep ' ` + topology.MPSContainerPipeDir + ` ' /proc/mounts; ` +
-	`echo @@pid; cat ` + topology.MPSContainerPipeDir + `/` + mps.PidFile + `; echo; ` +
-	`echo @@shm; cat ` + topology.MPSContainerShmDir + `/` + mpstest.ShmMarker + `; echo; echo @@end; exec sleep inf`
+	`echo @@pid; cat ` + topology.MPSContainerPipeDir + `/` + mps.PidFile + ` 2>/dev/null; echo; ` +
+	`echo @@shm; cat ` + topology.MPSContainerShmDir + `/` + mpstest.ShmMarker + ` 2>/dev/null; echo; echo @@end; exec sleep inf`
 
 // TestSharedGPUGetsAnMPSDaemon: with --mps-control-path naming a stand-in
 // that records what it is asked, the first share of the shared GPU starts
