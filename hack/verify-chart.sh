@@ -115,7 +115,7 @@ render everything "$BASE,$POLICIES,DaemonSet=1,ServiceMonitor=1" \
   --set-json 'labelMapping.leaf=["example.com/leaf","example.com/rack"]' --set labelMapping.tierPrefix= \
   --set kubeletPlugin.numaNodeList=true --set nvml.driverRoot=/run/nvidia/driver \
   --set nvml.devRoot=/opt/devroot --set nvml.cdiHookPath=/usr/local/nvidia/toolkit/nvidia-cdi-hook \
-  --set nvml.libraryPath=/usr/lib64/libnvidia-ml.so.1 --set-json 'nvml.ignoredXids=[13,79]' \
+  --set nvml.libraryPath=/usr/lib64/libnvidia-ml.so.1 --set nvml.mpsControlPath=/opt/cuda/bin/nvidia-cuda-mps-control --set-json 'nvml.ignoredXids=[13,79]' \
   --set kubeletPlugin.taintEffect=NoExecute --set-json 'kubeletPlugin.sharedGPUs="0,1"' \
   --set kubeletPlugin.hostNetwork=true --set controller.hostNetwork=true \
   --set-json 'kubeletPlugin.extraEnv=[{"name":"KUBERNETES_SERVICE_HOST","value":"10.0.0.5"}]' \
@@ -124,6 +124,7 @@ must everything 'extendedResourceName: gputopo.dev/gpu' "extendedResourceName to
 must everything -- '--dev-root=/opt/devroot$' "devRoot must reach the plugin"
 must everything 'path: /opt/devroot/dev$' "a dev root outside the driver root must be mounted"
 must everything -- '--nvml-library-path=/driver-root/usr/lib64/libnvidia-ml.so.1$' "libraryPath must be below the mounted driver root"
+must everything -- '--mps-control-path=/driver-root/opt/cuda/bin/nvidia-cuda-mps-control$' "mpsControlPath must be below the mounted driver root"
 must everything -- '--ignored-xids=13,79$' "ignoredXids must reach the plugin"
 must everything -- '--taint-effect=NoExecute$' "taintEffect must reach the plugin"
 must everything -- '--shared-gpus=0,1$' "shared GPUs must reach the plugin"

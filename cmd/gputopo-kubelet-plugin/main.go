@@ -13,10 +13,13 @@ import (
 
 	"github.com/gputopo/gputopo/pkg/command"
 	"github.com/gputopo/gputopo/pkg/kubeletplugin"
+	"github.com/gputopo/gputopo/pkg/mps"
 	"github.com/gputopo/gputopo/pkg/slices"
 )
 
 func main() {
+	// Started as an MPS control daemon's launcher, this never returns.
+	mps.Launch()
 	if err := run(); err != nil && !errors.Is(err, command.ErrHelp) {
 		fmt.Fprintf(os.Stderr, "gputopo-kubelet-plugin: %v\n", err)
 		os.Exit(1)
@@ -80,6 +83,10 @@ func run() error {
 	if err != nil {
 		klog.FromContext(ctx).Info("Boot ID unknown: a checkpoint from before a reboot will be kept", "reason", err)
 	}
+	mpsDaemons, err := opts.MPS(ctx)
+	if err != nil {
+		return err
+	}
 	reg := command.Registry()
 	defer command.ServeMetrics(ctx, opts.MetricsAddress, reg, opts.Profiling, nil)()
 	return kubeletplugin.Run(ctx, kubeletplugin.Config{
@@ -92,6 +99,7 @@ func run() error {
 		RegistrarDir: opts.RegistrarDir,
 		PluginDir:    opts.PluginDir(),
 		DriverEdits:  edits,
+		MPS:          mpsDaemons,
 		BootID:       bootID,
 		Metrics:      kubeletplugin.NewMetrics(reg),
 

@@ -37,17 +37,21 @@ func (s *state) writeSpec(uid string, devices []checkpoint.PreparedDevice, view 
 			}
 			e.Edits = edits
 		}
+		e.Edits = s.mpsEdits(d, e.Edits)
 		spec.Devices = append(spec.Devices, e)
 		domains = appendUnique(domains, domain)
 		cliques = appendUnique(cliques, clique)
 	}
 	spec.Env = placementEnv(s.node, domains, cliques, view.network)
 	// A share's limits go to its containers; real GPUs get MPS limits.
-	shares, err := shareEnv(devices, view.devices, s.driver != nil)
+	shares, err := shareEnv(devices, view.devices, s.driver != nil || s.mps != nil)
 	if err != nil {
 		return nil, err
 	}
 	maps.Copy(spec.Env, shares)
+	if s.mps != nil && hasShare(devices) {
+		spec.Env[topology.EnvMPSPipeDirectory] = topology.MPSContainerPipeDir
+	}
 	ids, err := s.cdi.WriteClaimSpec(spec)
 	if err != nil {
 		return nil, fmt.Errorf("write CDI spec: %w", err)

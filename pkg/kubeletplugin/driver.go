@@ -26,6 +26,7 @@ import (
 	"github.com/gputopo/gputopo/pkg/checkpoint"
 	"github.com/gputopo/gputopo/pkg/gpu"
 	"github.com/gputopo/gputopo/pkg/labelmapping"
+	"github.com/gputopo/gputopo/pkg/mps"
 	"github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -66,6 +67,10 @@ type Config struct {
 	// LabelMapping, when set, replaces Slices.Network whenever the
 	// cluster's label mapping changes.
 	LabelMapping *labelmapping.Watcher
+	// MPS runs an MPS control daemon for each GPU that prepared claims
+	// hold shares of, with its pipe directory mounted into their
+	// containers; nil leaves shares advisory (environment variables only).
+	MPS *mps.Manager
 	// HealthProbeAddress serves the gRPC health probes (ProbeLiveness,
 	// ProbeStartup); empty serves none.
 	HealthProbeAddress string
@@ -148,6 +153,7 @@ func New(ctx context.Context, cfg Config, labels map[string]string, cancel conte
 		}
 		st.driver, st.common = cfg.DriverEdits, common
 	}
+	st.mps = cfg.MPS
 	logger := klog.FromContext(ctx)
 	d := &Driver{
 		cfg: cfg, inv: inv, nvlink: nv, state: st, cancel: cancel,
@@ -158,6 +164,19 @@ func New(ctx context.Context, cfg Config, labels map[string]string, cancel conte
 		"nvlinkDomains", len(nv.Domains), "preparedClaims", len(st.prepared()))
 	d.health = checkpoint.NewHealthStore(filepath.Join(cfg.PluginDir, healthFile))
 	d.unhealthy = recordedErrors(ctx, d.health, cfg.BootID)
+	if st.mps != nil {
+		// Daemons as the prepared shares need them: after a restart, those
+		// that died with the plugin's container start again, and those of
+		// shares unprepared meanwhile stop. A failure here is retried by
+		// the next prepare or unprepare.
+		view := d.view()
+		st.mu.Lock()
+		err := st.syncMPSLocked(ctx, view)
+		st.mu.Unlock()
+		if err != nil {
+			logger.Error(err, "Starting the MPS control daemons of prepared shares failed")
+		}
+	}
 	return d, nil
 }
 
@@ -403,9 +422,10 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 
 // UnprepareResourceClaims implements kubeletplugin.DRAPlugin.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	view := d.view()
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
-		out[c.UID] = d.state.unprepare(ctx, c.UID)
+		out[c.UID] = d.state.unprepare(ctx, c.UID, view)
 	}
 	return out, nil
 }

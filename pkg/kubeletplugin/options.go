@@ -19,6 +19,7 @@ import (
 	"github.com/gputopo/gputopo/pkg/gpu/nvml"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
 	"github.com/gputopo/gputopo/pkg/labelmapping"
+	"github.com/gputopo/gputopo/pkg/mps"
 	"github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -54,6 +55,8 @@ type Options struct {
 	HookSource          string
 	IgnoredXids         []uint
 	TaintEffect         string
+	// MPSControlPath is the MPS control program shared GPUs' daemons run.
+	MPSControlPath string
 }
 
 // NewOptions returns the defaults for a node of a real cluster.
@@ -95,6 +98,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CDIHookPath, "nvidia-cdi-hook-path", o.CDIHookPath, "Host path of an nvidia-cdi-hook for the CDI specs' hooks instead of the one shipped with gputopo: /usr/bin/nvidia-cdi-hook (NVIDIA Container Toolkit packages), /usr/local/nvidia/toolkit/nvidia-cdi-hook (GPU Operator). Its version is checked at start and the hooks it cannot run are left out of the specs. Empty: install the shipped hook into <kubelet-plugins-directory-path>/"+topology.DriverName+" and use that.")
 	fs.StringVar(&o.ContainerHookPath, "container-cdi-hook-path", o.ContainerHookPath, "Where this process sees --nvidia-cdi-hook-path (a container mounting the host's hook elsewhere); empty: the same path, inside the driver root as --container-driver-root maps it.")
 	fs.StringVar(&o.HookSource, "cdi-hook-source", o.HookSource, "The nvidia-cdi-hook shipped with gputopo, installed onto the host when --nvidia-cdi-hook-path is empty; empty: "+cdi.HookName+" next to this executable.")
+	fs.StringVar(&o.MPSControlPath, "mps-control-path", o.MPSControlPath, "The CUDA MPS control program ("+mps.ControlName+") as this process sees it: each GPU that prepared claims hold shares of gets a control daemon of its own, started with the first share and stopped with the last, its pipe directory mounted into those claims' containers at "+topology.MPSContainerPipeDir+". Empty: for --backend=nvml, "+mps.ControlName+" in the driver root's usr/bin (as --container-driver-root maps it), and a share is refused while it is missing; for --backend=sim, no daemon (shares get their limits as environment variables only), so set it to a stand-in program to run simulated shares through the daemon lifecycle.")
 	fs.UintSliceVar(&o.IgnoredXids, "ignored-xids", o.IgnoredXids, "Xid errors that do not make a GPU unhealthy (application errors, by NVIDIA's defaults).")
 	fs.StringVar(&o.TaintEffect, "taint-effect", o.TaintEffect, "Effect of the unhealthy taint on a failed GPU: NoSchedule (keep new claims off it) or NoExecute (also evict pods using it).")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "Name of the node the plugin serves (default $NODE_NAME).")
@@ -151,7 +155,7 @@ func (o *Options) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("--taint-effect must be NoSchedule or NoExecute, got %q", o.TaintEffect))
 	}
-	for flag, p := range map[string]string{"--nvidia-driver-root": o.DriverRoot, "--container-driver-root": o.ContainerDriverRoot, "--dev-root": o.DevRoot, "--nvidia-cdi-hook-path": o.CDIHookPath, "--container-cdi-hook-path": o.ContainerHookPath, "--cdi-hook-source": o.HookSource} {
+	for flag, p := range map[string]string{"--nvidia-driver-root": o.DriverRoot, "--container-driver-root": o.ContainerDriverRoot, "--dev-root": o.DevRoot, "--nvidia-cdi-hook-path": o.CDIHookPath, "--container-cdi-hook-path": o.ContainerHookPath, "--cdi-hook-source": o.HookSource, "--mps-control-path": o.MPSControlPath} {
 		if p != "" && !filepath.IsAbs(p) {
 			errs = append(errs, fmt.Errorf("%s must be an absolute path, got %q", flag, p))
 		}
@@ -246,6 +250,41 @@ func (o *Options) NewDriverEdits(ctx context.Context, backend gpu.Backend) (cdi.
 		return nil, err
 	}
 	return cdi.NewNVIDIA(ctx, b.Library(), roots)
+}
+
+// MPS returns the manager of shared GPUs' MPS control daemons, whose
+// directories live in <plugin directory>/mps; nil for simulated GPUs
+// without --mps-control-path. For real GPUs the control program is only
+// looked for when a share is prepared, so a node without it serves whole
+// GPUs, and a share on it fails with what to set.
+func (o *Options) MPS(ctx context.Context) (*mps.Manager, error) {
+	cfg := mps.Config{ControlPath: o.MPSControlPath, Root: filepath.Join(o.PluginDir(), "mps")}
+	// The daemon starts through this program (see mps.Launch), for a
+	// /dev/shm of its GPU's own.
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find this executable, through which MPS control daemons start: %w", err)
+	}
+	cfg.Launcher = exe
+	if o.Backend != "nvml" {
+		if cfg.ControlPath == "" {
+			return nil, nil
+		}
+		return mps.New(cfg)
+	}
+	if cfg.ControlPath == "" {
+		roots := o.DriverRoots()
+		cfg.ControlPath = roots.Local(filepath.Join(o.DriverRoot, "usr", "bin", mps.ControlName))
+	}
+	// The daemon loads the driver's CUDA library, which lies beside NVML.
+	lib := o.NVMLLibraryPath
+	if lib == "" {
+		lib, _ = o.DriverRoots().NVMLLibrary(ctx)
+	}
+	if lib != "" {
+		cfg.LibraryPath = filepath.Dir(lib)
+	}
+	return mps.New(cfg)
 }
 
 // Hook settles which nvidia-cdi-hook the specs run and returns the driver

@@ -127,3 +127,42 @@ func TestValidateHookFlags(t *testing.T) {
 		t.Errorf("Validate = %v, want a relative hook path refused", err)
 	}
 }
+
+// TestMPSControlPath: real GPUs look for the control program in the driver
+// root as the plugin sees it, unless the flag names one; simulated GPUs
+// run no daemon unless it does; a relative path is refused.
+func TestMPSControlPath(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	for name, tc := range map[string]struct {
+		backend, flag string
+		want          string // "" for no manager
+	}{
+		"nvml default": {"nvml", "", "/driver-root/usr/bin/nvidia-cuda-mps-control"},
+		"nvml flag":    {"nvml", "/driver-root/opt/bin/nvidia-cuda-mps-control", "/driver-root/opt/bin/nvidia-cuda-mps-control"},
+		"sim default":  {"sim", "", ""},
+		"sim stand-in": {"sim", "/opt/stand-in", "/opt/stand-in"},
+	} {
+		o := NewOptions()
+		o.Backend, o.MPSControlPath, o.PluginsDir = tc.backend, tc.flag, "/var/lib/kubelet/plugins"
+		o.DriverRoot, o.ContainerDriverRoot, o.NVMLLibraryPath = "/run/nvidia/driver", "/driver-root", "/driver-root/usr/lib64/libnvidia-ml.so.1"
+		m, err := o.MPS(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got := ""
+		if m != nil {
+			got = m.ControlPath()
+			if want := "/var/lib/kubelet/plugins/gpu.gputopo.dev/mps/GPU-1/pipe"; m.PipeDir("GPU-1") != want {
+				t.Errorf("%s: pipe directory %s, want %s", name, m.PipeDir("GPU-1"), want)
+			}
+		}
+		if got != tc.want {
+			t.Errorf("%s: control program %q, want %q", name, got, tc.want)
+		}
+	}
+	o := NewOptions()
+	o.NodeName, o.MPSControlPath = "n", "nvidia-cuda-mps-control"
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--mps-control-path must be an absolute path") {
+		t.Errorf("relative --mps-control-path: %v, want refused", err)
+	}
+}

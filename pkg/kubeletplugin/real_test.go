@@ -203,7 +203,7 @@ func TestAdminAccessOnABusyGPU(t *testing.T) {
 	if r := e.prepare(t, allocatedClaim("other", "gpu-0"))["other"]; !errors.Is(r.Err, ErrDeviceInUse) || !strings.Contains(r.Err.Error(), "claim-job") {
 		t.Errorf("a second job on GPU 0: %v, want it held by the first job", r.Err)
 	}
-	if err := e.drv.state.unprepare(ctx, "job"); err != nil {
+	if err := e.drv.state.unprepare(ctx, "job", e.drv.view()); err != nil {
 		t.Fatal(err)
 	}
 	if r := e.prepare(t, allocatedClaim("other", "gpu-0"))["other"]; r.Err != nil {

@@ -102,24 +102,11 @@ func shareEnv(devs []checkpoint.PreparedDevice, gpus map[string]gpu.Device, mps 
 	var millis, mems, limits []string
 	percent := int64(100)
 	for i, d := range devs {
-		milli, mem := int64(topology.MilliPerGPU), gpus[d.Device].MemoryBytes
-		if d.ShareID != "" {
-			var err error
-			if _, ok := d.Consumed[topology.CapacityMilliGPU]; ok {
-				if milli, err = consumed(d, topology.CapacityMilliGPU); err != nil {
-					return nil, err
-				}
-			}
-			asked, err := consumed(d, topology.CapacityMemory)
-			if err != nil {
-				return nil, err
-			}
-			mem = asked
-			if asked == 0 {
-				mem = gpus[d.Device].MemoryBytes * milli / topology.MilliPerGPU
-			}
+		milli, mem, err := shareOf(d, gpus[d.Device])
+		if err != nil {
+			return nil, err
 		}
-		percent = min(percent, max(1, milli*100/topology.MilliPerGPU))
+		percent = min(percent, percentOf(milli))
 		millis = append(millis, strconv.FormatInt(milli, 10))
 		mems = append(mems, strconv.FormatInt(mem, 10))
 		limits = append(limits, fmt.Sprintf("%d=%dM", i, mem>>20))
@@ -133,4 +120,27 @@ func shareEnv(devs []checkpoint.PreparedDevice, gpus map[string]gpu.Device, mps 
 		env[topology.EnvMPSPinnedMemoryLimit] = strings.Join(limits, ",")
 	}
 	return env, nil
+}
+
+// shareOf is the compute (thousandths) and memory (bytes) a device of a
+// claim may use: the whole GPU, or a share's consumed capacity, its memory
+// being what the claim asked for, or its compute share of the GPU's memory.
+func shareOf(d checkpoint.PreparedDevice, g gpu.Device) (milli, mem int64, err error) {
+	milli, mem = topology.MilliPerGPU, g.MemoryBytes
+	if d.ShareID == "" {
+		return milli, mem, nil
+	}
+	if _, ok := d.Consumed[topology.CapacityMilliGPU]; ok {
+		if milli, err = consumed(d, topology.CapacityMilliGPU); err != nil {
+			return 0, 0, err
+		}
+	}
+	asked, err := consumed(d, topology.CapacityMemory)
+	if err != nil {
+		return 0, 0, err
+	}
+	if asked == 0 {
+		return milli, g.MemoryBytes * milli / topology.MilliPerGPU, nil
+	}
+	return milli, asked, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/gputopo/gputopo/pkg/cdi"
 	"github.com/gputopo/gputopo/pkg/checkpoint"
 	"github.com/gputopo/gputopo/pkg/gpu"
+	"github.com/gputopo/gputopo/pkg/mps"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
@@ -54,6 +55,9 @@ type state struct {
 	// syncDriverLocked); nil for simulated GPUs.
 	driver cdi.DriverEdits
 	common *cdispec.ContainerEdits
+	// mps runs the MPS control daemons of shared GPUs; nil where shares
+	// are not enforced (simulated GPUs without a stand-in control program).
+	mps *mps.Manager
 
 	mu sync.Mutex
 	cp *checkpoint.Checkpoint
@@ -132,7 +136,13 @@ func (s *state) prepareLocked(ctx context.Context, claim *resourceapi.ResourceCl
 	if c, ok := s.cp.Claims[uid]; ok && c.State == checkpoint.PrepareCompleted {
 		// Write the spec again: the kubelet retries a prepare when the
 		// container could not start, e.g. because the CDI directory was
-		// cleaned, and the retry must repair that.
+		// cleaned, and the retry must repair that (and start a daemon that
+		// died).
+		if hasShare(c.Devices) {
+			if err := s.syncMPSLocked(ctx, view); err != nil {
+				return nil, err
+			}
+		}
 		if _, err := s.writeSpec(uid, c.Devices, view); err != nil {
 			return nil, err
 		}
@@ -165,6 +175,9 @@ func (s *state) prepareLocked(ctx context.Context, claim *resourceapi.ResourceCl
 	if len(c.Devices) == 0 {
 		return nil, fmt.Errorf("no device of driver %s on node %s is allocated to this claim", topology.DriverName, s.node)
 	}
+	if err := s.checkMPS(c.Devices); err != nil {
+		return nil, err
+	}
 
 	// Phase one: record the intent, so a crash after the CDI spec is
 	// written can be rolled back.
@@ -175,9 +188,15 @@ func (s *state) prepareLocked(ctx context.Context, claim *resourceapi.ResourceCl
 	}
 	s.cp = next
 
+	// The daemon first: the spec mounts its pipe directory.
+	if hasShare(c.Devices) {
+		if err := s.syncMPSLocked(ctx, view); err != nil {
+			return nil, errors.Join(err, s.forgetLocked(uid), s.syncMPSLocked(ctx, view))
+		}
+	}
 	ids, err := s.writeSpec(uid, c.Devices, view)
 	if err != nil {
-		return nil, errors.Join(err, s.forgetLocked(uid))
+		return nil, errors.Join(err, s.forgetLocked(uid), s.syncMPSLocked(ctx, view))
 	}
 
 	// Phase two: the spec is in place.
@@ -188,7 +207,7 @@ func (s *state) prepareLocked(ctx context.Context, claim *resourceapi.ResourceCl
 	c.State = checkpoint.PrepareCompleted
 	next.Claims[uid] = c
 	if err := s.store.Save(next); err != nil {
-		return nil, errors.Join(fmt.Errorf("record preparation end: %w", err), s.cdi.RemoveClaimSpec(uid), s.forgetLocked(uid))
+		return nil, errors.Join(fmt.Errorf("record preparation end: %w", err), s.cdi.RemoveClaimSpec(uid), s.forgetLocked(uid), s.syncMPSLocked(ctx, view))
 	}
 	s.cp = next
 	s.updateGauges()
@@ -218,7 +237,7 @@ func (s *state) forgetLocked(uid string) error {
 	return nil
 }
 
-func (s *state) unprepare(ctx context.Context, uid types.UID) error {
+func (s *state) unprepare(ctx context.Context, uid types.UID, view *nodeView) error {
 	start := time.Now()
 	defer func() { s.metrics.UnprepareDuration.Observe(time.Since(start).Seconds()) }()
 	s.mu.Lock()
@@ -229,6 +248,11 @@ func (s *state) unprepare(ctx context.Context, uid types.UID) error {
 		return fmt.Errorf("unprepare claim %s: %w", uid, err)
 	}
 	if err := s.forgetLocked(string(uid)); err != nil {
+		return fmt.Errorf("unprepare claim %s: %w", uid, err)
+	}
+	// Also when the claim was gone already: a retried unprepare stops a
+	// daemon the first attempt failed to.
+	if err := s.syncMPSLocked(ctx, view); err != nil {
 		return fmt.Errorf("unprepare claim %s: %w", uid, err)
 	}
 	klog.FromContext(ctx).V(2).Info("Unprepared claim", "uid", uid)

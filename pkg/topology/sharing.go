@@ -32,8 +32,22 @@ const (
 	// claim asked for, or its compute share of the GPU's memory.
 	EnvShareMemory = "GPUTOPO_SHARE_MEMORY_BYTES"
 	// EnvMPSActiveThreadPercentage and EnvMPSPinnedMemoryLimit are CUDA
-	// MPS client limits, set on real GPUs. They take effect only where an
-	// MPS control daemon serves the GPU.
+	// MPS client limits, set on real GPUs, whose shared GPUs the plugin
+	// serves with an MPS control daemon each (pkg/mps).
 	EnvMPSActiveThreadPercentage = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 	EnvMPSPinnedMemoryLimit      = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+	// EnvMPSPipeDirectory is where the MPS control daemon of a shared GPU
+	// keeps its pipes: set for the daemon to its directory on the host,
+	// and for a share's containers to MPSContainerPipeDir, where that
+	// directory is mounted. EnvMPSLogDirectory is the daemon's log
+	// directory, and EnvCUDAVisibleDevices names the daemon's one GPU.
+	EnvMPSPipeDirectory   = "CUDA_MPS_PIPE_DIRECTORY"
+	EnvMPSLogDirectory    = "CUDA_MPS_LOG_DIRECTORY"
+	EnvCUDAVisibleDevices = "CUDA_VISIBLE_DEVICES"
+	// MPSContainerPipeDir is MPS's default pipe directory, so a client
+	// finds its GPU's daemon even without EnvMPSPipeDirectory.
+	MPSContainerPipeDir = "/tmp/nvidia-mps"
+	// MPSContainerShmDir is where a share's containers get the directory
+	// their GPU's MPS daemon sees as /dev/shm.
+	MPSContainerShmDir = "/dev/shm"
 )

@@ -185,6 +185,15 @@ type probe struct {
 // containerd node, waits until its container reports, and parses it.
 func runProbe(t *testing.T, name string, claims map[string]string) probe {
 	t.Helper()
+	pod, logs := runPod(t, name, claims, report)
+	return probe{pod: pod, claims: claims, seen: parseReport(t, logs)}
+}
+
+// runPod runs a pod with the given claims whose container runs the shell
+// command cmd, and returns it once its log holds a line "@@end", with
+// that log.
+func runPod(t *testing.T, name string, claims map[string]string, cmd string) (*corev1.Pod, string) {
+	t.Helper()
 	// Longer than framework.Ctx: it spans the wait for the pod.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -197,7 +206,7 @@ func runProbe(t *testing.T, name string, claims map[string]string) probe {
 			TerminationGracePeriodSeconds: new(int64),
 			Containers: []corev1.Container{{
 				Name: "probe", Image: cluster.ImageBusybox, ImagePullPolicy: corev1.PullNever,
-				Command: []string{"sh", "-c", report},
+				Command: []string{"sh", "-c", cmd},
 			}},
 		},
 	}
@@ -233,7 +242,7 @@ func runProbe(t *testing.T, name string, claims map[string]string) probe {
 	if id := created.Status.ContainerStatuses[0].ContainerID; !strings.HasPrefix(id, "containerd://") {
 		t.Fatalf("pod %s: container ID %q, want one containerd ran", name, id)
 	}
-	return probe{pod: created, claims: claims, seen: parseReport(t, logs)}
+	return created, logs
 }
 
 func parseReport(t *testing.T, logs string) seen {

@@ -1,0 +1,381 @@
+// Package mps runs one CUDA MPS control daemon per shared GPU, the way
+// NVIDIA's tools start it: nvidia-cuda-mps-control -d with
+// CUDA_VISIBLE_DEVICES naming that GPU and its own pipe and log
+// directories, the default limits sent through its control interface, and
+// "quit" to stop it.
+//
+// The daemons' directories under Root are the record of what runs: each
+// GPU's directory holds the pipe directory (where the daemon writes its pid
+// file) and the limits last sent, so a restarted plugin finds its daemons,
+// starts the ones that died, and stops the ones nothing needs any more,
+// never starting a second daemon for a GPU.
+package mps
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+
+	"github.com/gputopo/gputopo/pkg/topology"
+)
+
+// Names of the control program and the environment it reads.
+const (
+	// ControlName is the MPS control program of the NVIDIA driver.
+	ControlName = "nvidia-cuda-mps-control"
+	// PidFile is what the control daemon writes into its pipe directory.
+	PidFile = ControlName + ".pid"
+
+	// Commands sent to a running daemon.
+	CmdActiveThreadPercentage = "set_default_active_thread_percentage"
+	CmdPinnedMemLimit         = "set_default_device_pinned_mem_limit"
+	CmdQuit                   = "quit"
+
+	pipeDir    = "pipe"
+	logDir     = "log"
+	shmDir     = "shm"
+	limitsFile = "limits.json"
+)
+
+// ErrNoControl is returned when the control program cannot be run.
+var ErrNoControl = errors.New("MPS control program not found")
+
+// Limits are a daemon's defaults for the MPS servers it starts.
+type Limits struct {
+	// ActiveThreadPercentage is the share of the GPU's SMs, 1 to 100.
+	ActiveThreadPercentage int64 `json:"activeThreadPercentage"`
+	// PinnedMemoryBytes is the device memory a client may pin; 0 sets
+	// none.
+	PinnedMemoryBytes int64 `json:"pinnedMemoryBytes"`
+}
+
+// Commands are the control commands that set l, in the order sent.
+// CUDA_VISIBLE_DEVICES names one GPU, which the daemon sees as device 0.
+func (l Limits) Commands() []string {
+	out := []string{CmdActiveThreadPercentage + " " + strconv.FormatInt(l.ActiveThreadPercentage, 10)}
+	if l.PinnedMemoryBytes > 0 {
+		out = append(out, fmt.Sprintf("%s 0 %dM", CmdPinnedMemLimit, l.PinnedMemoryBytes>>20))
+	}
+	return out
+}
+
+// Config says where the control program and the daemons' files are.
+type Config struct {
+	// ControlPath is the control program as this process sees it.
+	ControlPath string
+	// Root holds a directory per daemon, named by GPU UUID. Containers'
+	// pipe directory mounts name paths under it, so the host must see it
+	// at the same path (the kubelet plugin directory is).
+	Root string
+	// LibraryPath, when set, is LD_LIBRARY_PATH for the control program
+	// (the driver's libraries where this process is not the host).
+	LibraryPath string
+	// Launcher, when set, is this program's own executable, which calls
+	// Launch first thing: the daemon is then started through it in a mount
+	// namespace of its own whose /dev/shm is the GPU's ShmDir, as the MPS
+	// server and its clients must share /dev/shm (needs CAP_SYS_ADMIN).
+	// Empty: the daemon runs with this process's /dev/shm.
+	Launcher string
+	// StartTimeout bounds the wait for a started daemon's pid file, and
+	// StopTimeout the wait for a daemon told to quit; 0 means 30 s.
+	StartTimeout, StopTimeout time.Duration
+}
+
+// Manager starts, finds and stops the daemons. It is not safe for
+// concurrent use: its caller (the plugin's state) serialises calls.
+type Manager struct {
+	cfg Config
+}
+
+// New returns a Manager; it runs nothing until Sync.
+func New(cfg Config) (*Manager, error) {
+	if !filepath.IsAbs(cfg.ControlPath) || !filepath.IsAbs(cfg.Root) {
+		return nil, fmt.Errorf("MPS control program %q and daemon directory %q must be absolute paths", cfg.ControlPath, cfg.Root)
+	}
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = 30 * time.Second
+	}
+	if cfg.StopTimeout == 0 {
+		cfg.StopTimeout = 30 * time.Second
+	}
+	return &Manager{cfg: cfg}, nil
+}
+
+// ControlPath is the control program the manager runs.
+func (m *Manager) ControlPath() string { return m.cfg.ControlPath }
+
+// PipeDir is the host directory of a GPU's daemon pipes, which its
+// shares' containers get at topology.MPSContainerPipeDir.
+func (m *Manager) PipeDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, pipeDir) }
+
+// ShmDir is the directory a GPU's daemon (with Config.Launcher) and its
+// shares' containers see as /dev/shm.
+func (m *Manager) ShmDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, shmDir) }
+
+// SharesShm says whether the daemons see ShmDir as /dev/shm, so that the
+// containers must too.
+func (m *Manager) SharesShm() bool { return m.cfg.Launcher != "" }
+
+// LogDir is where a GPU's daemon logs.
+func (m *Manager) LogDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, logDir) }
+
+// Sync makes the running daemons those of want (limits by GPU UUID): it
+// stops and removes every other daemon found under Root, starts each
+// wanted one that does not run, and sends limits a running one was not
+// given yet. It goes on past a failure and returns them all.
+func (m *Manager) Sync(ctx context.Context, want map[string]Limits) error {
+	var errs []error
+	entries, err := os.ReadDir(m.cfg.Root)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("list MPS daemons in %s: %w", m.cfg.Root, err)
+	}
+	for _, e := range entries {
+		if _, ok := want[e.Name()]; ok || !e.IsDir() {
+			continue
+		}
+		if err := m.stop(ctx, e.Name()); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, uuid := range slices.Sorted(maps.Keys(want)) {
+		if err := m.ensure(ctx, uuid, want[uuid]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Running returns the pid of a GPU's daemon, 0 when none runs.
+func (m *Manager) Running(uuid string) int {
+	data, err := os.ReadFile(filepath.Join(m.PipeDir(uuid), PidFile))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 || !m.isDaemon(pid) {
+		return 0
+	}
+	return pid
+}
+
+// isDaemon says whether pid is a live control program, not a zombie and
+// not another program that got the pid of a daemon gone since (after a
+// reboot, say).
+func (m *Manager) isDaemon(pid int) bool {
+	proc := "/proc/" + strconv.Itoa(pid)
+	stat, err := os.ReadFile(proc + "/stat")
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesised command, which may hold spaces.
+	if i := bytes.LastIndexByte(stat, ')'); i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' || stat[i+2] == 'X' {
+		return false
+	}
+	if exe, err := os.Readlink(proc + "/exe"); err == nil && exe == m.cfg.ControlPath {
+		return true
+	}
+	// A script runs as its interpreter, with its path among the arguments.
+	cmdline, err := os.ReadFile(proc + "/cmdline")
+	if err != nil {
+		return false
+	}
+	return slices.Contains(strings.Split(string(cmdline), "\x00"), m.cfg.ControlPath)
+}
+
+func (m *Manager) env(uuid string) []string {
+	env := []string{
+		"PATH=" + filepath.Dir(m.cfg.ControlPath) + ":/usr/sbin:/usr/bin:/sbin:/bin",
+		topology.EnvCUDAVisibleDevices + "=" + uuid,
+		topology.EnvMPSPipeDirectory + "=" + m.PipeDir(uuid),
+		topology.EnvMPSLogDirectory + "=" + m.LogDir(uuid),
+	}
+	if m.cfg.LibraryPath != "" {
+		env = append(env, "LD_LIBRARY_PATH="+m.cfg.LibraryPath)
+	}
+	return env
+}
+
+// ensure starts a GPU's daemon unless it runs, and sends it limits it
+// was not given.
+func (m *Manager) ensure(ctx context.Context, uuid string, want Limits) error {
+	if err := checkUUID(uuid); err != nil {
+		return err
+	}
+	logger := klog.FromContext(ctx)
+	pid := m.Running(uuid)
+	if pid == 0 {
+		if err := m.start(ctx, uuid); err != nil {
+			return err
+		}
+		pid = m.Running(uuid)
+		logger.Info("Started MPS control daemon", "gpu", uuid, "pid", pid, "pipeDirectory", m.PipeDir(uuid))
+	} else if have, err := m.applied(uuid); err == nil && have == want {
+		return nil
+	}
+	for _, c := range want.Commands() {
+		if err := m.control(ctx, uuid, c); err != nil {
+			return err
+		}
+	}
+	data, err := json.Marshal(want)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(m.cfg.Root, uuid, limitsFile), data, 0o644); err != nil {
+		return fmt.Errorf("record MPS limits of GPU %s: %w", uuid, err)
+	}
+	logger.V(2).Info("Set MPS default limits", "gpu", uuid, "pid", pid, "activeThreadPercentage", want.ActiveThreadPercentage, "pinnedMemoryBytes", want.PinnedMemoryBytes)
+	return nil
+}
+
+func (m *Manager) applied(uuid string) (Limits, error) {
+	var l Limits
+	data, err := os.ReadFile(filepath.Join(m.cfg.Root, uuid, limitsFile))
+	if err != nil {
+		return l, err
+	}
+	return l, json.Unmarshal(data, &l)
+}
+
+func checkUUID(uuid string) error {
+	if uuid == "" || uuid == "." || uuid == ".." || strings.ContainsAny(uuid, "/\x00") {
+		return fmt.Errorf("GPU UUID %q cannot name an MPS daemon directory", uuid)
+	}
+	return nil
+}
+
+func (m *Manager) checkControl() error {
+	fi, err := os.Stat(m.cfg.ControlPath)
+	if err == nil && (fi.IsDir() || fi.Mode()&0o111 == 0) {
+		err = errors.New("not an executable file")
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v; shared GPUs need the NVIDIA driver's %s (set --mps-control-path, or the chart's nvml.mpsControlPath, to where it is)", ErrNoControl, m.cfg.ControlPath, err, ControlName)
+	}
+	return nil
+}
+
+// start runs the control program as a daemon and waits for its pid file.
+// A pipe directory a dead daemon left is emptied, not replaced: containers
+// that still hold its mount see the new daemon's pipes.
+func (m *Manager) start(ctx context.Context, uuid string) error {
+	if err := m.checkControl(); err != nil {
+		return err
+	}
+	for _, d := range []string{m.PipeDir(uuid), m.LogDir(uuid), m.ShmDir(uuid)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("create MPS directory of GPU %s: %w", uuid, err)
+		}
+	}
+	// shm is world-writable, as /dev/shm is: clients of any user use it.
+	if err := os.Chmod(m.ShmDir(uuid), 0o1777); err != nil {
+		return fmt.Errorf("create MPS shm directory of GPU %s: %w", uuid, err)
+	}
+	for _, d := range []string{m.PipeDir(uuid), m.ShmDir(uuid)} {
+		stale, err := os.ReadDir(d)
+		if err != nil {
+			return fmt.Errorf("read MPS directory of GPU %s: %w", uuid, err)
+		}
+		for _, e := range stale {
+			if err := os.RemoveAll(filepath.Join(d, e.Name())); err != nil {
+				return fmt.Errorf("clear MPS directory of GPU %s: %w", uuid, err)
+			}
+		}
+	}
+	_ = os.Remove(filepath.Join(m.cfg.Root, uuid, limitsFile))
+	// The daemon keeps the output files it inherits: files, not pipes
+	// this process would wait on.
+	out, err := os.OpenFile(filepath.Join(m.LogDir(uuid), "start.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("open MPS start log of GPU %s: %w", uuid, err)
+	}
+	defer func() { _ = out.Close() }()
+	cmd := exec.Command(m.cfg.ControlPath, "-d")
+	cmd.Env = m.env(uuid)
+	// Its own process group: a signal to the plugin's group is not for it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if m.cfg.Launcher != "" {
+		cmd = exec.Command(m.cfg.Launcher, m.cfg.ControlPath, "-d")
+		cmd.Env = append(m.env(uuid), launchEnv+"="+m.ShmDir(uuid))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Unshareflags: syscall.CLONE_NEWNS}
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("start MPS control daemon of GPU %s: %s -d: %w (see %s)", uuid, m.cfg.ControlPath, err, out.Name())
+	}
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, m.cfg.StartTimeout, true, func(context.Context) (bool, error) {
+		return m.Running(uuid) != 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("MPS control daemon of GPU %s did not write %s in %s: %w (see %s)", uuid, filepath.Join(m.PipeDir(uuid), PidFile), m.cfg.StartTimeout, err, m.LogDir(uuid))
+	}
+	return nil
+}
+
+// control sends one command to a GPU's daemon.
+func (m *Manager) control(ctx context.Context, uuid, command string) error {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.StartTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, m.cfg.ControlPath)
+	cmd.Env = m.env(uuid)
+	cmd.Stdin = strings.NewReader(command + "\n")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("MPS control daemon of GPU %s: %q: %w: %s", uuid, command, err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// stop tells a GPU's daemon to quit, kills it if it does not, and removes
+// its directory.
+func (m *Manager) stop(ctx context.Context, uuid string) error {
+	if err := checkUUID(uuid); err != nil {
+		return err
+	}
+	logger := klog.FromContext(ctx)
+	if pid := m.Running(uuid); pid != 0 {
+		if err := m.control(ctx, uuid, CmdQuit); err != nil {
+			logger.Error(err, "MPS control daemon did not take quit; killing it", "gpu", uuid, "pid", pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		gone := func(context.Context) (bool, error) {
+			reap(pid)
+			return !m.isDaemon(pid), nil
+		}
+		if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, m.cfg.StopTimeout, true, gone); err != nil {
+			logger.Error(err, "MPS control daemon did not quit; killing it", "gpu", uuid, "pid", pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, m.cfg.StopTimeout, true, gone); err != nil {
+				return fmt.Errorf("stop MPS control daemon of GPU %s (pid %d): %w", uuid, pid, err)
+			}
+		}
+		logger.Info("Stopped MPS control daemon", "gpu", uuid, "pid", pid)
+	}
+	if err := os.RemoveAll(filepath.Join(m.cfg.Root, uuid)); err != nil {
+		return fmt.Errorf("remove MPS directory of GPU %s: %w", uuid, err)
+	}
+	return nil
+}
+
+// reap collects a daemon that exited as this process's child (where the
+// plugin is its container's first process, orphans are its children).
+func reap(pid int) {
+	var ws syscall.WaitStatus
+	_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+}

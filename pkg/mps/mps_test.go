@@ -1,0 +1,267 @@
+package mps_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gputopo/gputopo/pkg/mps"
+	"github.com/gputopo/gputopo/pkg/mps/mpstest"
+)
+
+const (
+	gpuA = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+	gpuB = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+)
+
+type fixture struct {
+	root, record, control string
+}
+
+func newFixture(t *testing.T) fixture {
+	t.Helper()
+	dir := t.TempDir()
+	f := fixture{root: filepath.Join(dir, "mps"), record: filepath.Join(dir, "record")}
+	var err error
+	if f.control, err = mpstest.Write(dir, f.record); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f fixture) manager(t *testing.T) *mps.Manager {
+	t.Helper()
+	m, err := mps.New(mps.Config{ControlPath: f.control, Root: f.root, StopTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Never leave a daemon behind, whatever the test did.
+	t.Cleanup(func() { _ = m.Sync(context.Background(), nil) })
+	return m
+}
+
+// events returns what the stand-in recorded since the last call, without
+// the pids (they differ each run).
+func (f fixture) events(t *testing.T, seen *int) []mpstest.Event {
+	t.Helper()
+	all, err := mpstest.Read(f.record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := all[*seen:]
+	*seen = len(all)
+	for i := range out {
+		out[i].PID = ""
+	}
+	return out
+}
+
+func (f fixture) start(uuid string) mpstest.Event {
+	return mpstest.Event{Kind: mpstest.Start, VisibleDevices: uuid, PipeDir: filepath.Join(f.root, uuid, "pipe"), LogDir: filepath.Join(f.root, uuid, "log")}
+}
+
+func (f fixture) command(uuid, c string) mpstest.Event {
+	e := f.start(uuid)
+	e.Kind, e.Command = mpstest.Command, c
+	return e
+}
+
+func (f fixture) exit(uuid string) mpstest.Event {
+	e := f.start(uuid)
+	e.Kind = mpstest.Exit
+	return e
+}
+
+func sync(t *testing.T, m *mps.Manager, want map[string]mps.Limits) {
+	t.Helper()
+	if err := m.Sync(context.Background(), want); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDaemonLifecycle: the first share of a GPU starts its daemon with the
+// GPU's pipe and log directories and sends its limits; another sync with
+// the same shares starts nothing; a second GPU gets its own daemon; a
+// smaller share changes the limits of the running daemon without
+// restarting it; the last share gone stops the daemon (quit) and removes
+// its directory.
+func TestDaemonLifecycle(t *testing.T) {
+	f := newFixture(t)
+	m := f.manager(t)
+	seen := 0
+	quarter := mps.Limits{ActiveThreadPercentage: 25, PinnedMemoryBytes: 20 << 30}
+	step := func(name string, want map[string]mps.Limits, events []mpstest.Event) {
+		t.Helper()
+		sync(t, m, want)
+		// A stopped daemon records its exit as it ends: wait for it.
+		deadline := time.Now().Add(10 * time.Second)
+		var got []mpstest.Event
+		for {
+			got = append(got, f.events(t, &seen)...)
+			if len(got) >= len(events) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if diff := cmp.Diff(events, got); diff != "" {
+			t.Fatalf("%s: stand-in record (-want +got):\n%s", name, diff)
+		}
+		for uuid := range want {
+			if m.Running(uuid) == 0 {
+				t.Errorf("%s: no daemon runs for %s", name, uuid)
+			}
+		}
+	}
+
+	step("first share", map[string]mps.Limits{gpuA: quarter}, []mpstest.Event{
+		f.start(gpuA),
+		f.command(gpuA, "set_default_active_thread_percentage 25"),
+		f.command(gpuA, "set_default_device_pinned_mem_limit 0 20480M"),
+	})
+	pid := m.Running(gpuA)
+	step("same shares", map[string]mps.Limits{gpuA: quarter}, nil)
+	step("second GPU", map[string]mps.Limits{gpuA: quarter, gpuB: {ActiveThreadPercentage: 50}}, []mpstest.Event{
+		f.start(gpuB),
+		f.command(gpuB, "set_default_active_thread_percentage 50"),
+	})
+	step("smaller share on A, B's last share gone", map[string]mps.Limits{gpuA: {ActiveThreadPercentage: 10, PinnedMemoryBytes: 1 << 30}}, []mpstest.Event{
+		f.command(gpuB, "quit"),
+		f.exit(gpuB),
+		f.command(gpuA, "set_default_active_thread_percentage 10"),
+		f.command(gpuA, "set_default_device_pinned_mem_limit 0 1024M"),
+	})
+	if got := m.Running(gpuA); got != pid {
+		t.Errorf("daemon of %s is pid %d, want %d: it was restarted", gpuA, got, pid)
+	}
+	if _, err := os.Stat(filepath.Join(f.root, gpuB)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("directory of %s after its daemon stopped: %v, want it gone", gpuB, err)
+	}
+	step("last share gone", nil, []mpstest.Event{f.command(gpuA, "quit"), f.exit(gpuA)})
+	if alive(pid) {
+		t.Errorf("daemon pid %d still runs", pid)
+	}
+}
+
+// TestRestartRecovery: a new manager over the same directory (a restarted
+// plugin) keeps a running daemon that is still wanted, stops one that is
+// not, starts again one that died (clearing the pipes it left), and does
+// not take a stale pid file naming another program for a daemon.
+func TestRestartRecovery(t *testing.T) {
+	f := newFixture(t)
+	seen := 0
+	first := f.manager(t)
+	lim := mps.Limits{ActiveThreadPercentage: 50}
+	sync(t, first, map[string]mps.Limits{gpuA: lim, gpuB: lim})
+	pidA, pidB := first.Running(gpuA), first.Running(gpuB)
+	f.events(t, &seen)
+
+	restarted := f.manager(t)
+	sync(t, restarted, map[string]mps.Limits{gpuA: lim})
+	if got := restarted.Running(gpuA); got != pidA {
+		t.Errorf("after restart the daemon of %s is pid %d, want the running %d", gpuA, got, pidA)
+	}
+	waitGone(t, pidB)
+	if diff := cmp.Diff([]mpstest.Event{f.command(gpuB, "quit"), f.exit(gpuB)}, f.events(t, &seen)); diff != "" {
+		t.Errorf("restart: stand-in record (-want +got):\n%s", diff)
+	}
+
+	// The daemon dies with the plugin's container (its whole process
+	// group here); its pipes stay.
+	pgid, err := syscall.Getpgid(pidA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, pidA)
+	stale := filepath.Join(restarted.PipeDir(gpuA), "control")
+	if err := os.WriteFile(stale, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	again := f.manager(t)
+	sync(t, again, map[string]mps.Limits{gpuA: lim})
+	if got := again.Running(gpuA); got == 0 || got == pidA {
+		t.Errorf("after the daemon died, %s runs pid %d, want a new daemon", gpuA, got)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pipe a dead daemon left: %v, want it removed", err)
+	}
+
+	// A pid file naming a live process that is no daemon (this test).
+	sync(t, again, nil)
+	f.events(t, &seen)
+	if err := os.MkdirAll(again.PipeDir(gpuB), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(again.PipeDir(gpuB), mps.PidFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := again.Running(gpuB); got != 0 {
+		t.Fatalf("pid file naming this test: Running = %d, want 0", got)
+	}
+	sync(t, again, map[string]mps.Limits{gpuB: lim})
+	if got := f.events(t, &seen); len(got) == 0 || got[0] != f.start(gpuB) {
+		t.Errorf("stale pid file: stand-in record %v, want a start of %s first", got, gpuB)
+	}
+}
+
+// TestMissingControl: a share on a node without the control program fails
+// with ErrNoControl, naming the path and the flag.
+func TestMissingControl(t *testing.T) {
+	m, err := mps.New(mps.Config{ControlPath: "/nonexistent/nvidia-cuda-mps-control", Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = m.Sync(context.Background(), map[string]mps.Limits{gpuA: {ActiveThreadPercentage: 50}})
+	if !errors.Is(err, mps.ErrNoControl) {
+		t.Fatalf("Sync = %v, want ErrNoControl", err)
+	}
+	t.Log(err)
+}
+
+func TestLimitsCommands(t *testing.T) {
+	for name, tc := range map[string]struct {
+		l    mps.Limits
+		want []string
+	}{
+		"compute only": {mps.Limits{ActiveThreadPercentage: 30}, []string{"set_default_active_thread_percentage 30"}},
+		"with memory":  {mps.Limits{ActiveThreadPercentage: 100, PinnedMemoryBytes: 80 << 30}, []string{"set_default_active_thread_percentage 100", "set_default_device_pinned_mem_limit 0 81920M"}},
+	} {
+		if diff := cmp.Diff(tc.want, tc.l.Commands()); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", name, diff)
+		}
+	}
+}
+
+func alive(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	return err == nil && !containsState(stat, 'Z')
+}
+
+func containsState(stat []byte, s byte) bool {
+	for i := len(stat) - 1; i >= 0; i-- {
+		if stat[i] == ')' {
+			return i+2 < len(stat) && stat[i+2] == s
+		}
+	}
+	return false
+}
+
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d still runs", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
