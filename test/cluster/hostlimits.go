@@ -25,7 +25,11 @@ const (
 	inotifyInstancesHeadroom = 32
 	inotifyWatchesHeadroom   = 8192
 	openFilesBase            = 4096
-	openFilesPerNode         = 256
+	// A real node: its kubelet, fake CRI or containerd and plugin. A fake
+	// node (no kubelet) is a few objects the harness keeps alive over its
+	// one API connection: 5,000 of them ran under 20,000 open files.
+	openFilesPerRealNode = 256
+	openFilesPerFakeNode = 2
 )
 
 // Paths of the inotify limits, per user.
@@ -58,7 +62,7 @@ func NeedsFor(realNodes, nodes int) HostNeeds {
 	return HostNeeds{
 		InotifyInstances: realNodes*inotifyInstancesPerKubelet + inotifyInstancesHeadroom,
 		InotifyWatches:   realNodes*inotifyWatchesPerKubelet + inotifyWatchesHeadroom,
-		OpenFiles:        openFilesBase + uint64(nodes)*openFilesPerNode,
+		OpenFiles:        openFilesBase + uint64(realNodes)*openFilesPerRealNode + uint64(max(nodes-realNodes, 0))*openFilesPerFakeNode,
 	}
 }
 

@@ -20,6 +20,14 @@ func TestNeedsFor(t *testing.T) {
 	if c := NeedsFor(2, 1000); c.OpenFiles <= a.OpenFiles {
 		t.Errorf("open files do not grow with nodes: 34 → %d, 1000 → %d", a.OpenFiles, c.OpenFiles)
 	}
+	if b.OpenFiles <= a.OpenFiles {
+		t.Errorf("open files do not grow with kubelets: 2 → %d, 8 → %d", a.OpenFiles, b.OpenFiles)
+	}
+	// The scale benchmarks' 5,000 fake nodes ran under the usual hard
+	// limit of 20,000 open files.
+	if d := NeedsFor(3, 5000); d.OpenFiles > 20000 {
+		t.Errorf("5,000 nodes (3 real) need %d open files, more than the 20,000 they ran under", d.OpenFiles)
+	}
 }
 
 func TestPlanLimits(t *testing.T) {
