@@ -33,15 +33,16 @@ func TestConfigRefusesMissingPeers(t *testing.T) {
 	}
 }
 
-// JobSet is built against exactly the module versions the Kubernetes
-// binaries of test/cluster's go.mod compile (k8s.io/* v0.37.2, grpc,
-// otel, protobuf, ...): every module that provides a package to the
-// JobSet controller and is in test/cluster's build list has the same
-// version there. That is what lets a cold build of JobSet after
+// JobSet and LeaderWorkerSet are built against exactly the module
+// versions the Kubernetes binaries of test/cluster's go.mod compile
+// (k8s.io/* v0.37.2, grpc, otel, protobuf, ...): every module that provides
+// a package to the peer's manager and is in test/cluster's build list has
+// the same version there. That is what lets a cold build of JobSet after
 // `localcluster build` find all but a few dozen of its packages in the
 // build cache (`make e2e` builds it; docs/benchmarks.md, "Build times").
-func TestJobSetSharesTheKubernetesBuild(t *testing.T) {
-	spec := peerSpecs[PeerJobSet]
+// Kueue v0.17.1 needs newer versions of some of them (gnostic-models
+// v0.7.1) and keeps its own.
+func TestPeersShareTheKubernetesBuild(t *testing.T) {
 	modules := func(dir string, args ...string) map[string]string {
 		t.Helper()
 		cmd := exec.Command("go", args...)
@@ -64,22 +65,27 @@ func TestJobSetSharesTheKubernetesBuild(t *testing.T) {
 	}
 	const format = "{{.Path}} {{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}"
 	k8s := modules(".", "list", "-m", "-f", format, "all")
-	peer := modules(filepath.Join("peers", string(PeerJobSet)), "list", "-deps", "-f", "{{with .Module}}"+format+"{{end}}", spec.binary.Package)
-	if peer[spec.module] != spec.version {
-		t.Errorf("peers/jobset builds %s %s, want %s", spec.module, peer[spec.module], spec.version)
-	}
-	shared := 0
-	for path, v := range peer {
-		want, ok := k8s[path]
-		if !ok {
-			continue
+	for _, p := range []Peer{PeerJobSet, PeerLWS} {
+		spec := peerSpecs[p]
+		dir := filepath.Join("peers", string(p))
+		peer := modules(dir, "list", "-deps", "-f", "{{with .Module}}"+format+"{{end}}", spec.binary.Package)
+		if peer[spec.module] != spec.version {
+			t.Errorf("%s builds %s %s, want %s", dir, spec.module, peer[spec.module], spec.version)
 		}
-		shared++
-		if v != want {
-			t.Errorf("peers/jobset builds %s %s, the Kubernetes binaries %s: run `go get %s@%s` in test/cluster/peers/jobset (then go mod tidy), or JobSet recompiles it and everything above it", path, v, want, path, want)
+		shared := 0
+		for path, v := range peer {
+			want, ok := k8s[path]
+			if !ok {
+				continue
+			}
+			shared++
+			if v != want {
+				t.Errorf("%s builds %s %s, the Kubernetes binaries %s: run `go get %s@%s` in test/cluster/%s (then go mod tidy), or %s recompiles it and everything above it",
+					dir, path, v, want, path, want, dir, p)
+			}
 		}
-	}
-	if shared < 50 {
-		t.Errorf("peers/jobset shares %d modules with the Kubernetes binaries, want most of its %d", shared, len(peer))
+		if shared < 50 {
+			t.Errorf("%s shares %d modules with the Kubernetes binaries, want most of its %d", dir, shared, len(peer))
+		}
 	}
 }
