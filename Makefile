@@ -25,7 +25,7 @@ E2E_TIMEOUT ?= 60m
 # loaded into memory.
 BUILD_FLAGS ?= -tags=grpcnotrace -ldflags='-s -w'
 
-.PHONY: all build test test-matrix unit e2e test-peers peer-binaries parity soak chart lint demo demo-loop demo-down bench bench-scale bench-native k8s-binaries gpu-check-bundle runtime-deps image image-oci verify-chart verify-chart-cluster lint-dockerfile clean
+.PHONY: all build test test-matrix unit e2e test-peers peer-binaries peer-jobset parity soak chart lint demo demo-loop demo-down bench bench-scale bench-native k8s-binaries gpu-check-bundle runtime-deps image image-oci verify-chart verify-chart-cluster lint-dockerfile clean
 
 all: build
 
@@ -58,6 +58,14 @@ runtime-deps:
 # webhook configurations, into ~/.cache/gputopo/peers/bin (GPUTOPO_PEERS_BIN).
 peer-binaries: $(LOCALCLUSTER)
 	$(LOCALCLUSTER) build-peers
+
+# JobSet alone, which the native suite (test/e2e/native, part of `make e2e`)
+# runs. Its module requires the same versions of every library it shares
+# with the Kubernetes binaries, so after `k8s-binaries` only
+# controller-runtime and JobSet itself are left to compile
+# (docs/benchmarks.md, "Build times").
+peer-jobset: $(LOCALCLUSTER)
+	$(LOCALCLUSTER) build-peers --peers jobset
 
 # Everything CI runs: formatting and vet, unit tests, the end-to-end suite
 # on a real local cluster of the newest supported Kubernetes release, and
@@ -93,18 +101,21 @@ unit:
 
 # First the local cluster itself (test/cluster's TestCluster*: a cluster
 # from Start, and `localcluster up` then `down` leaving nothing behind),
-# then the end-to-end suite on it. Every test that starts a cluster holds
-# the local-cluster lock ($${TMPDIR:-/tmp}/gputopo-e2e.lock) while it runs.
-e2e: build k8s-binaries
+# then the end-to-end suite on it, the native suite (workload gates on,
+# the JobSet controller beside gputopo) included. Every test that starts a
+# cluster holds the local-cluster lock ($${TMPDIR:-/tmp}/gputopo-e2e.lock)
+# while it runs.
+e2e: build k8s-binaries peer-jobset
 	mkdir -p _output
 	k8s_bin=$$($(LOCALCLUSTER) bin-dir) && cd test/cluster && GPUTOPO_K8S_BIN=$$k8s_bin GPUTOPO_BIN=$(BIN) $(GO) test -count=1 -timeout 30m -run '^TestCluster' -v . 2>&1 | tee $(CURDIR)/_output/cluster.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
 	cd test/e2e && GPUTOPO_BIN=$(BIN) $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v $$($(GO) list ./... | grep -v /test/e2e/peers) 2>&1 | tee $(CURDIR)/_output/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}
 
 # The peers suite (test/e2e/peers): the real JobSet, LeaderWorkerSet and
-# Kueue controllers beside gputopo. Not part of `make test` yet: a cold
-# build of the three peers takes from half an hour to an hour on 2 cores
-# (test/cluster/README.md, "Peers"), which would put a cold `make test`
-# past its budget; once built they relink in under a minute.
+# Kueue controllers beside gputopo. Not part of `make test`: LeaderWorkerSet
+# and Kueue are still built against Kubernetes libraries of their own
+# (v0.36, v0.35), and Kueue's cold build alone took half an hour on 2 cores
+# (test/cluster/README.md, "Peers"); once built they relink in under a
+# minute. `make e2e` runs JobSet in the native suite.
 test-peers: build k8s-binaries peer-binaries
 	mkdir -p _output
 	cd test/e2e && GPUTOPO_BIN=$(BIN) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v ./peers 2>&1 | tee $(CURDIR)/_output/peers.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go'; exit $${PIPESTATUS[0]}

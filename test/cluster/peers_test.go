@@ -1,6 +1,9 @@
 package cluster
 
 import (
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -27,5 +30,62 @@ func TestConfigRefusesMissingPeers(t *testing.T) {
 	}
 	if err := checkPeers(dir, []Peer{"volcano"}); err == nil {
 		t.Fatal("an unknown peer was accepted")
+	}
+}
+
+// JobSet and LeaderWorkerSet are built against exactly the module
+// versions the Kubernetes binaries of test/cluster's go.mod compile
+// (k8s.io/* v0.37.2, grpc, otel, protobuf, ...): every module that provides
+// a package to the peer's manager and is in test/cluster's build list has
+// the same version there. That is what lets a cold build of JobSet after
+// `localcluster build` find all but a few dozen of its packages in the
+// build cache (`make e2e` builds it; docs/benchmarks.md, "Build times").
+// Kueue v0.17.1 needs newer versions of some of them (gnostic-models
+// v0.7.1) and keeps its own.
+func TestPeersShareTheKubernetesBuild(t *testing.T) {
+	modules := func(dir string, args ...string) map[string]string {
+		t.Helper()
+		cmd := exec.Command("go", args...)
+		cmd.Dir = dir
+		out, err := cmd.Output()
+		if err != nil {
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			t.Fatalf("go %s in %s: %v\n%s", strings.Join(args, " "), dir, err, stderr)
+		}
+		m := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if path, version, ok := strings.Cut(line, " "); ok && version != "" {
+				m[path] = version
+			}
+		}
+		return m
+	}
+	const format = "{{.Path}} {{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}"
+	k8s := modules(".", "list", "-m", "-f", format, "all")
+	for _, p := range []Peer{PeerJobSet, PeerLWS} {
+		spec := peerSpecs[p]
+		dir := filepath.Join("peers", string(p))
+		peer := modules(dir, "list", "-deps", "-f", "{{with .Module}}"+format+"{{end}}", spec.binary.Package)
+		if peer[spec.module] != spec.version {
+			t.Errorf("%s builds %s %s, want %s", dir, spec.module, peer[spec.module], spec.version)
+		}
+		shared := 0
+		for path, v := range peer {
+			want, ok := k8s[path]
+			if !ok {
+				continue
+			}
+			shared++
+			if v != want {
+				t.Errorf("%s builds %s %s, the Kubernetes binaries %s: run `go get %s@%s` in test/cluster/%s (then go mod tidy), or %s recompiles it and everything above it",
+					dir, path, v, want, path, want, dir, p)
+			}
+		}
+		if shared < 50 {
+			t.Errorf("%s shares %d modules with the Kubernetes binaries, want most of its %d", dir, shared, len(peer))
+		}
 	}
 }

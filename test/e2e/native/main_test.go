@@ -36,6 +36,7 @@ func TestMain(m *testing.M) {
 		ControllerArgs: []string{"-v=2"},
 		Manifests:      []string{filepath.Join("deployments", "admission")},
 		FeatureGates:   workloadGates,
+		Peers:          []cluster.Peer{cluster.PeerJobSet},
 	}, func(s *framework.Suite) error {
 		suite, lc, client = s, s.Cluster, s.Client
 		return nil
