@@ -22,7 +22,10 @@ import (
 //
 // Cached objects are read-only (client-go's contract, which the tracker
 // follows: it applies DeviceTaintRules to a deep copy), so values shared
-// between them are never written through.
+// between them are never written through. The transform rewrites the
+// object it is given in place, which client-go allows: the factory's
+// informers hand it only objects fresh from the API server, never one
+// already in the cache.
 
 // interner hands out one canonical copy of each string and integer it is
 // given. It forgets in generations so that it stays bounded on a cluster
