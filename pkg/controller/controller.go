@@ -23,7 +23,6 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -183,7 +182,7 @@ func New(cfg Config) (*Controller, error) {
 	if !slices.Contains(AllocationModes, cfg.AllocationMode) {
 		return nil, fmt.Errorf("unknown allocation mode %q: use auto, controller or scheduler", cfg.AllocationMode)
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 10*time.Minute, informers.WithTransform(dropManagedFields))
+	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 10*time.Minute, informers.WithTransform(cacheTransform(newInterner(internerLimit))))
 	podInf := f.Core().V1().Pods().Informer()
 	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode, podGroupIndex: indexByPodGroup}); err != nil {
 		return nil, fmt.Errorf("add pod group index: %w", err)
@@ -263,18 +262,6 @@ func New(cfg Config) (*Controller, error) {
 		c.pins = pins
 	}
 	return c, nil
-}
-
-// dropManagedFields keeps the field managers' records out of the caches:
-// the controller never reads them, and on a large cluster they are a good
-// part of every cached pod, claim and slice, which the garbage collector
-// scans on every cycle while plans run. Updates built from a cached
-// object leave them as they are (nil keeps them).
-func dropManagedFields(obj any) (any, error) {
-	if a, err := meta.Accessor(obj); err == nil {
-		a.SetManagedFields(nil)
-	}
-	return obj, nil
 }
 
 type classLister struct {
