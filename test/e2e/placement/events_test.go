@@ -326,10 +326,10 @@ func releasedOffFailedNode(t *testing.T, job, reason string, says []string, sett
 	if p, err := client.CoreV1().Pods(namespace).Get(framework.Ctx(t), victim.Name, metav1.GetOptions{}); err != nil || !hasGate(p) {
 		t.Fatalf("pod %s left its gate before node %s failed (%v): the %s settle delay was too short on this machine", victim.Name, failed, err, settle)
 	}
-	// The group is synced at once rather than when its gates are due.
-	pokeJob(t, job)
-
-	ev := waitEvent(t, "Pod", victim.Name, victim.UID, corev1.EventTypeWarning, "Released", waitStatus)
+	// Node events re-sync the groups with pods bound or steered to the
+	// node; a held pod's node is looked at when its group's gates are due,
+	// after the settle delay, before they open.
+	ev := waitEvent(t, "Pod", victim.Name, victim.UID, corev1.EventTypeWarning, "Released", settle+waitStatus)
 	t.Logf("Released: %s", ev)
 	if !strings.HasPrefix(ev, reason+": ") || !strings.Contains(ev, "node "+failed+" ") {
 		t.Errorf("Released event %q: want reason %s, naming node %s", ev, reason, failed)
