@@ -566,11 +566,17 @@ func TestClaimEventInvalidClaim(t *testing.T) {
 		t.Errorf("pod %s on %s: claim %s allocated on %s by %q, want on the pod's node by the controller for the Job", p.Name, p.Spec.NodeName, claim, node, got.Annotations[placementapi.AnnotationAllocatedBy])
 	}
 	waitEvent(t, "Job", job.Name, job.UID, corev1.EventTypeNormal, "Placed", waitStatus)
-	// The pod waited with the condition False; its gate opened with it True.
+	// The pod waited with the condition False; once its gate is open the
+	// controller turns it True (a write after the one that opens the gate).
 	domain := p.Annotations[placementapi.AnnotationDomain]
-	if !placedConditionSays(&p, corev1.ConditionTrue, "Placed", "on node "+p.Spec.NodeName) || !placedConditionSays(&p, corev1.ConditionTrue, "Placed", domain) {
-		t.Errorf("placed pod %s on %s (domain %s): want condition %s True/Placed naming both, got %v", p.Name, p.Spec.NodeName, domain, placementapi.ConditionPlaced, p.Status.Conditions)
-	}
+	framework.Eventually(t, waitStatus, "pod "+p.Name+"'s condition "+placementapi.ConditionPlaced+" to turn True", func() (bool, string) {
+		cur, err := client.CoreV1().Pods(namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		ok := placedConditionSays(cur, corev1.ConditionTrue, "Placed", "on node "+p.Spec.NodeName) && placedConditionSays(cur, corev1.ConditionTrue, "Placed", domain)
+		return ok, fmt.Sprintf("on %s (domain %s), conditions %v", cur.Spec.NodeName, domain, cur.Status.Conditions)
+	})
 }
 
 // deleteClaim deletes a claim the test created and waits until it is gone.
