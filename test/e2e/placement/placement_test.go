@@ -432,12 +432,16 @@ func TestPlacedJobRuns(t *testing.T) {
 }
 
 // TestControllerMetrics reads the controller's /metrics around placing a
-// Job: the placed decisions grow by the Job's one, and every leaf has a
-// utilization series.
+// Job: the placed decisions grow by the Job's one, its plan is timed
+// under its size (plan_duration_seconds{pods="2-4"}), a tree update was
+// timed, pending_groups and the two fragmentation ratios are served (the
+// ratios within 0 to 1), and every leaf has a utilization series.
 func TestControllerMetrics(t *testing.T) {
 	dumpOnFailure(t)
 	const placedSeries = `gputopo_controller_decisions_total{outcome="placed"}`
 	const startSeries = "process_start_time_seconds"
+	const planCount = `gputopo_controller_plan_duration_seconds_count{pods="2-4"}`
+	const treeCount = "gputopo_controller_tree_update_duration_seconds_count"
 	before, err := scrapeMetrics(framework.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -458,6 +462,22 @@ func TestControllerMetrics(t *testing.T) {
 		}
 		if d := m[placedSeries] - before[placedSeries]; d != 1 {
 			return false, fmt.Sprintf("%s grew by %v while the test placed one Job, want 1", placedSeries, d)
+		}
+		// The plan of the two-pod Job is timed under its size.
+		if d := m[planCount] - before[planCount]; d < 1 {
+			return false, fmt.Sprintf("%s grew by %v while the test placed a two-pod Job", planCount, d)
+		}
+		if n := m[treeCount+`{kind="build"}`] + m[treeCount+`{kind="patch"}`]; n < 1 {
+			return false, "no tree update timed in " + treeCount + " though the controller planned"
+		}
+		for _, g := range []string{"gputopo_controller_pending_groups", "gputopo_controller_fragmentation_ratio", "gputopo_controller_leaf_fragmentation_ratio"} {
+			v, ok := m[g]
+			if !ok {
+				return false, "no " + g + " series"
+			}
+			if v < 0 || (g != "gputopo_controller_pending_groups" && v > 1) {
+				t.Errorf("%s = %v, out of range", g, v)
+			}
 		}
 		for _, leaf := range topo.leaves {
 			v, ok := leafUtilization(m, topo.spineOf[leaf], leaf)

@@ -1,0 +1,600 @@
+package placement
+
+// End-to-end tests of the controller's events that README "Controller
+// events" names and the other tests of the suite do not prove: NodeLost,
+// Widened, Released, ReservationExpired and InvalidClaim. Each provokes
+// the situation its event reports on the suite's cluster and checks the
+// event (reason, type, the object it is about, what its message names) and
+// the behaviour the event reports. docs/claims.md maps each to its claim.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	placementapi "github.com/gputopo/gputopo/api/placement/v1alpha1"
+	gputopology "github.com/gputopo/gputopo/pkg/topology"
+	"github.com/gputopo/gputopo/test/e2e/framework"
+)
+
+// podEvent is an event of the controller's about a pod.
+type podEvent struct {
+	pod     string
+	uid     types.UID
+	message string
+}
+
+// waitJobPodEvent waits until the controller recorded an event of type typ
+// and reason about a pod of job, and returns it.
+func waitJobPodEvent(t *testing.T, job, typ, reason string, timeout time.Duration) podEvent {
+	t.Helper()
+	var got podEvent
+	framework.Eventually(t, timeout, fmt.Sprintf("a %s %s event on a pod of Job %s", typ, reason, job), func() (bool, string) {
+		events, err := client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.kind": "Pod", "reason": reason}.String(),
+		})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, e := range events.Items {
+			if strings.HasPrefix(e.InvolvedObject.Name, job+"-") && e.Type == typ && e.Source.Component == "gputopo-controller" {
+				got = podEvent{pod: e.InvolvedObject.Name, uid: e.InvolvedObject.UID, message: e.Message}
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d %s events on pods, none on %s's", len(events.Items), reason, job)
+	})
+	return got
+}
+
+// domainWords is a domain as events name it: "leaves leaf-1,leaf-2" for
+// gputopo.dev/domain "leaves:leaf-1,leaf-2".
+func domainWords(domain string) string { return strings.Replace(domain, ":", " ", 1) }
+
+// podEventCount is how many times the controller recorded a reason event
+// about the pod (repeats of one event are counted in the event).
+func podEventCount(t *testing.T, pod string, uid types.UID, reason string) int {
+	t.Helper()
+	events, err := client.CoreV1().Events(namespace).List(framework.Ctx(t), metav1.ListOptions{
+		FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": pod, "involvedObject.uid": string(uid), "reason": reason}.String(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range events.Items {
+		if e.Source.Component == "gputopo-controller" {
+			n += int(max(e.Count, 1))
+		}
+	}
+	return n
+}
+
+// controllerMetric reads one sample of the running controller's metrics.
+func controllerMetric(t *testing.T, sample string) float64 {
+	t.Helper()
+	m, err := scrapeMetrics(framework.Ctx(t))
+	if err != nil {
+		t.Fatalf("controller metrics: %v", err)
+	}
+	return m[sample]
+}
+
+// TestClaimEventNodeLost: "NodeLost (the node of the bound pod was
+// deleted; the pod garbage collector removes the pod and the replacement
+// is planned)". A two-pod Job is placed in a leaf; the node of one bound
+// pod is deleted: that pod gets a NodeLost Warning naming the node and the
+// group's domain, released_pods_total{reason="NodeDeleted"} counts it
+// once, and the pod garbage collector's removal of the pod is followed by
+// a replacement that the controller places back into the leaf, off the
+// lost node, beside the pod that kept its place.
+func TestClaimEventNodeLost(t *testing.T) {
+	dumpOnFailure(t)
+	leaf := fakeLeaf(t)
+	createJob(t, "ev-nodelost", 2, required(leaf))
+	pl := waitJobPlaced(t, "ev-nodelost", 2, waitPlaced)
+	victim, keeper := pl.pods[0], pl.pods[1]
+	lost := victim.Spec.NodeName
+	const lostMetric = `gputopo_controller_released_pods_total{reason="NodeDeleted"}`
+	before := controllerMetric(t, lostMetric)
+
+	if err := client.CoreV1().Nodes().Delete(framework.Ctx(t), lost, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete node %s: %v", lost, err)
+	}
+	t.Cleanup(func() { restoreNode(t, lost) })
+
+	msg := waitEvent(t, "Pod", victim.Name, victim.UID, corev1.EventTypeWarning, "NodeLost", waitStatus)
+	t.Logf("NodeLost: %s", msg)
+	if !strings.Contains(msg, "node "+lost+" was deleted") || !strings.Contains(msg, pl.domain) {
+		t.Errorf("NodeLost event %q does not name the deleted node %s and the group's domain %s", msg, lost, pl.domain)
+	}
+	if n := podEventCount(t, keeper.Name, keeper.UID, "NodeLost"); n != 0 {
+		t.Errorf("pod %s, whose node %s is still there, has %d NodeLost event(s)", keeper.Name, keeper.Spec.NodeName, n)
+	}
+
+	// The pod garbage collector removes the pod of the deleted node; the
+	// Job replaces it and the controller places the replacement.
+	var replacement corev1.Pod
+	framework.Eventually(t, waitContention, "ev-nodelost to be whole again off "+lost, func() (bool, string) {
+		pods, err := jobPods(context.Background(), "ev-nodelost")
+		if err != nil {
+			return false, err.Error()
+		}
+		claims, err := claimsByName(context.Background())
+		if err != nil {
+			return false, err.Error()
+		}
+		if slices.ContainsFunc(pods, func(p corev1.Pod) bool { return p.UID == victim.UID }) {
+			return false, "pod " + victim.Name + " of the deleted node not removed yet"
+		}
+		if ok, why := allBound(pods, 2, claims, map[string]bool{lost: true}); !ok {
+			return false, why
+		}
+		for _, p := range pods {
+			if p.UID != keeper.UID {
+				replacement = p
+			}
+		}
+		return true, ""
+	})
+	if replacement.UID == "" {
+		t.Fatalf("pod %s, which kept its place, was replaced too", keeper.Name)
+	}
+	if got := topo.leafOf[replacement.Spec.NodeName]; got != leaf {
+		t.Errorf("replacement %s went to %s in %s, outside the group's leaf %s", replacement.Name, replacement.Spec.NodeName, got, leaf)
+	}
+	if d := replacement.Annotations[placementapi.AnnotationDomain]; d != pl.domain {
+		t.Errorf("replacement %s: %s=%q, want the group's %q", replacement.Name, placementapi.AnnotationDomain, d, pl.domain)
+	}
+	if got := controllerMetric(t, lostMetric); got != before+1 {
+		t.Errorf("%s went from %v to %v, want one more for the one pod whose node was deleted", lostMetric, before, got)
+	}
+}
+
+// TestClaimEventWidened: "when that domain can no longer hold it (the
+// group grew, ...), the group widens, as its placement allows, to a larger
+// domain that holds the pods that keep their places, and says so in a
+// Widened event". A two-pod Job placed in a leaf, whose other two nodes
+// are then taken, grows to three pods: the third cannot fit in the leaf,
+// the group is placed in a run of two adjacent leaves that holds the two
+// bound pods where they are, and the Job gets a Normal Widened event that
+// names that run.
+func TestClaimEventWidened(t *testing.T) {
+	dumpOnFailure(t)
+	leaf := fakeLeaf(t)
+	job := createJob(t, "ev-widened", 2, map[string]string{
+		placementapi.AnnotationPlacement:       string(placementapi.PlacementAuto),
+		placementapi.AnnotationPreferredDomain: leaf,
+	})
+	before := waitJobPlaced(t, "ev-widened", 2, waitPlaced)
+	if before.domain != "leaf:"+leaf {
+		t.Fatalf("Job preferring %s: domain %q, want leaf:%s", leaf, before.domain, leaf)
+	}
+	free := slices.DeleteFunc(slices.Clone(topo.leafNodes[leaf]), func(n string) bool { return slices.Contains(before.nodes, n) })
+	for i, n := range free {
+		occupy(t, fmt.Sprintf("occupier-widen-%d", i), "gpu-8-node", n)
+	}
+	if n := jobEventCount(t, job, "Widened"); n != 0 {
+		t.Fatalf("Job has %d Widened event(s) before it grew", n)
+	}
+
+	grow := []byte(`{"spec":{"parallelism":3,"completions":3}}`)
+	if _, err := client.BatchV1().Jobs(namespace).Patch(framework.Ctx(t), job.Name, types.MergePatchType, grow, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("grow Job %s to 3 pods: %v", job.Name, err)
+	}
+	msg := waitEvent(t, "Job", job.Name, job.UID, corev1.EventTypeNormal, "Widened", waitPlaced)
+	t.Logf("Widened: %s", msg)
+	// The bound pods keep the domain they were placed in; the new pod
+	// carries the widened one.
+	var after []corev1.Pod
+	framework.Eventually(t, waitPlaced, "the 3 pods of ev-widened to be bound", func() (bool, string) {
+		var err error
+		if after, err = jobPods(context.Background(), "ev-widened"); err != nil {
+			return false, err.Error()
+		}
+		claims, err := claimsByName(context.Background())
+		if err != nil {
+			return false, err.Error()
+		}
+		return allBound(after, 3, claims, nil)
+	})
+	var grown corev1.Pod
+	for _, p := range after {
+		if !slices.ContainsFunc(before.pods, func(b corev1.Pod) bool { return b.UID == p.UID }) {
+			grown = p
+		}
+	}
+	for _, b := range before.pods {
+		i := slices.IndexFunc(after, func(p corev1.Pod) bool { return p.UID == b.UID })
+		if i < 0 || after[i].Spec.NodeName != b.Spec.NodeName {
+			t.Errorf("pod %s on %s did not keep its place", b.Name, b.Spec.NodeName)
+		}
+	}
+	if grown.UID == "" {
+		t.Fatalf("no new pod among %d", len(after))
+	}
+	domain := grown.Annotations[placementapi.AnnotationDomain]
+	names, ok := strings.CutPrefix(domain, "leaves:")
+	if !ok {
+		t.Fatalf("new pod %s: %s=%q, want a run of leaves leaves:<a>,<b>", grown.Name, placementapi.AnnotationDomain, domain)
+	}
+	run := strings.Split(names, ",")
+	spine := topo.spineOf[leaf]
+	order := topo.spineLeaves[spine]
+	if len(run) != 2 || !slices.Contains(run, leaf) || topo.spineOf[run[0]] != spine || topo.spineOf[run[1]] != spine ||
+		slices.Index(order, run[1])-slices.Index(order, run[0]) != 1 {
+		t.Errorf("widened domain %q: want two adjacent leaves of %s (%v), one of them %s", domain, spine, order, leaf)
+	}
+	if in := topo.leafOf[grown.Spec.NodeName]; !slices.Contains(run, in) || in == leaf {
+		t.Errorf("new pod %s on %s in %s: want the other leaf of %q (%s is full)", grown.Name, grown.Spec.NodeName, in, domain, leaf)
+	}
+	var runNodes []string
+	for _, l := range run {
+		runNodes = append(runNodes, topo.leafNodes[l]...)
+	}
+	checkHeldTo(t, bound{pods: []corev1.Pod{grown}, domain: domain}, runNodes)
+	if !strings.Contains(msg, "placed in "+domainWords(domain)) {
+		t.Errorf("Widened event %q does not name the new domain %q", msg, domain)
+	}
+}
+
+// TestClaimEventReleased: "A pod ... whose node is ... NotReady or tainted
+// against it, is placed again in its group's domain"; "Released (planned
+// again, reason as in gputopo.dev/released)". With the gates held closed
+// after the claims are written (--settle-delay), the node of one pod's
+// claim is tainted NoSchedule, or in the second case marked NotReady: the
+// pod gets a Released Warning with reason NodeTainted (NodeNotReady)
+// naming the node (and the taint), its gputopo.dev/released says that
+// reason with as many releases as it has Released events,
+// released_pods_total counts it under that reason, its claim is allocated
+// again in the leaf on another node, and once the gates open every pod is
+// bound off the node that failed.
+func TestClaimEventReleased(t *testing.T) {
+	dumpOnFailure(t)
+	const settle = 60 * time.Second
+	restartController(t, fmt.Sprintf("--settle-delay=%s", settle))
+	t.Cleanup(func() { restartController(t) })
+	taint := corev1.Taint{Key: "e2e.gputopo.dev/released", Value: "true", Effect: corev1.TaintEffectNoSchedule}
+	for _, tc := range []struct {
+		job, reason string
+		says        []string // besides the node's name
+		fail        func(t *testing.T, node string)
+	}{
+		{"ev-released-taint", placementapi.ReleaseNodeTainted, []string{"has taint " + taint.Key}, func(t *testing.T, node string) {
+			setTaint(t, node, &taint)
+			t.Cleanup(func() { setTaint(t, node, nil) })
+		}},
+		{"ev-released-notready", placementapi.ReleaseNodeNotReady, []string{"is not Ready"}, func(t *testing.T, node string) {
+			setReady(t, node, false)
+			t.Cleanup(func() { setReady(t, node, true); waitNodeReady(t, node) })
+		}},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			releasedOffFailedNode(t, tc.job, tc.reason, tc.says, settle, tc.fail)
+		})
+	}
+}
+
+// releasedOffFailedNode runs a case of TestClaimEventReleased: a two-pod
+// Job held in a leaf, fail makes the node of one pod's claim unusable.
+func releasedOffFailedNode(t *testing.T, job, reason string, says []string, settle time.Duration, fail func(*testing.T, string)) {
+	leaf := fakeLeaf(t)
+	createJob(t, job, 2, required(leaf))
+
+	// The claims are written and the gates still closed.
+	var victim corev1.Pod
+	var failed string
+	framework.Eventually(t, waitPlaced, job+"'s claims to be allocated, its pods still gated", func() (bool, string) {
+		pods, err := jobPods(context.Background(), job)
+		if err != nil || len(pods) != 2 {
+			return false, fmt.Sprintf("%d pods (%v)", len(pods), err)
+		}
+		claims, err := claimsByName(context.Background())
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pods {
+			c := claims[generatedClaim(&p)]
+			if c == nil || c.Status.Allocation == nil {
+				return false, "pod " + p.Name + ": claim not allocated"
+			}
+			if !hasGate(&p) {
+				return false, "pod " + p.Name + " is ungated: " + framework.PodState(&p)
+			}
+		}
+		victim = pods[0]
+		failed = allocationNode(claims[generatedClaim(&victim)].Status.Allocation)
+		return true, ""
+	})
+	releasedMetric := `gputopo_controller_released_pods_total{reason="` + reason + `"}`
+	before := controllerMetric(t, releasedMetric)
+	fail(t, failed)
+	// The test is only meaningful if the node failed before the gate
+	// opened: the pod must still be held with its claim on the node.
+	if p, err := client.CoreV1().Pods(namespace).Get(framework.Ctx(t), victim.Name, metav1.GetOptions{}); err != nil || !hasGate(p) {
+		t.Fatalf("pod %s left its gate before node %s failed (%v): the %s settle delay was too short on this machine", victim.Name, failed, err, settle)
+	}
+	// Node events re-sync the groups with pods bound or steered to the
+	// node; a held pod's node is looked at when its group's gates are due,
+	// after the settle delay, before they open.
+	ev := waitEvent(t, "Pod", victim.Name, victim.UID, corev1.EventTypeWarning, "Released", settle+waitStatus)
+	t.Logf("Released: %s", ev)
+	if !strings.HasPrefix(ev, reason+": ") || !strings.Contains(ev, "node "+failed+" ") {
+		t.Errorf("Released event %q: want reason %s, naming node %s", ev, reason, failed)
+	}
+	for _, w := range says {
+		if !strings.Contains(ev, w) {
+			t.Errorf("Released event %q does not say %q", ev, w)
+		}
+	}
+	var cur *corev1.Pod
+	framework.Eventually(t, waitStatus, "pod "+victim.Name+"'s claim to be allocated again off "+failed, func() (bool, string) {
+		var err error
+		if cur, err = client.CoreV1().Pods(namespace).Get(context.Background(), victim.Name, metav1.GetOptions{}); err != nil {
+			return false, err.Error()
+		}
+		c, err := framework.PodClaim(context.Background(), client, cur, claimName)
+		if err != nil || c.Status.Allocation == nil {
+			return false, fmt.Sprintf("claim not allocated (%v)", err)
+		}
+		node := allocationNode(c.Status.Allocation)
+		if node == failed {
+			return false, "claim still allocated on " + failed
+		}
+		if topo.leafOf[node] != leaf {
+			t.Errorf("pod %s planned again on %s in %s, outside its leaf %s", victim.Name, node, topo.leafOf[node], leaf)
+		}
+		return true, ""
+	})
+	rel, err := placementapi.ParseRelease(cur.Annotations[placementapi.AnnotationReleased])
+	if err != nil {
+		t.Errorf("pod %s: %s=%q: %v", victim.Name, placementapi.AnnotationReleased, cur.Annotations[placementapi.AnnotationReleased], err)
+	} else if n := podEventCount(t, victim.Name, victim.UID, "Released"); rel.Reason != reason || rel.Count != n {
+		t.Errorf("pod %s: %s=%q, want %d release(s) for %s, as its Released events say", victim.Name, placementapi.AnnotationReleased, cur.Annotations[placementapi.AnnotationReleased], n, reason)
+	}
+	if got := controllerMetric(t, releasedMetric); got != before+1 {
+		t.Errorf("%s went from %v to %v, want one more for the one pod released", releasedMetric, before, got)
+	}
+	// Once the gates open (after the settle delay), the Job is bound in
+	// its leaf, off the failed node.
+	framework.Eventually(t, settle+waitPlaced, job+" to be bound in "+leaf+" off "+failed, func() (bool, string) {
+		pods, err := jobPods(context.Background(), job)
+		if err != nil {
+			return false, err.Error()
+		}
+		claims, err := claimsByName(context.Background())
+		if err != nil {
+			return false, err.Error()
+		}
+		return allBound(pods, 2, claims, map[string]bool{failed: true})
+	})
+	pods, err := jobPods(framework.Ctx(t), job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods {
+		if topo.leafOf[p.Spec.NodeName] != leaf || p.Annotations[placementapi.AnnotationNode] != p.Spec.NodeName {
+			t.Errorf("pod %s bound to %s (in %s), %s=%q: want its leaf %s and the node it is on", p.Name, p.Spec.NodeName, topo.leafOf[p.Spec.NodeName], placementapi.AnnotationNode, p.Annotations[placementapi.AnnotationNode], leaf)
+		}
+	}
+}
+
+// setReady sets the Ready condition of a fake node (no kubelet reports
+// it), as the node lifecycle controller would see a node go NotReady and
+// come back.
+func setReady(t *testing.T, node string, ready bool) {
+	t.Helper()
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	framework.Eventually(t, waitStatus, fmt.Sprintf("node %s's Ready condition to be set to %s", node, status), func() (bool, string) {
+		n, err := client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		now := metav1.Now()
+		for i := range n.Status.Conditions {
+			c := &n.Status.Conditions[i]
+			if c.Type == corev1.NodeReady {
+				c.Status, c.LastHeartbeatTime, c.LastTransitionTime = status, now, now
+				c.Reason, c.Message = "E2E", "set by the test"
+			}
+		}
+		if _, err := client.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+}
+
+// setTaint adds taint to the node, or with nil removes the test's taints.
+func setTaint(t *testing.T, node string, taint *corev1.Taint) {
+	t.Helper()
+	framework.Eventually(t, waitStatus, "node "+node+"'s taints to be set", func() (bool, string) {
+		n, err := client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(x corev1.Taint) bool { return strings.HasPrefix(x.Key, "e2e.gputopo.dev/") })
+		if taint != nil {
+			n.Spec.Taints = append(n.Spec.Taints, *taint)
+		}
+		if _, err := client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+}
+
+// TestClaimEventReservationExpired: "--reservation-timeout: how long a
+// reservation lasts unplaced; then the next waiting group may reserve, and
+// this one may again after as long (a ReservationExpired event on its
+// first pod)". With --reserve-after=1s and --reservation-timeout=60s, a
+// four-pod Job that insists on a leaf with one node taken reserves the
+// leaf's three free nodes and a one-pod Job that insists on the leaf is
+// kept off them; when the reservation ends, a pod of the first Job gets a
+// Normal ReservationExpired event naming the nodes, the leaf and the
+// timeout, the reservation is no longer recorded on its pods, and the
+// one-pod Job is placed on one of the nodes it was kept off.
+func TestClaimEventReservationExpired(t *testing.T) {
+	dumpOnFailure(t)
+	const timeout = 60 * time.Second
+	restartController(t, "--reserve-after=1s", fmt.Sprintf("--reservation-timeout=%s", timeout), "--retry-interval=5s")
+	t.Cleanup(func() { restartController(t) })
+	leaf := fakeLeaf(t)
+	occupy(t, "occupier-expire", "gpu-8-node", topo.leafNodes[leaf][0])
+	reserver := createJob(t, "ev-expiring", 4, required(leaf))
+	msg := waitEvent(t, "Job", reserver.Name, reserver.UID, corev1.EventTypeNormal, "Reserved", waitReserve)
+	t.Logf("Reserved: %s", msg)
+	framework.Eventually(t, waitStatus, "the reservation recorded on ev-expiring's pods", func() (bool, string) {
+		return reservationOnPods(t, "ev-expiring", true)
+	})
+	createJob(t, "ev-kept-off", 1, required(leaf))
+	if got := waitStatusReason(t, "ev-kept-off", "Unschedulable"); !strings.Contains(got, "reserved for "+namespace+"/job/ev-expiring") {
+		t.Fatalf("Job kept off the reserved nodes says %q, want the reservation named", got)
+	}
+	noClaimAllocated(t, "ev-kept-off")
+
+	ev := waitJobPodEvent(t, "ev-expiring", corev1.EventTypeNormal, "ReservationExpired", timeout+waitStatus)
+	t.Logf("ReservationExpired on %s: %s", ev.pod, ev.message)
+	if !strings.Contains(ev.message, " in "+domainWords("leaf:"+leaf)+" ended after "+timeout.String()) {
+		t.Errorf("ReservationExpired event %q does not name the domain leaf:%s and the timeout %s", ev.message, leaf, timeout)
+	}
+	for _, n := range topo.leafNodes[leaf][1:] {
+		if !strings.Contains(ev.message, n) {
+			t.Errorf("ReservationExpired event %q does not name reserved node %s", ev.message, n)
+		}
+	}
+	framework.Eventually(t, waitStatus, "the reservation to go from ev-expiring's pods", func() (bool, string) {
+		return reservationOnPods(t, "ev-expiring", false)
+	})
+	b := waitBound(t, jobSelector("ev-kept-off"), 1)
+	if n := b.nodes[0]; topo.leafOf[n] != leaf || n == topo.leafNodes[leaf][0] {
+		t.Errorf("ev-kept-off went to %s, want a node of %s it was kept off", n, leaf)
+	}
+}
+
+// reservationOnPods reports whether every pod of job carries (want) or
+// none carries (!want) gputopo.dev/reservation.
+func reservationOnPods(t *testing.T, job string, want bool) (bool, string) {
+	t.Helper()
+	pods, err := jobPods(context.Background(), job)
+	if err != nil || len(pods) == 0 {
+		return false, fmt.Sprintf("%d pods (%v)", len(pods), err)
+	}
+	for _, p := range pods {
+		if _, has := p.Annotations[placementapi.AnnotationReservation]; has != want {
+			return false, fmt.Sprintf("pod %s: %s=%q", p.Name, placementapi.AnnotationReservation, p.Annotations[placementapi.AnnotationReservation])
+		}
+	}
+	return true, ""
+}
+
+// TestClaimEventInvalidClaim: "On the Job ...: InvalidClaim"; reason
+// InvalidClaim in gputopo.dev/status. A Job whose pod names a
+// ResourceClaim that does not exist gets an InvalidClaim Warning naming
+// the claim and saying to create it; its pod waits gated with that status
+// and nothing allocated, and condition gputopo.dev/Placed False with the
+// reason. Once the claim is created, the Job is placed and the condition
+// turns True with reason Placed, naming the domain and the node.
+func TestClaimEventInvalidClaim(t *testing.T) {
+	dumpOnFailure(t)
+	const claim = "ev-invalid-missing"
+	t.Cleanup(func() { deleteClaim(t, claim) })
+	job := createJobFrom(t, "ev-invalid", 1, "gpu-1", required(fakeLeaf(t)), func(j *batchv1.Job) {
+		j.Spec.Template.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: claimName, ResourceClaimName: ptr.To(claim)}}
+	})
+	msg := waitJobWarning(t, job, "InvalidClaim")
+	t.Logf("InvalidClaim: %s", msg)
+	if !strings.Contains(msg, namespace+"/"+claim) || !strings.Contains(msg, "does not exist: create it") {
+		t.Errorf("InvalidClaim event %q does not name the missing claim %s/%s and what to do", msg, namespace, claim)
+	}
+	if st := waitStatusReason(t, "ev-invalid", placementapi.StatusInvalidClaim); !strings.Contains(st, claim) {
+		t.Errorf("status of the pod with the missing claim says %q, want the claim named", st)
+	}
+	framework.Eventually(t, waitStatus, "ev-invalid's pod to have condition "+placementapi.ConditionPlaced+" False/InvalidClaim", func() (bool, string) {
+		pods, err := jobPods(context.Background(), "ev-invalid")
+		if err != nil || len(pods) != 1 {
+			return false, fmt.Sprintf("%d pods (%v)", len(pods), err)
+		}
+		if pods[0].Spec.NodeName != "" || !hasGate(&pods[0]) {
+			t.Fatalf("pod %s with a missing claim left its gate: %s", pods[0].Name, framework.PodState(&pods[0]))
+		}
+		return placedConditionSays(&pods[0], corev1.ConditionFalse, placementapi.StatusInvalidClaim, claim), fmt.Sprintf("conditions %v", pods[0].Status.Conditions)
+	})
+
+	rc := &resourcev1.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: claim, Namespace: namespace},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
+			Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: gputopology.DriverName},
+		}}}},
+	}
+	if _, err := client.ResourceV1().ResourceClaims(namespace).Create(framework.Ctx(t), rc, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create claim %s: %v", claim, err)
+	}
+	// The pod uses the claim by name: no status entry points at it.
+	var p corev1.Pod
+	var got *resourcev1.ResourceClaim
+	framework.Eventually(t, waitPlaced, "ev-invalid's pod to be bound with claim "+claim+" allocated", func() (bool, string) {
+		pods, err := jobPods(context.Background(), "ev-invalid")
+		if err != nil || len(pods) != 1 {
+			return false, fmt.Sprintf("%d pods (%v)", len(pods), err)
+		}
+		p = pods[0]
+		if hasGate(&p) || p.Spec.NodeName == "" {
+			return false, "pod " + p.Name + ": " + framework.PodState(&p) + " " + p.Annotations[placementapi.AnnotationStatus]
+		}
+		if got, err = client.ResourceV1().ResourceClaims(namespace).Get(context.Background(), claim, metav1.GetOptions{}); err != nil || got.Status.Allocation == nil {
+			return false, fmt.Sprintf("claim %s not allocated (%v)", claim, err)
+		}
+		return true, ""
+	})
+	if node := allocationNode(got.Status.Allocation); node != p.Spec.NodeName || !strings.HasSuffix(got.Annotations[placementapi.AnnotationAllocatedBy], "/job/ev-invalid") {
+		t.Errorf("pod %s on %s: claim %s allocated on %s by %q, want on the pod's node by the controller for the Job", p.Name, p.Spec.NodeName, claim, node, got.Annotations[placementapi.AnnotationAllocatedBy])
+	}
+	waitEvent(t, "Job", job.Name, job.UID, corev1.EventTypeNormal, "Placed", waitStatus)
+	// The pod waited with the condition False; once its gate is open the
+	// controller turns it True (a write after the one that opens the gate).
+	domain := p.Annotations[placementapi.AnnotationDomain]
+	framework.Eventually(t, waitStatus, "pod "+p.Name+"'s condition "+placementapi.ConditionPlaced+" to turn True", func() (bool, string) {
+		cur, err := client.CoreV1().Pods(namespace).Get(context.Background(), p.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		ok := placedConditionSays(cur, corev1.ConditionTrue, "Placed", "on node "+p.Spec.NodeName) && placedConditionSays(cur, corev1.ConditionTrue, "Placed", domain)
+		return ok, fmt.Sprintf("on %s (domain %s), conditions %v", cur.Spec.NodeName, domain, cur.Status.Conditions)
+	})
+}
+
+// deleteClaim deletes a claim the test created and waits until it is gone.
+func deleteClaim(t *testing.T, name string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := client.ResourceV1().ResourceClaims(namespace).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("delete claim %s: %v", name, err)
+		return
+	}
+	framework.Eventually(t, waitCleanup, "claim "+name+" to be gone", func() (bool, string) {
+		c, err := client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, ""
+		}
+		if err != nil {
+			return false, err.Error()
+		}
+		return false, fmt.Sprintf("finalizers %v, reserved for %v", c.Finalizers, c.Status.ReservedFor)
+	})
+}
