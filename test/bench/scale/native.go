@@ -318,8 +318,11 @@ func runStream(ctx context.Context, env *Env, opts NativeOptions, path string, s
 					last = at
 				}
 			}
-			if refused(p) {
+			if why, ok := refusal(p); ok {
 				o.Refused = true
+				if o.Why == "" {
+					o.Why = why
+				}
 			}
 		}
 		if o.BoundPods == it.Pods {
@@ -327,6 +330,11 @@ func runStream(ctx context.Context, env *Env, opts NativeOptions, path string, s
 		}
 	}
 	Summarize(&row, outs, opts.GPUsPerNode, opts.NodesPerLeaf, opts.NodesPerSpine)
+	for i, o := range outs {
+		if o.Refused && o.Bound.IsZero() {
+			env.Progressf("Job %s (%d × %s) refused: %s", name(i), stream[i].Pods, stream[i].Template, o.Why)
+		}
+	}
 	// NVLink quads: the allocated four-GPU claims and whether their GPUs
 	// share one NVLink block.
 	for _, o := range t.claims.List() {
@@ -366,17 +374,18 @@ func allBound(t *tracker, stream []StreamItem, name func(int) string) bool {
 	return true
 }
 
-// refused: the scheduler or gputopo said the pod cannot be placed now.
-func refused(p *corev1.Pod) bool {
+// refusal: the scheduler or gputopo said the pod cannot be placed now,
+// and why.
+func refusal(p *corev1.Pod) (string, bool) {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-			return true
+			return "kube-scheduler: " + c.Message, true
 		}
 		if c.Type == placement.ConditionPlaced && c.Status == corev1.ConditionFalse && c.Reason == placement.StatusUnschedulable {
-			return true
+			return "gputopo: " + c.Message, true
 		}
 	}
-	return false
+	return "", false
 }
 
 // waiting: the pod exists unbound and whoever places it has looked at it.

@@ -111,8 +111,9 @@ type JobOutcome struct {
 	// Leaves and Spines are those its bound pods landed in.
 	Leaves, Spines map[string]bool
 	// Refused: a pod of it carries a refusal (the scheduler's
-	// Unschedulable or gputopo's) at the end.
+	// Unschedulable or gputopo's) at the end; Why is its message.
 	Refused bool
+	Why     string
 }
 
 // NativeRow is one path's figures.
