@@ -409,7 +409,6 @@ func (m *Manager) exclusive(ctx context.Context, uuid string) error {
 		return fmt.Errorf("GPU %s gets no MPS control daemon: %w", uuid, err)
 	}
 	record := filepath.Join(m.cfg.Root, uuid, modeFile)
-	recorded := false
 	if _, err := os.Stat(record); errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(filepath.Dir(record), 0o755); err != nil {
 			return fmt.Errorf("create MPS directory of GPU %s: %w", uuid, err)
@@ -417,7 +416,6 @@ func (m *Manager) exclusive(ctx context.Context, uuid string) error {
 		if err := os.WriteFile(record, []byte(string(have)+"\n"), 0o644); err != nil {
 			return fmt.Errorf("record compute mode of GPU %s: %w", uuid, err)
 		}
-		recorded = true
 	} else if err != nil {
 		return fmt.Errorf("read compute mode record of GPU %s: %w", uuid, err)
 	}
@@ -425,10 +423,6 @@ func (m *Manager) exclusive(ctx context.Context, uuid string) error {
 		return nil
 	}
 	if err := m.cfg.ComputeModes.SetComputeMode(uuid, gpu.ComputeModeExclusiveProcess); err != nil {
-		if recorded {
-			// Nothing changed, so nothing to set back.
-			_ = os.Remove(record)
-		}
 		return fmt.Errorf("GPU %s gets no MPS control daemon: %w; the plugin sets EXCLUSIVE_PROCESS so that only the MPS server uses a shared GPU, which needs it to run as root (privileged) with the host's NVIDIA driver (the chart runs it so)", uuid, err)
 	}
 	klog.FromContext(ctx).Info("Set compute mode for MPS", "gpu", uuid, "mode", gpu.ComputeModeExclusiveProcess, "previous", have)
