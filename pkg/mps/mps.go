@@ -129,6 +129,9 @@ func New(cfg Config) (*Manager, error) {
 	return &Manager{cfg: cfg}, nil
 }
 
+// ComputeModes is what sets the GPUs' compute modes; nil for none.
+func (m *Manager) ComputeModes() gpu.ComputeModes { return m.cfg.ComputeModes }
+
 // ControlPath is the control program the manager runs.
 func (m *Manager) ControlPath() string { return m.cfg.ControlPath }
 
