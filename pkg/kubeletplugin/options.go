@@ -224,16 +224,11 @@ func (o *Options) NewBackend(ctx context.Context) (gpu.Backend, error) {
 	}
 	opts := []sim.Option{sim.WithHealthFile(o.SimHealthFile)}
 	if o.SimDevRoot != "" {
-		opts = append(opts, sim.WithComputeModeDir(o.SimComputeModeDir()))
+		// Compute modes outlive the plugin, as a real GPU's do (without
+		// --sim-dev-root, they live in its memory).
+		opts = append(opts, sim.WithComputeModeDir(sim.ComputeModeDir(o.SimDevRoot)))
 	}
 	return sim.New(p, o.NodeName, opts...), nil
-}
-
-// SimComputeModeDir is where simulated GPUs keep their compute modes, so
-// that they outlive the plugin as a real GPU's do: beside their device
-// nodes under --sim-dev-root (without it, in the plugin's memory).
-func (o *Options) SimComputeModeDir() string {
-	return filepath.Join(o.SimDevRoot, "compute-mode")
 }
 
 // NewDriverEdits returns the CDI edits that inject the NVIDIA driver for

@@ -89,6 +89,10 @@ func (b *Backend) Discover(context.Context) (*gpu.Inventory, error) {
 	return b.inventory, nil
 }
 
+// ComputeModeDir is where the plugin keeps simulated GPUs' compute modes
+// (WithComputeModeDir) for a --sim-dev-root: beside their device nodes.
+func ComputeModeDir(simDevRoot string) string { return filepath.Join(simDevRoot, "compute-mode") }
+
 // ComputeModeFile is where a GPU's compute mode is kept under
 // WithComputeModeDir's dir.
 func ComputeModeFile(dir, uuid string) string { return filepath.Join(dir, uuid+".compute-mode") }
