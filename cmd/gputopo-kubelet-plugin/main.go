@@ -83,7 +83,7 @@ func run() error {
 	if err != nil {
 		klog.FromContext(ctx).Info("Boot ID unknown: a checkpoint from before a reboot will be kept", "reason", err)
 	}
-	mpsDaemons, err := opts.MPS(ctx)
+	mpsDaemons, err := opts.MPS(ctx, backend)
 	if err != nil {
 		return err
 	}

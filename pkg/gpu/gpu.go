@@ -155,3 +155,26 @@ type Backend interface {
 	// Close releases the backend's resources.
 	Close() error
 }
+
+// ComputeMode is a GPU's compute mode, spelt as nvidia-smi -c takes it.
+type ComputeMode string
+
+const (
+	// ComputeModeDefault: any number of processes use the GPU.
+	ComputeModeDefault ComputeMode = "DEFAULT"
+	// ComputeModeExclusiveThread is deprecated by NVIDIA; read only.
+	ComputeModeExclusiveThread ComputeMode = "EXCLUSIVE_THREAD"
+	// ComputeModeProhibited: no process uses the GPU.
+	ComputeModeProhibited ComputeMode = "PROHIBITED"
+	// ComputeModeExclusiveProcess: one process uses the GPU; with MPS,
+	// that is the MPS server, through which all clients go.
+	ComputeModeExclusiveProcess ComputeMode = "EXCLUSIVE_PROCESS"
+)
+
+// ComputeModes reads and sets GPUs' compute modes, by UUID. Backends that
+// can change them implement it; a mode set outlives the process that set
+// it, as a GPU's does.
+type ComputeModes interface {
+	ComputeMode(uuid string) (ComputeMode, error)
+	SetComputeMode(uuid string, mode ComputeMode) error
+}

@@ -2,6 +2,7 @@ package kubeletplugin
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +17,8 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/gputopo/gputopo/pkg/gpu"
+	"github.com/gputopo/gputopo/pkg/gpu/sim"
 	"github.com/gputopo/gputopo/pkg/mps"
 	"github.com/gputopo/gputopo/pkg/mps/mpstest"
 	"github.com/gputopo/gputopo/pkg/topology"
@@ -243,5 +246,82 @@ func TestSharedGPUsGetAnMPSDaemon(t *testing.T) {
 	got := again.events(t)
 	if !slices.Contains(got, "start "+uuid(2)) || slices.Contains(got, "start "+uuid(0)) {
 		t.Errorf("restart after gpu-2's daemon died: stand-in record %v, want gpu-2's daemon started again, and only it", got)
+	}
+}
+
+// deniedModes is a backend's compute modes where the plugin may not set
+// them (not root) while denied.
+type deniedModes struct {
+	*sim.Backend
+	denied bool
+}
+
+func (d *deniedModes) SetComputeMode(uuid string, mode gpu.ComputeMode) error {
+	if d.denied {
+		return fmt.Errorf("set compute mode of GPU %s to %s: Insufficient Permissions", uuid, mode)
+	}
+	return d.Backend.SetComputeMode(uuid, mode)
+}
+
+// TestSharedGPUComputeMode: a share whose GPU cannot be set to
+// EXCLUSIVE_PROCESS fails to prepare, saying so and what the plugin needs,
+// and starts no daemon; one that can runs its GPU in EXCLUSIVE_PROCESS
+// (others keep theirs) until its last share is unprepared.
+func TestSharedGPUComputeMode(t *testing.T) {
+	dir := t.TempDir()
+	record := filepath.Join(dir, "mps-record")
+	control, err := mpstest.Write(dir, record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var modes *deniedModes
+	e := newEnvWith(t, "dgx-h100", dir, func(c *Config) {
+		modes = &deniedModes{Backend: c.Backend.(*sim.Backend), denied: true}
+		m, err := mps.New(mps.Config{ControlPath: control, Root: filepath.Join(dir, "plugin", "mps"), ComputeModes: modes, StopTimeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_, ctx := ktesting.NewTestContext(t)
+			_ = m.Sync(ctx, nil)
+		})
+		c.MPS = m
+	})
+	uuid := func(i int) string { return e.drv.inv.Devices[i].UUID }
+	mode := func(i int) gpu.ComputeMode {
+		m, err := modes.ComputeMode(uuid(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+
+	err = e.prepare(t, sharedClaim("denied", "gpu-0", 250, ""))["denied"].Err
+	if err == nil {
+		t.Fatal("a share whose GPU's compute mode cannot be set: prepared")
+	}
+	for _, w := range []string{uuid(0), "Insufficient Permissions", "EXCLUSIVE_PROCESS", "root", "privileged"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("prepare error %q does not say %q", err, w)
+		}
+	}
+	if events, _ := mpstest.Read(record); len(events) != 0 {
+		t.Errorf("a daemon was started for the refused share: %v", events)
+	}
+
+	modes.denied = false
+	if err := e.prepare(t, sharedClaim("q", "gpu-0", 250, ""))["q"].Err; err != nil {
+		t.Fatal(err)
+	}
+	if mode(0) != gpu.ComputeModeExclusiveProcess || mode(1) != gpu.ComputeModeDefault {
+		t.Errorf("with a share of gpu-0: compute modes %s and %s (gpu-0, gpu-1), want %s and %s", mode(0), mode(1), gpu.ComputeModeExclusiveProcess, gpu.ComputeModeDefault)
+	}
+	_, ctx := ktesting.NewTestContext(t)
+	res, err := e.drv.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: "q"}})
+	if err != nil || res["q"] != nil {
+		t.Fatalf("unprepare: %v, %v", err, res)
+	}
+	if mode(0) != gpu.ComputeModeDefault {
+		t.Errorf("after the last share of gpu-0: compute mode %s, want %s back", mode(0), gpu.ComputeModeDefault)
 	}
 }

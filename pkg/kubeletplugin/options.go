@@ -89,7 +89,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Backend, "backend", o.Backend, "GPU discovery backend: nvml (real GPUs) or sim (simulated GPUs from a profile).")
 	fs.StringVar(&o.Profile, "profile", o.Profile, "Simulated GPU profile for --backend=sim, one of: "+strings.Join(sim.Builtin(), ", ")+".")
 	fs.StringVar(&o.ProfileFile, "profile-file", o.ProfileFile, "YAML file with a simulated GPU profile of your own (instead of --profile).")
-	fs.StringVar(&o.SimDevRoot, "sim-dev-root", o.SimDevRoot, "For --backend=sim: host directory with dev/nvidiactl, dev/nvidia<minor> of each simulated GPU and driver/; CDI specs then give containers these device nodes and driver/ at "+cdi.SimDriverDir+", as a real GPU's spec does. Empty: specs carry environment variables only.")
+	fs.StringVar(&o.SimDevRoot, "sim-dev-root", o.SimDevRoot, "For --backend=sim: host directory with dev/nvidiactl, dev/nvidia<minor> of each simulated GPU and driver/; CDI specs then give containers these device nodes and driver/ at "+cdi.SimDriverDir+", as a real GPU's spec does; the GPUs keep their compute modes in its compute-mode/<UUID>.compute-mode. Empty: specs carry environment variables only.")
 	fs.StringVar(&o.SimHealthFile, "sim-health-file", o.SimHealthFile, "For --backend=sim: file listing unhealthy GPUs, one index or UUID per line with an optional reason.")
 	fs.StringVar(&o.NVMLLibraryPath, "nvml-library-path", o.NVMLLibraryPath, "Path of libnvidia-ml.so.1 as this process sees it; empty searches the driver root's library directories.")
 	fs.StringVar(&o.DriverRoot, "nvidia-driver-root", o.DriverRoot, "Root of the NVIDIA driver installation on the host: / when installed on the host, /run/nvidia/driver with the GPU Operator. CDI specs name host paths under it.")
@@ -222,7 +222,13 @@ func (o *Options) NewBackend(ctx context.Context) (gpu.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sim.New(p, o.NodeName, sim.WithHealthFile(o.SimHealthFile)), nil
+	opts := []sim.Option{sim.WithHealthFile(o.SimHealthFile)}
+	if o.SimDevRoot != "" {
+		// Compute modes outlive the plugin, as a real GPU's do (without
+		// --sim-dev-root, they live in its memory).
+		opts = append(opts, sim.WithComputeModeDir(sim.ComputeModeDir(o.SimDevRoot)))
+	}
+	return sim.New(p, o.NodeName, opts...), nil
 }
 
 // NewDriverEdits returns the CDI edits that inject the NVIDIA driver for
@@ -254,11 +260,15 @@ func (o *Options) NewDriverEdits(ctx context.Context, backend gpu.Backend) (cdi.
 
 // MPS returns the manager of shared GPUs' MPS control daemons, whose
 // directories live in <plugin directory>/mps; nil for simulated GPUs
-// without --mps-control-path. For real GPUs the control program is only
+// without --mps-control-path. The backend, where it can, sets each shared
+// GPU's compute mode to EXCLUSIVE_PROCESS while its daemon runs. For real GPUs the control program is only
 // looked for when a share is prepared, so a node without it serves whole
 // GPUs, and a share on it fails with what to set.
-func (o *Options) MPS(ctx context.Context) (*mps.Manager, error) {
+func (o *Options) MPS(ctx context.Context, backend gpu.Backend) (*mps.Manager, error) {
 	cfg := mps.Config{ControlPath: o.MPSControlPath, Root: filepath.Join(o.PluginDir(), "mps")}
+	if modes, ok := backend.(gpu.ComputeModes); ok {
+		cfg.ComputeModes = modes
+	}
 	// The daemon starts through this program (see mps.Launch), for a
 	// /dev/shm of its GPU's own.
 	exe, err := os.Executable()

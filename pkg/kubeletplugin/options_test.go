@@ -11,6 +11,8 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gputopo/gputopo/pkg/cdi"
+	"github.com/gputopo/gputopo/pkg/gpu"
+	"github.com/gputopo/gputopo/pkg/gpu/sim"
 )
 
 // hookScript writes a stand-in nvidia-cdi-hook that knows commands: it
@@ -128,9 +130,19 @@ func TestValidateHookFlags(t *testing.T) {
 	}
 }
 
+func mustProfile(t *testing.T) *sim.Profile {
+	t.Helper()
+	p, err := sim.LoadBuiltin("pcie-only")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // TestMPSControlPath: real GPUs look for the control program in the driver
 // root as the plugin sees it, unless the flag names one; simulated GPUs
-// run no daemon unless it does; a relative path is refused.
+// run no daemon unless it does; a relative path is refused. The manager
+// sets compute modes through the backend.
 func TestMPSControlPath(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	for name, tc := range map[string]struct {
@@ -145,13 +157,18 @@ func TestMPSControlPath(t *testing.T) {
 		o := NewOptions()
 		o.Backend, o.MPSControlPath, o.PluginsDir = tc.backend, tc.flag, "/var/lib/kubelet/plugins"
 		o.DriverRoot, o.ContainerDriverRoot, o.NVMLLibraryPath = "/run/nvidia/driver", "/driver-root", "/driver-root/usr/lib64/libnvidia-ml.so.1"
-		m, err := o.MPS(ctx)
+		backend := sim.New(mustProfile(t), "n")
+		m, err := o.MPS(ctx, backend)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		got := ""
 		if m != nil {
 			got = m.ControlPath()
+			// The backend sets the shared GPUs' compute modes.
+			if m.ComputeModes() != gpu.ComputeModes(backend) {
+				t.Errorf("%s: compute modes set through %v, want the backend", name, m.ComputeModes())
+			}
 			if want := "/var/lib/kubelet/plugins/gpu.gputopo.dev/mps/GPU-1/pipe"; m.PipeDir("GPU-1") != want {
 				t.Errorf("%s: pipe directory %s, want %s", name, m.PipeDir("GPU-1"), want)
 			}

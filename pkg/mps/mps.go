@@ -9,6 +9,12 @@
 // file) and the limits last sent, so a restarted plugin finds its daemons,
 // starts the ones that died, and stops the ones nothing needs any more,
 // never starting a second daemon for a GPU.
+//
+// As NVIDIA's DRA driver does, a GPU is put into the EXCLUSIVE_PROCESS
+// compute mode before its daemon starts, so the MPS server is the GPU's one
+// process and a process that bypasses MPS cannot use the GPU; the mode it
+// had is recorded beside the daemon's state and set again once the daemon
+// is stopped, by this plugin or by a restarted one.
 package mps
 
 import (
@@ -31,6 +37,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
+	"github.com/gputopo/gputopo/pkg/gpu"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
@@ -50,6 +57,8 @@ const (
 	logDir     = "log"
 	shmDir     = "shm"
 	limitsFile = "limits.json"
+	// modeFile holds the compute mode the GPU had before its daemon.
+	modeFile = "previous-compute-mode"
 )
 
 // ErrNoControl is returned when the control program cannot be run.
@@ -91,6 +100,10 @@ type Config struct {
 	// server and its clients must share /dev/shm (needs CAP_SYS_ADMIN).
 	// Empty: the daemon runs with this process's /dev/shm.
 	Launcher string
+	// ComputeModes, when set, is how the GPUs' compute modes are read and
+	// set: EXCLUSIVE_PROCESS while a daemon runs, the mode before it once
+	// it is stopped. Nil leaves them alone.
+	ComputeModes gpu.ComputeModes
 	// StartTimeout bounds the wait for a started daemon's pid file, and
 	// StopTimeout the wait for a daemon told to quit; 0 means 30 s.
 	StartTimeout, StopTimeout time.Duration
@@ -115,6 +128,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	return &Manager{cfg: cfg}, nil
 }
+
+// ComputeModes is what sets the GPUs' compute modes; nil for none.
+func (m *Manager) ComputeModes() gpu.ComputeModes { return m.cfg.ComputeModes }
 
 // ControlPath is the control program the manager runs.
 func (m *Manager) ControlPath() string { return m.cfg.ControlPath }
@@ -218,6 +234,12 @@ func (m *Manager) ensure(ctx context.Context, uuid string, want Limits) error {
 	}
 	logger := klog.FromContext(ctx)
 	pid := m.Running(uuid)
+	// Before a daemon starts, and again for one that runs (a mode changed
+	// behind its back, or a plugin stopped between setting it and
+	// starting the daemon).
+	if err := m.exclusive(ctx, uuid); err != nil {
+		return err
+	}
 	if pid == 0 {
 		if err := m.start(ctx, uuid); err != nil {
 			return err
@@ -367,8 +389,73 @@ func (m *Manager) stop(ctx context.Context, uuid string) error {
 		}
 		logger.Info("Stopped MPS control daemon", "gpu", uuid, "pid", pid)
 	}
+	// The directory, with the mode record, stays until the mode is back:
+	// the next sync tries again.
+	if err := m.restore(ctx, uuid); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(filepath.Join(m.cfg.Root, uuid)); err != nil {
 		return fmt.Errorf("remove MPS directory of GPU %s: %w", uuid, err)
+	}
+	return nil
+}
+
+// exclusive puts a GPU into EXCLUSIVE_PROCESS unless it is, recording the
+// mode it had unless a record is there already (that of the mode before
+// an earlier daemon, which was never set back).
+func (m *Manager) exclusive(ctx context.Context, uuid string) error {
+	if m.cfg.ComputeModes == nil {
+		return nil
+	}
+	have, err := m.cfg.ComputeModes.ComputeMode(uuid)
+	if err != nil {
+		return fmt.Errorf("GPU %s gets no MPS control daemon: %w", uuid, err)
+	}
+	record := filepath.Join(m.cfg.Root, uuid, modeFile)
+	if _, err := os.Stat(record); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(filepath.Dir(record), 0o755); err != nil {
+			return fmt.Errorf("create MPS directory of GPU %s: %w", uuid, err)
+		}
+		if err := os.WriteFile(record, []byte(string(have)+"\n"), 0o644); err != nil {
+			return fmt.Errorf("record compute mode of GPU %s: %w", uuid, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("read compute mode record of GPU %s: %w", uuid, err)
+	}
+	if have == gpu.ComputeModeExclusiveProcess {
+		return nil
+	}
+	if err := m.cfg.ComputeModes.SetComputeMode(uuid, gpu.ComputeModeExclusiveProcess); err != nil {
+		return fmt.Errorf("GPU %s gets no MPS control daemon: %w; the plugin sets EXCLUSIVE_PROCESS so that only the MPS server uses a shared GPU, which needs it to run as root (privileged) with the host's NVIDIA driver (the chart runs it so)", uuid, err)
+	}
+	klog.FromContext(ctx).Info("Set compute mode for MPS", "gpu", uuid, "mode", gpu.ComputeModeExclusiveProcess, "previous", have)
+	return nil
+}
+
+// restore sets the compute mode a GPU had before its daemon back, when
+// one was recorded, and removes the record.
+func (m *Manager) restore(ctx context.Context, uuid string) error {
+	record := filepath.Join(m.cfg.Root, uuid, modeFile)
+	data, err := os.ReadFile(record)
+	if errors.Is(err, fs.ErrNotExist) || m.cfg.ComputeModes == nil {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read compute mode record of GPU %s: %w", uuid, err)
+	}
+	was := gpu.ComputeMode(strings.TrimSpace(string(data)))
+	have, err := m.cfg.ComputeModes.ComputeMode(uuid)
+	if err == nil && have != was {
+		err = m.cfg.ComputeModes.SetComputeMode(uuid, was)
+	}
+	if err != nil {
+		return fmt.Errorf("set GPU %s back to compute mode %s, which it had before its MPS control daemon: %w (kept in %s; the plugin tries again)", uuid, was, err, record)
+	}
+	if err := os.Remove(record); err != nil {
+		return fmt.Errorf("remove compute mode record of GPU %s: %w", uuid, err)
+	}
+	if have != was {
+		klog.FromContext(ctx).Info("Set compute mode back after MPS", "gpu", uuid, "mode", was)
 	}
 	return nil
 }

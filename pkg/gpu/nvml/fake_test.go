@@ -49,6 +49,10 @@ type fakeGPU struct {
 	typeRet gonvml.Return
 	// remotePciRet, when set, is returned by GetNvLinkRemotePciInfo.
 	remotePciRet gonvml.Return
+	// computeMode is the mode the GPU starts in; SetComputeMode changes
+	// it unless setModeRet is set, which it then returns.
+	computeMode gonvml.ComputeMode
+	setModeRet  gonvml.Return
 }
 
 func fakeUUID(i int) string { return fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", i) }
@@ -64,7 +68,16 @@ func newFakeDevice(i int, g fakeGPU) *mock.Device {
 		}
 		return g.links[n], gonvml.SUCCESS
 	}
+	mode := g.computeMode
 	d := &mock.Device{
+		GetComputeModeFunc: func() (gonvml.ComputeMode, gonvml.Return) { return mode, gonvml.SUCCESS },
+		SetComputeModeFunc: func(m gonvml.ComputeMode) gonvml.Return {
+			if g.setModeRet != gonvml.SUCCESS {
+				return g.setModeRet
+			}
+			mode = m
+			return gonvml.SUCCESS
+		},
 		GetUUIDFunc: func() (string, gonvml.Return) { return fakeUUID(i), gonvml.SUCCESS },
 		GetMigModeFunc: func() (int, int, gonvml.Return) {
 			if g.mig {
@@ -197,6 +210,14 @@ func newFakeLib(devs ...gonvml.Device) *mock.Interface {
 				return nil, gonvml.ERROR_INVALID_ARGUMENT
 			}
 			return devs[i], gonvml.SUCCESS
+		},
+		DeviceGetHandleByUUIDFunc: func(uuid string) (gonvml.Device, gonvml.Return) {
+			for _, d := range devs {
+				if u, _ := d.GetUUID(); u == uuid {
+					return d, gonvml.SUCCESS
+				}
+			}
+			return nil, gonvml.ERROR_NOT_FOUND
 		},
 		SystemGetDriverVersionFunc: func() (string, gonvml.Return) { return "550.54.15", gonvml.SUCCESS },
 		SystemGetCudaDriverVersion_v2Func: func() (int, gonvml.Return) {

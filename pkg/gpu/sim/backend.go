@@ -5,9 +5,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,9 +34,15 @@ type Backend struct {
 	reported  map[string]gpu.HealthEvent // last state sent, by UUID
 	inventory *gpu.Inventory
 	kick      chan struct{}
+
+	modeDir string                     // see WithComputeModeDir
+	modes   map[string]gpu.ComputeMode // by UUID, without modeDir
 }
 
-var _ gpu.Backend = (*Backend)(nil)
+var (
+	_ gpu.Backend      = (*Backend)(nil)
+	_ gpu.ComputeModes = (*Backend)(nil)
+)
 
 // Option configures a Backend.
 type Option func(*Backend)
@@ -41,6 +50,11 @@ type Option func(*Backend)
 // WithHealthFile makes the backend read faults from file. A missing file
 // means every GPU is healthy.
 func WithHealthFile(file string) Option { return func(b *Backend) { b.healthFile = file } }
+
+// WithComputeModeDir keeps each GPU's compute mode in dir/<UUID>.compute-mode
+// (absent: DEFAULT), so that it outlives the process, as a real GPU's does,
+// and tests can read and change it. Without it the modes live in memory.
+func WithComputeModeDir(dir string) Option { return func(b *Backend) { b.modeDir = dir } }
 
 // WithPollInterval sets how often the health file is read.
 func WithPollInterval(d time.Duration) Option { return func(b *Backend) { b.poll = d } }
@@ -55,6 +69,7 @@ func New(profile *Profile, node string, opts ...Option) *Backend {
 		injected: map[string]gpu.HealthEvent{},
 		reported: map[string]gpu.HealthEvent{},
 		kick:     make(chan struct{}, 1),
+		modes:    map[string]gpu.ComputeMode{},
 	}
 	for _, o := range opts {
 		o(b)
@@ -72,6 +87,71 @@ func (b *Backend) Close() error { return nil }
 // Discover implements gpu.Backend.
 func (b *Backend) Discover(context.Context) (*gpu.Inventory, error) {
 	return b.inventory, nil
+}
+
+// ComputeModeDir is where the plugin keeps simulated GPUs' compute modes
+// (WithComputeModeDir) for a --sim-dev-root: beside their device nodes.
+func ComputeModeDir(simDevRoot string) string { return filepath.Join(simDevRoot, "compute-mode") }
+
+// ComputeModeFile is where a GPU's compute mode is kept under
+// WithComputeModeDir's dir.
+func ComputeModeFile(dir, uuid string) string { return filepath.Join(dir, uuid+".compute-mode") }
+
+// ComputeMode implements gpu.ComputeModes.
+func (b *Backend) ComputeMode(uuid string) (gpu.ComputeMode, error) {
+	if err := b.known(uuid); err != nil {
+		return "", err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.modeDir == "" {
+		if m, ok := b.modes[uuid]; ok {
+			return m, nil
+		}
+		return gpu.ComputeModeDefault, nil
+	}
+	data, err := os.ReadFile(ComputeModeFile(b.modeDir, uuid))
+	if errors.Is(err, fs.ErrNotExist) {
+		return gpu.ComputeModeDefault, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read compute mode of simulated GPU %s: %w", uuid, err)
+	}
+	return gpu.ComputeMode(strings.TrimSpace(string(data))), nil
+}
+
+// SetComputeMode implements gpu.ComputeModes.
+func (b *Backend) SetComputeMode(uuid string, mode gpu.ComputeMode) error {
+	if err := b.known(uuid); err != nil {
+		return err
+	}
+	switch mode {
+	case gpu.ComputeModeDefault, gpu.ComputeModeExclusiveProcess, gpu.ComputeModeProhibited:
+	default:
+		return fmt.Errorf("set compute mode of simulated GPU %s: %q is not one NVML sets (%s, %s or %s)", uuid, mode, gpu.ComputeModeDefault, gpu.ComputeModeExclusiveProcess, gpu.ComputeModeProhibited)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.modeDir == "" {
+		b.modes[uuid] = mode
+		return nil
+	}
+	if err := os.MkdirAll(b.modeDir, 0o755); err != nil {
+		return fmt.Errorf("set compute mode of simulated GPU %s: %w", uuid, err)
+	}
+	if err := os.WriteFile(ComputeModeFile(b.modeDir, uuid), []byte(string(mode)+"\n"), 0o644); err != nil {
+		return fmt.Errorf("set compute mode of simulated GPU %s: %w", uuid, err)
+	}
+	return nil
+}
+
+func (b *Backend) known(uuid string) error {
+	for _, d := range b.inventory.Devices {
+		if d.UUID == uuid {
+			return nil
+		}
+	}
+	return fmt.Errorf("simulated GPU %s is not one of node %s's", uuid, b.node)
 }
 
 // SetHealth injects a fault (healthy=false) or clears it for GPU index.

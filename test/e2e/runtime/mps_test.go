@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/gputopo/gputopo/pkg/gpu"
+	"github.com/gputopo/gputopo/pkg/gpu/sim"
 	"github.com/gputopo/gputopo/pkg/mps"
 	"github.com/gputopo/gputopo/pkg/mps/mpstest"
 	"github.com/gputopo/gputopo/pkg/topology"
@@ -38,6 +40,8 @@ const mpsReport = `env; echo @@mounts; grep ' ` + topology.MPSContainerPipeDir +
 // none of them; a plugin
 // restart neither doubles nor loses the daemon; deleting one share's pod
 // keeps it, deleting the last stops it (quit) and removes its directory.
+// The simulated GPU is in compute mode EXCLUSIVE_PROCESS while its daemon
+// runs and DEFAULT again after.
 func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 	dir := t.TempDir()
 	// The plugin (root) and its daemons run the stand-in from here.
@@ -106,6 +110,10 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 	}
 	uuid := str(devices[shared], topology.AttrUUID)
 	pipe := filepath.Join(root, uuid, "pipe")
+	modeFile := sim.ComputeModeFile(sim.ComputeModeDir(lc.SimDevRoot(node)), uuid)
+	if got := readMode(t, modeFile); got != gpu.ComputeModeExclusiveProcess {
+		t.Errorf("compute mode of %s with its MPS daemon running: %q, want %s", shared, got, gpu.ComputeModeExclusiveProcess)
+	}
 
 	// One daemon, for the shared GPU, told the share's limits.
 	seenA := parseReport(t, logsA)
@@ -200,6 +208,19 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, uuid)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("MPS directory of %s after the last share: %v; want it removed", uuid, err)
 	}
+	if got := readMode(t, modeFile); got != gpu.ComputeModeDefault {
+		t.Errorf("compute mode of %s after its MPS daemon stopped: %q, want %s back", shared, got, gpu.ComputeModeDefault)
+	}
+}
+
+// readMode reads a simulated GPU's compute mode as the plugin left it.
+func readMode(t *testing.T, file string) gpu.ComputeMode {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatalf("compute mode of the simulated GPU: %v", err)
+	}
+	return gpu.ComputeMode(strings.TrimSpace(string(data)))
 }
 
 func readRecord(t *testing.T, path string) []mpstest.Event {
