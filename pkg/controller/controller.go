@@ -140,6 +140,13 @@ type Controller struct {
 	opened  map[types.UID]time.Time  // when this process opened a pod's gate
 	noted   map[types.UID]bool       // pods whose lost node was reported
 	planned map[types.UID]plannedPod // gated pods with DRA extended resources, where they were planned
+	// inflight holds the devices of the plans of groups whose devices
+	// kube-scheduler allocates (steer), from the plan until their pods are
+	// bound, for every other group's plan: nothing else shows them before
+	// the scheduler's cycle, and two groups would be sent to the same
+	// room. inflightAt is when each was planned.
+	inflight   *planner.Reservations
+	inflightAt map[string]time.Time
 	usage   planner.NodeUsage        // what the pods on each node request
 	// tracker keeps the plans' snapshot up to date from the claim index
 	// and usage; usageDirty names the nodes whose usage changed since.
@@ -215,6 +222,7 @@ func New(cfg Config) (*Controller, error) {
 		opened:   map[types.UID]time.Time{},
 		noted:    map[types.UID]bool{},
 		planned:  map[types.UID]plannedPod{},
+		inflight: planner.NewReservations(), inflightAt: map[string]time.Time{},
 		usage:    planner.NodeUsage{},
 
 		usageDirty:   map[string]bool{},

@@ -1,8 +1,10 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
@@ -10,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	"github.com/gputopo/gputopo/pkg/planner"
 )
@@ -203,11 +206,40 @@ func (g *group) addSchedulerAllocated(m *member, c *Controller) {
 // steer records where a group whose devices the scheduler allocates was
 // planned: only its domain is kept (the scheduler picks each pod's node
 // within it), until the gates open with node affinity to that domain.
-func (c *Controller) steer(g *group, plan *planner.Plan) {
+func (c *Controller) steer(ctx context.Context, g *group, plan *planner.Plan) {
 	domain := plan.Domain.Format()
 	for _, u := range g.units {
 		for _, m := range u.members {
 			c.notePlanned(m.pod.UID, plannedPod{domain: domain})
 		}
 	}
+	// The plan's devices stay taken for other groups' plans until the
+	// scheduler has bound the pods (trackInflight).
+	if err := c.inflight.Add(plan.Reservation()); err != nil {
+		klog.FromContext(ctx).V(2).Info("The steered group's devices are held by another steered group", "group", g.key, "err", err)
+	}
+	c.mu.Lock()
+	c.inflightAt[g.key] = time.Now()
+	c.mu.Unlock()
+}
+
+// trackInflight ends the hold steer took for a group: once none of its
+// pods waits for the scheduler (all bound, or gone), or when they have
+// waited longer than the bind timeout, after which the scheduler's own
+// view decides.
+func (c *Controller) trackInflight(g *group) {
+	c.mu.Lock()
+	at, ok := c.inflightAt[g.key]
+	c.mu.Unlock()
+	if !ok {
+		return
+	}
+	waiting := !g.gone && g.schedAlloc && len(g.steered)+len(g.held) > 0
+	if waiting && time.Since(at) <= c.cfg.BindTimeout {
+		return
+	}
+	c.inflight.Remove(g.key)
+	c.mu.Lock()
+	delete(c.inflightAt, g.key)
+	c.mu.Unlock()
 }

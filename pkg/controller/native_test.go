@@ -183,6 +183,45 @@ func TestSchedulerModeSteersWithoutAllocating(t *testing.T) {
 	}
 }
 
+// Two gangs the scheduler allocates, planned one after the other before it
+// binds either: the first one's plan holds its leaf's devices for the
+// second one's plan (nothing else shows them yet), so the second is sent
+// to the other leaf, not to the room the first will take. Once the first
+// one's pods are bound the hold ends.
+func TestSteeredGangsDoNotShareRoom(t *testing.T) {
+	h := newNativeHarness(t, AllocationAuto, job("a", 2), podGroup("a-pg", 2, topology.LabelTopographLeaf),
+		job("b", 2), podGroup("b-pg", 2, topology.LabelTopographLeaf))
+	for _, j := range []string{"a", "b"} {
+		for i := range 2 {
+			h.addPod(withPodGroup(jobPod(j, i, "gpu-8-node", nil), j+"-pg"))
+		}
+	}
+	h.place("default/job/a")
+	h.place("default/job/b")
+	domain := func(j string) string { return h.pod(j + "-0").Annotations[placement.AnnotationDomain] }
+	if domain("a") == "" || domain("a") == domain("b") {
+		t.Fatalf("gang a in %q, gang b in %q: both sent to one leaf of two whole nodes", domain("a"), domain("b"))
+	}
+	if _, held := h.c.inflight.Get("default/job/a"); !held {
+		t.Fatal("gang a's devices are not held while its pods wait for the scheduler")
+	}
+	for i := range 2 {
+		p := h.pod(fmt.Sprintf("a-%d", i))
+		p.Spec.NodeName = fmt.Sprintf("n%d", i)
+		if strings.Contains(domain("a"), "leaf-1") {
+			p.Spec.NodeName = fmt.Sprintf("n%d", i+2)
+		}
+		if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.settle()
+	h.sync("default/job/a")
+	if _, held := h.c.inflight.Get("default/job/a"); held {
+		t.Error("gang a's hold outlives the binding of all its pods")
+	}
+}
+
 // The same gang without a PodGroup stays controller-allocated in auto
 // mode: nothing else would make it all or nothing.
 func TestAutoModeAllocatesGroupsWithoutAPodGroup(t *testing.T) {

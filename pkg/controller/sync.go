@@ -259,6 +259,7 @@ func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	if err != nil {
 		return done, err
 	}
+	c.trackInflight(o.g)
 	d := decide(o, c.cfg.BindTimeout)
 	return c.act(ctx, o, d, start)
 }
@@ -467,7 +468,7 @@ func (c *Controller) place(ctx context.Context, o *observation, d decision, star
 		return done, err
 	}
 	if g.schedAlloc {
-		c.steer(g, plan)
+		c.steer(ctx, g, plan)
 	} else if err := c.allocate(ctx, g, plan); err != nil {
 		return done, err
 	}
@@ -557,11 +558,11 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 		// The reserved nodes wait for the group that reserved them.
 		view = snap.Holding(reserved.hold.Nodes)
 	}
-	plan, err := c.planner.Plan(ctx, view, nil, job)
+	plan, err := c.planner.Plan(ctx, view, c.inflight, job)
 	var unsched *planner.Unschedulable
 	if errors.As(err, &unsched) && held {
 		// Say so when the reservation is what keeps the group waiting.
-		if _, free := c.planner.Plan(ctx, snap, nil, job); free == nil {
+		if _, free := c.planner.Plan(ctx, snap, c.inflight, job); free == nil {
 			unsched.Reason = fmt.Sprintf("it fits only on nodes another group reserved: %s", reserved)
 			unsched.Best, unsched.Details = "", nil
 		}
