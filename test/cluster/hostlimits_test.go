@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -95,7 +96,7 @@ func TestLimitsErrorSaysWhatToRun(t *testing.T) {
 	for _, want := range []string{
 		"fs.inotify.max_user_instances is 128, needs 512: sudo sysctl -w fs.inotify.max_user_instances=512",
 		"fs.inotify.max_user_watches is 8192, needs 16384: sudo sysctl -w fs.inotify.max_user_watches=16384",
-		"open files (ulimit -n) is 1024, needs 20480: ulimit -n 20480",
+		fmt.Sprintf("open files (ulimit -n) is 1024, needs %[1]d: ulimit -n %[1]d", NeedsFor(16, 64).OpenFiles),
 	} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error does not say %q:\n%s", want, msg)
