@@ -147,7 +147,7 @@ type Controller struct {
 	// room. inflightAt is when each was planned.
 	inflight   *planner.Reservations
 	inflightAt map[string]time.Time
-	usage   planner.NodeUsage        // what the pods on each node request
+	usage      planner.NodeUsage // what the pods on each node request
 	// tracker keeps the plans' snapshot up to date from the claim index
 	// and usage; usageDirty names the nodes whose usage changed since.
 	tracker    *planner.Tracker
@@ -223,7 +223,7 @@ func New(cfg Config) (*Controller, error) {
 		noted:    map[types.UID]bool{},
 		planned:  map[types.UID]plannedPod{},
 		inflight: planner.NewReservations(), inflightAt: map[string]time.Time{},
-		usage:    planner.NodeUsage{},
+		usage: planner.NodeUsage{},
 
 		usageDirty:   map[string]bool{},
 		unreservable: map[string]bool{},
