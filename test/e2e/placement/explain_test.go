@@ -284,6 +284,21 @@ func TestExplainSelectorMatchesNothing(t *testing.T) {
 
 	unmanagedPod(t, "plain-explain-blackwell", "explain-blackwell")
 	checkExplain(t, explainCase{target: "pod/plain-explain-blackwell", state: "pending", problems: []string{problem}, doc: "6. "})
+
+	// A single pod gputopo manages (no Job): the same answer, for the pod.
+	unmanagedPod(t, "solo-explain-blackwell", "explain-blackwell", func(p *corev1.Pod) {
+		p.Annotations = map[string]string{placementapi.AnnotationPlacement: string(placementapi.PlacementAuto)}
+	})
+	framework.Eventually(t, waitStatus, "the single pod's condition "+placementapi.ConditionPlaced+" False/Unschedulable", func() (bool, string) {
+		p, err := client.CoreV1().Pods(namespace).Get(context.Background(), "solo-explain-blackwell", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return hasGate(p) && placedConditionSays(p, corev1.ConditionFalse, placementapi.StatusUnschedulable, "not even when empty"),
+			fmt.Sprintf("gated %v, conditions %+v", hasGate(p), p.Status.Conditions)
+	})
+	checkExplain(t, explainCase{target: "pod/solo-explain-blackwell", state: "waiting (gated)",
+		why: []string{"Unschedulable: ", "not even when empty"}, problems: []string{problem}})
 }
 
 // TestExplainShareWithoutSharedGPU: a share of a GPU (gpu-share-quarter)
