@@ -380,3 +380,34 @@ func TestCheckStopsAtFirstBreach(t *testing.T) {
 		t.Errorf("breach reads %q", s)
 	}
 }
+
+// TestClashIsGivenTimeToBeTakenBack: two claims on one device, neither
+// with a bound consumer (the controller's and the scheduler's, written in
+// the same instant), breach only once the clash has lasted the limit; one
+// that ends first counts as taken back; two bound consumers breach at once.
+func TestClashIsGivenTimeToBeTakenBack(t *testing.T) {
+	nodes, sl := testNodes(t)
+	clashing := []resourcev1.ResourceClaim{allocated("a", "n0", []string{"gpu-0"}), allocated("b", "n0", []string{"gpu-0"})}
+	c := newChecker(limits{unconsumed: time.Minute, waiting: 90 * time.Second, clash: 30 * time.Second})
+	if b := c.check(context.Background(), &view{at: t0, nodes: nodes, slices: sl, claims: clashing}); b != nil && b.invariant == invDevices {
+		t.Fatalf("a new clash of unbound claims breached at once: %v", b)
+	}
+	if b := c.check(context.Background(), &view{at: t0.Add(30 * time.Second), nodes: nodes, slices: sl, claims: clashing}); b == nil || b.invariant != invDevices || !strings.Contains(b.what, "longer than the 30s") {
+		t.Fatalf("a clash that lasted the limit: %v, want a breach of invariant 1", b)
+	}
+
+	c = newChecker(limits{unconsumed: time.Minute, waiting: 90 * time.Second, clash: 30 * time.Second})
+	c.check(context.Background(), &view{at: t0, nodes: nodes, slices: sl, claims: clashing})
+	c.check(context.Background(), &view{at: t0.Add(time.Second), nodes: nodes, slices: sl, claims: clashing[:1]})
+	if c.clashes != 1 || c.repaired != 1 {
+		t.Errorf("clashes %d, taken back %d; want 1 and 1", c.clashes, c.repaired)
+	}
+
+	pa := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pa", UID: "uid-pa"}, Spec: corev1.PodSpec{NodeName: "n0"}}
+	pb := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pb", UID: "uid-pb"}, Spec: corev1.PodSpec{NodeName: "n0"}}
+	both := []resourcev1.ResourceClaim{allocated("a", "n0", []string{"gpu-0"}, pa), allocated("b", "n0", []string{"gpu-0"}, pb)}
+	c = newChecker(limits{unconsumed: time.Minute, waiting: 90 * time.Second, clash: 30 * time.Second})
+	if b := c.check(context.Background(), &view{at: t0, nodes: nodes, slices: sl, claims: both, pods: []corev1.Pod{*pa, *pb}}); b == nil || b.invariant != invDevices {
+		t.Fatalf("two bound consumers on one device: %v, want a breach at once", b)
+	}
+}

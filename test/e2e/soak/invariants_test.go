@@ -67,6 +67,13 @@ type limits struct {
 	// reserved is added to waiting for a group the controller says fits
 	// only on nodes another group reserved: its reservation timeout.
 	reserved time.Duration
+	// clash is how long a device may stay held beyond what it allows
+	// while at most one of its holders' claims has a bound consumer. The
+	// controller and kube-scheduler allocate independently: a claim each
+	// writes in the same instant can name one device, and the controller
+	// takes its own back (DeviceConflict) before its pod binds. Two
+	// holders with bound consumers breach at once.
+	clash time.Duration
 }
 
 // checker checks views one after the other; the timed invariants keep
@@ -80,6 +87,11 @@ type checker struct {
 	// fitsSince: group → when the planner first found it a place, in the
 	// run of views that all did.
 	fitsSince map[string]time.Time
+	// clashSince: a device held beyond what it allows, by the same claims
+	// → when it was first seen so, in the run of views that showed it.
+	clashSince map[string]time.Time
+	// clashes counts the clashes seen and repaired within the limit.
+	clashes, repaired int
 	// checks counts the checks run, by invariant.
 	checks map[int]int
 	// longest is the longest a pending pod had waited, in a check, since
@@ -102,13 +114,13 @@ func (c *checker) longestWait() string {
 
 func newChecker(l limits) *checker {
 	return &checker{limits: l, oracle: newOracle(), unconsumedSince: map[types.UID]time.Time{},
-		fitsSince: map[string]time.Time{}, checks: map[int]int{}, answers: map[string]int{}}
+		fitsSince: map[string]time.Time{}, clashSince: map[string]time.Time{}, checks: map[int]int{}, answers: map[string]int{}}
 }
 
 // check runs invariants 1 to 3 on a view and returns the first breach.
 func (c *checker) check(ctx context.Context, v *view) *breach {
 	c.checks[invDevices]++
-	if what := doubleAllocations(v); what != "" {
+	if what := c.clashes1(v); what != "" {
 		return &breach{invariant: invDevices, at: v.at, what: what}
 	}
 	c.checks[invConsumer]++
@@ -147,6 +159,69 @@ func (h holding) String() string {
 // stays within its capacity; no device may be held whole twice, or whole
 // and in shares at once.
 func doubleAllocations(v *view) string {
+	var out []string
+	for _, c := range deviceClashes(v) {
+		out = append(out, c.what)
+	}
+	return strings.Join(out, "\n")
+}
+
+// clash is one device held beyond what it allows.
+type clash struct {
+	key  string // the device and its holders' claims
+	what string
+	// bound: every holder's claim has a bound consumer, so two pods may
+	// use the device at once.
+	bound bool
+}
+
+// clashes1 judges invariant 1 on a view: a clash whose holders are all
+// bound breaches at once; another breaches once it has lasted longer
+// than limits.clash in the views that showed it.
+func (c *checker) clashes1(v *view) string {
+	seen := map[string]bool{}
+	var out []string
+	for _, cl := range deviceClashes(v) {
+		seen[cl.key] = true
+		first, ok := c.clashSince[cl.key]
+		if !ok {
+			first = v.at
+			c.clashSince[cl.key] = first
+			c.clashes++
+		}
+		switch {
+		case cl.bound:
+			out = append(out, cl.what+"\n  (every holder's claim has a bound consumer)")
+		case v.at.Sub(first) >= c.limits.clash:
+			out = append(out, fmt.Sprintf("%s\n  (for %s, longer than the %s the controller has to take its claim back)", cl.what, v.at.Sub(first).Round(time.Millisecond), c.limits.clash))
+		}
+	}
+	for k := range c.clashSince {
+		if !seen[k] {
+			delete(c.clashSince, k)
+			c.repaired++
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// deviceClashes lists the devices allocated claims hold beyond what the
+// API allows (doubleAllocations).
+func deviceClashes(v *view) []clash {
+	bound := map[types.UID]bool{}
+	for i := range v.pods {
+		if v.pods[i].Spec.NodeName != "" {
+			bound[v.pods[i].UID] = true
+		}
+	}
+	hasBound := func(cl *resourcev1.ResourceClaim) bool {
+		for _, r := range cl.Status.ReservedFor {
+			if bound[r.UID] {
+				return true
+			}
+		}
+		return false
+	}
 	byDevice := map[string][]holding{}
 	for i := range v.claims {
 		cl := &v.claims[i]
@@ -162,7 +237,7 @@ func doubleAllocations(v *view) string {
 		}
 	}
 	devices := publishedDevices(v.slices)
-	var out []string
+	var out []clash
 	for _, id := range sortedKeys(byDevice) {
 		hs := byDevice[id]
 		var whole, shares []holding
@@ -186,12 +261,16 @@ func doubleAllocations(v *view) string {
 			continue
 		}
 		lines := []string{fmt.Sprintf("device %s is %s:", id, problem)}
+		key := id
+		allBound := true
 		for _, h := range hs {
 			lines = append(lines, "  "+h.String())
+			key += "|" + string(h.claim.UID)
+			allBound = allBound && hasBound(h.claim)
 		}
-		out = append(out, strings.Join(lines, "\n"))
+		out = append(out, clash{key: key, what: strings.Join(lines, "\n"), bound: allBound})
 	}
-	return strings.Join(out, "\n")
+	return out
 }
 
 // shareProblem says what is wrong with shares of one device: the device

@@ -118,7 +118,7 @@ func TestSoak(t *testing.T) {
 	}
 	bind, _ := time.ParseDuration(bindTimeout)
 	reserved, _ := time.ParseDuration(reservationTimeout)
-	lim := limits{unconsumed: unconsumedLimit, waiting: bind + waitingSlack, reserved: reserved}
+	lim := limits{unconsumed: unconsumedLimit, waiting: bind + waitingSlack, reserved: reserved, clash: bind + waitingSlack}
 	classes, err := client.ResourceV1().DeviceClasses().List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatalf("list DeviceClasses: %v", err)
@@ -284,6 +284,7 @@ func TestSoak(t *testing.T) {
 		nBreach = 1
 	}
 	summary = append(summary, fmt.Sprintf("planner's answers for waiting groups: %s (last not judged: %s)", counts(chk.answers), chk.lastNotJudged))
+	summary = append(summary, fmt.Sprintf("devices held beyond what they allow, by claims not all bound: %d seen, %d taken back within %s", chk.clashes, chk.repaired, lim.clash))
 	summary = append(summary, fmt.Sprintf("breaches: %d", nBreach))
 	faultErrors := slices.Clone(rec.faultErrors)
 	rec.mu.Unlock()
