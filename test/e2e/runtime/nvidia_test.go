@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -120,7 +121,7 @@ func TestNVIDIADriverPathInRealContainer(t *testing.T) {
 	wantLibcudaSo := strings.Contains(string(raw), "libcuda.so.1::"+cditest.LibDir+"/libcuda.so")
 
 	// ctr reads specs from /etc/cdi and /var/run/cdi: give it this one
-	// there in a mount namespace of its own, leaving the host's alone.
+	// there in a mount namespace of its own, leaving containerd's alone.
 	specDir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(specDir, "nvidia-path.json"), raw, 0o644); err != nil {
 		t.Fatal(err)
@@ -128,7 +129,13 @@ func TestNVIDIADriverPathInRealContainer(t *testing.T) {
 	ctr := filepath.Join(cluster.DefaultContainerdBinDir(), "ctr")
 	name := "gputopo-nvidia-path"
 	script := `mount -t tmpfs tmpfs /run && mkdir /run/cdi && cp "$1"/*.json /run/cdi/ && shift && exec "$@"`
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", specDir,
+	// ctr mounts the image's snapshot itself: it runs in containerd's
+	// mount namespace, where /var/lib/containerd is.
+	pid, err := lc.ContainerdPID(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("nsenter", "--target="+strconv.Itoa(pid), "--mount", "--", "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", specDir,
 		ctr, "--address", lc.ContainerdSocket(node), "--namespace", "k8s.io", "run", "--rm",
 		"--device", cdi.Vendor+"/"+cdi.Class+"=nvidia-path", cluster.ImageBusybox, name, "sh", "-c", driverReport)
 	out, err := cmd.CombinedOutput()
