@@ -128,14 +128,17 @@ func TestNVIDIADriverPathInRealContainer(t *testing.T) {
 	}
 	ctr := filepath.Join(cluster.DefaultContainerdBinDir(), "ctr")
 	name := "gputopo-nvidia-path"
-	script := `mount -t tmpfs tmpfs /run && mkdir /run/cdi && cp "$1"/*.json /run/cdi/ && shift && exec "$@"`
-	// ctr mounts the image's snapshot itself: it runs in containerd's
-	// mount namespace, where /var/lib/containerd is.
+	// /run is containerd's own (tmpfs): /run/cdi is created there, empty,
+	// and the spec directory bound onto it only in ctr's namespace.
+	script := `mkdir -p /run/cdi && mount --bind "$1" /run/cdi && shift && exec "$@"`
+	// ctr mounts the image's snapshot itself and hands the shim fifos by
+	// /proc/self: it runs in containerd's mount and PID namespaces, where
+	// /var/lib/containerd and /run/containerd are.
 	pid, err := lc.ContainerdPID(node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("nsenter", "--target="+strconv.Itoa(pid), "--mount", "--", "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", specDir,
+	cmd := exec.Command("nsenter", "--target="+strconv.Itoa(pid), "--mount", "--pid", "--", "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", specDir,
 		ctr, "--address", lc.ContainerdSocket(node), "--namespace", "k8s.io", "run", "--rm",
 		"--device", cdi.Vendor+"/"+cdi.Class+"=nvidia-path", cluster.ImageBusybox, name, "sh", "-c", driverReport)
 	out, err := cmd.CombinedOutput()
