@@ -57,6 +57,13 @@ func (c *Cluster) containerdSocket(node string) string {
 // e.g. for ctr or crictl.
 func (c *Cluster) ContainerdSocket(node string) string { return c.containerdSocket(node) }
 
+// ContainerdPID is the host PID of a containerd node's containerd, whose
+// mount namespace (its private /var/lib/containerd, where snapshots are
+// mounted) a ctr that runs containers must join: nsenter --target=PID --mount.
+func (c *Cluster) ContainerdPID(node string) (int, error) {
+	return c.namespacePID(containerdProcPrefix + node)
+}
+
 // SimDevRoot is where a containerd node's simulated GPUs have their device
 // nodes (dev/nvidia<minor>, dev/nvidiactl) and driver directory (driver/);
 // the plugin gets it as --sim-dev-root.

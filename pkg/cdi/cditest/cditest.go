@@ -31,6 +31,14 @@ const LibDir = "/usr/lib/x86_64-linux-gnu"
 func DriverRoot(t testing.TB, gpus int) string {
 	t.Helper()
 	root := t.TempDir()
+	LayDriverRoot(t, root, gpus)
+	return root
+}
+
+// LayDriverRoot lays out what DriverRoot describes in the existing
+// directory root.
+func LayDriverRoot(t testing.TB, root string, gpus int) {
+	t.Helper()
 	lib := LibDir[1:]
 	files := []string{
 		lib + "/libcuda.so." + DriverVersion,
@@ -71,7 +79,6 @@ func DriverRoot(t testing.TB, gpus int) string {
 	for name, mm := range nodes {
 		MakeDeviceNode(t, root, name, mm[0], mm[1])
 	}
-	return root
 }
 
 // MakeDeviceNode creates the character device root/dev/name, as the
