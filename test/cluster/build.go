@@ -194,15 +194,8 @@ func Build(ctx context.Context, opts BuildOptions) error {
 	if opts.ContainerdOutDir == "" {
 		opts.ContainerdOutDir = DefaultContainerdBinDir()
 	}
-	if opts.Progress == nil {
-		opts.Progress = os.Stderr
-	}
-	if opts.ModuleDir == "" {
-		dir, err := findModuleDir()
-		if err != nil {
-			return err
-		}
-		opts.ModuleDir = dir
+	if err := opts.fillCommon(); err != nil {
+		return err
 	}
 	goVersion, err := exec.CommandContext(ctx, "go", "env", "GOVERSION").Output()
 	if err != nil {
@@ -322,4 +315,20 @@ func fmtDuration(d time.Duration) string {
 		return fmt.Sprintf("%ds", int(d.Seconds()))
 	}
 	return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+}
+
+// fillCommon sets the defaults every build shares: progress to stderr,
+// and the harness module's directory.
+func (o *BuildOptions) fillCommon() error {
+	if o.Progress == nil {
+		o.Progress = os.Stderr
+	}
+	if o.ModuleDir == "" {
+		dir, err := findModuleDir()
+		if err != nil {
+			return err
+		}
+		o.ModuleDir = dir
+	}
+	return nil
 }

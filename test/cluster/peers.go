@@ -169,15 +169,8 @@ func BuildPeers(ctx context.Context, opts BuildOptions, peers ...Peer) error {
 	if opts.PeersOutDir == "" {
 		opts.PeersOutDir = DefaultPeersBinDir()
 	}
-	if opts.Progress == nil {
-		opts.Progress = os.Stderr
-	}
-	if opts.ModuleDir == "" {
-		dir, err := findModuleDir()
-		if err != nil {
-			return err
-		}
-		opts.ModuleDir = dir
+	if err := opts.fillCommon(); err != nil {
+		return err
 	}
 	if len(peers) == 0 {
 		peers = Peers
