@@ -32,6 +32,13 @@ type claimIndex struct {
 	// last drain; overflow is set when there were too many to keep.
 	changed  []structured.DeviceID
 	overflow bool
+	// blind lists the devices a claim holds that kube-scheduler no longer
+	// counts as allocated: each was held by two claims at once and one of
+	// them gave it back (fence.go).
+	blind map[structured.DeviceID]bool
+	// gaveBack, when set, hears of every device a claim gave back, with
+	// the index unlocked.
+	gaveBack func(structured.DeviceID)
 }
 
 // maxChanged bounds the change list; past it the next plan's snapshot
@@ -55,7 +62,8 @@ type indexedClaim struct {
 }
 
 func newClaimIndex() *claimIndex {
-	return &claimIndex{byDevice: map[structured.DeviceID][]types.UID{}, claims: map[types.UID]indexedClaim{}, held: devicefit.Allocated{}, sharing: map[types.UID]bool{}}
+	return &claimIndex{byDevice: map[structured.DeviceID][]types.UID{}, claims: map[types.UID]indexedClaim{}, held: devicefit.Allocated{}, sharing: map[types.UID]bool{},
+		blind: map[structured.DeviceID]bool{}}
 }
 
 // exclusiveDevices lists the devices an allocation holds on its own.
@@ -83,11 +91,12 @@ func parseVersion(rv string) uint64 {
 // ignored. It returns the other claims that now share a device with it.
 func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 	ix.mu.Lock()
-	defer ix.mu.Unlock()
 	v := parseVersion(claim.ResourceVersion)
 	if old, ok := ix.claims[claim.UID]; ok && v != 0 && old.version >= v {
+		ix.mu.Unlock()
 		return nil // older, or the same version: the controller's own write
 	}
+	before := ix.claims[claim.UID].devices
 	ix.removeLocked(claim.UID)
 	devs := exclusiveDevices(claim.Status.Allocation)
 	var shares []devicefit.Share
@@ -111,14 +120,59 @@ func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 			ix.noteLocked(d)
 		}
 	}
+	given := ix.gaveBackLocked(before, devs)
+	ix.mu.Unlock()
+	ix.tell(given)
 	return clash
+}
+
+// gaveBackLocked notes the devices of before that a claim no longer
+// holds. kube-scheduler keeps the devices claims hold as a set, one entry
+// per device however many claims hold it, and drops the entry when any
+// one of them gives the device back: a device still held by another
+// claim is then free as far as kube-scheduler knows, and blind here.
+func (ix *claimIndex) gaveBackLocked(before, kept []structured.DeviceID) []structured.DeviceID {
+	var given []structured.DeviceID
+	for _, d := range before {
+		if slices.Contains(kept, d) {
+			continue
+		}
+		given = append(given, d)
+		if len(ix.byDevice[d]) > 0 {
+			ix.blind[d] = true
+		} else {
+			delete(ix.blind, d)
+		}
+	}
+	return given
+}
+
+func (ix *claimIndex) tell(given []structured.DeviceID) {
+	if ix.gaveBack == nil {
+		return
+	}
+	for _, d := range given {
+		ix.gaveBack(d)
+	}
+}
+
+// isBlind reports whether a claim holds the device that kube-scheduler
+// does not count as allocated (gaveBackLocked), and how many claims hold
+// it.
+func (ix *claimIndex) isBlind(d structured.DeviceID) (blind bool, holders int) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return ix.blind[d], len(ix.byDevice[d])
 }
 
 // remove forgets a deleted claim.
 func (ix *claimIndex) remove(uid types.UID) {
 	ix.mu.Lock()
-	defer ix.mu.Unlock()
+	before := ix.claims[uid].devices
 	ix.removeLocked(uid)
+	given := ix.gaveBackLocked(before, nil)
+	ix.mu.Unlock()
+	ix.tell(given)
 }
 
 func (ix *claimIndex) removeLocked(uid types.UID) {
@@ -206,6 +260,17 @@ func (ix *claimIndex) sharers(uid types.UID) map[structured.DeviceID][]string {
 				out[d] = append(out[d], ix.claims[other].key)
 			}
 		}
+	}
+	return out
+}
+
+// holderKeys lists the claims that hold the device, as namespace/name.
+func (ix *claimIndex) holderKeys(d structured.DeviceID) []string {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	var out []string
+	for _, uid := range ix.byDevice[d] {
+		out = append(out, ix.claims[uid].key)
 	}
 	return out
 }

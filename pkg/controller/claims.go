@@ -199,6 +199,11 @@ func (c *Controller) releaseClaim(ctx context.Context, claim *resourceapi.Resour
 	if !c.releasable(claim) {
 		return false, nil
 	}
+	if c.fences != nil {
+		if err := c.fences.beforeGivingBack(ctx, claim); err != nil {
+			return false, fmt.Errorf("release claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		}
+	}
 	cl := claim.DeepCopy()
 	cl.Status.Allocation = nil
 	cl.Status.ReservedFor = nil

@@ -40,6 +40,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/deviceclass/extendedresourcecache"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/dynamic-resource-allocation/resourceslice/tracker"
+	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
@@ -107,6 +108,9 @@ type Controller struct {
 	sliceIdx cache.Indexer
 	// sliceTracker is the tracker; nil until startInformers.
 	sliceTracker *tracker.Tracker
+	// fences keeps DeviceTaintRules on the devices kube-scheduler lost
+	// count of (fence.go); nil where DeviceTaintRules are not served.
+	fences *fencer
 	claims       resourcelisters.ResourceClaimLister
 	tmpls        resourcelisters.ResourceClaimTemplateLister
 	classes      resourcelisters.DeviceClassLister
@@ -536,6 +540,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		return fmt.Errorf("caches did not sync: %w", context.Cause(ctx))
 	}
 	logger.Info("gputopo controller running")
+	if c.fences != nil {
+		if err := c.fences.resync(); err != nil {
+			return fmt.Errorf("list the DeviceTaintRules that fence devices: %w", err)
+		}
+		go c.fences.run(ctx)
+	}
 	// Every group of the synced caches is queued by now (the handlers'
 	// registrations have synced): the marker comes out of the queue after
 	// each of them has been synced once.
@@ -570,6 +580,23 @@ func (c *Controller) startInformers(ctx context.Context) error {
 		return fmt.Errorf("start the resourceslice tracker: %w", err)
 	}
 	c.sliceTracker = tr
+	if rules {
+		inf := c.factory.Resource().V1().DeviceTaintRules()
+		c.fences = newFencer(c.cfg.Client, inf.Lister(), c.index, c.cfg.Metrics.Fences.Inc)
+		reg, err := inf.Informer().AddEventHandler(c.fences.handler())
+		if err != nil {
+			tr.Stop()
+			return fmt.Errorf("watch DeviceTaintRules: %w", err)
+		}
+		c.synced = append(c.synced, reg.HasSynced)
+		c.index.gaveBack = c.fences.gaveBack
+	} else {
+		c.index.gaveBack = func(d structured.DeviceID) {
+			if blind, holders := c.index.isBlind(d); blind && holders > 0 {
+				klog.FromContext(ctx).Info("Warning: kube-scheduler no longer counts a device as allocated though a claim holds it (two claims held it at once and one gave it back), and the API server serves no DeviceTaintRules to fence it with: it may allocate the device again", "device", d, "holders", c.index.holderKeys(d))
+			}
+		}
+	}
 	c.factory.Start(ctx.Done())
 	reg, err := tr.AddEventHandler(c.sliceHandler())
 	if err != nil {

@@ -14,6 +14,7 @@ type Metrics struct {
 	LeafFragment    prometheus.Gauge
 	Released        *prometheus.CounterVec
 	Conflicts       prometheus.Counter
+	Fences          prometheus.Counter
 }
 
 // Decision outcomes.
@@ -101,9 +102,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "gputopo", Subsystem: "controller", Name: "device_conflicts_total",
 			Help: "Claims of placed groups found sharing a device with another claim.",
 		}),
+		Fences: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gputopo", Subsystem: "controller", Name: "device_fences_total",
+			Help: "DeviceTaintRules written on a device kube-scheduler no longer counted as allocated though a claim held it (two claims held it and one gave it back).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Decisions, m.PlanDuration, m.TreeDuration, m.PendingGroups, m.LeafUtilization, m.Fragmentation, m.LeafFragment, m.Released, m.Conflicts)
+		reg.MustRegister(m.Decisions, m.PlanDuration, m.TreeDuration, m.PendingGroups, m.LeafUtilization, m.Fragmentation, m.LeafFragment, m.Released, m.Conflicts, m.Fences)
 	}
 	return m
 }

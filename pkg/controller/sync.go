@@ -407,6 +407,9 @@ func (c *Controller) do(ctx context.Context, g *group, a action) error {
 		return c.releaseMember(ctx, a.m)
 	case actDelete:
 		c.cfg.Metrics.Conflicts.Inc()
+		if err := c.fenceClaimsOf(ctx, a.pod); err != nil {
+			return err
+		}
 		c.recorder.Event(a.pod, v1.EventTypeWarning, ReasonDeviceConflict, truncate(a.detail))
 		return c.deletePod(ctx, a.pod)
 	case actNodeLost:

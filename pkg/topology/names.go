@@ -103,6 +103,17 @@ const (
 	// every GPU of a node while its health cannot be watched; the value
 	// says why.
 	TaintUnmonitored = DriverName + "/unmonitored"
+	// TaintFenced is the device taint key (effect NoSchedule) of the
+	// DeviceTaintRules the controller writes on a device that
+	// kube-scheduler no longer counts as allocated though a claim holds
+	// it (two claims held it at once and one gave it back).
+	TaintFenced = "gputopo.dev/fenced"
+	// LabelFence marks those DeviceTaintRules ("true"); their names start
+	// with FenceRulePrefix, and AnnotationFenceReason says why each is
+	// there.
+	LabelFence            = "gputopo.dev/fence"
+	FenceRulePrefix       = "gputopo-fence-"
+	AnnotationFenceReason = "gputopo.dev/fence-reason"
 )
 
 // Node labels that mark a node with an NVIDIA GPU, written by NVIDIA's GPU
