@@ -285,8 +285,8 @@ func TestContention(t *testing.T) {
 		}
 	}
 	stopLedger()
-	events, violations := l.report()
-	t.Logf("checked %d claim events for devices held twice", events)
+	events, clashes, violations := l.report()
+	t.Logf("checked %d claim events for devices held twice; %s", events, clashes)
 	for _, v := range violations {
 		t.Error(v)
 	}
