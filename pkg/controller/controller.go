@@ -110,10 +110,10 @@ type Controller struct {
 	sliceTracker *tracker.Tracker
 	// fences keeps DeviceTaintRules on the devices kube-scheduler lost
 	// count of (fence.go); nil where DeviceTaintRules are not served.
-	fences *fencer
-	claims       resourcelisters.ResourceClaimLister
-	tmpls        resourcelisters.ResourceClaimTemplateLister
-	classes      resourcelisters.DeviceClassLister
+	fences  *fencer
+	claims  resourcelisters.ResourceClaimLister
+	tmpls   resourcelisters.ResourceClaimTemplateLister
+	classes resourcelisters.DeviceClassLister
 	// extClasses maps DRA extended resource names to their DeviceClass,
 	// as kube-scheduler maps them (extended.go).
 	extClasses *extendedresourcecache.ExtendedResourceCache
