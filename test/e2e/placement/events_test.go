@@ -2,7 +2,7 @@ package placement
 
 // End-to-end tests of the controller's events that README "Controller
 // events" names and the other tests of the suite do not prove: NodeLost,
-// Widened, Released, ReservationExpired and InvalidClaim. Each provokes
+// Widened, Released, ReservationExpired, InvalidClaim and Moved. Each provokes
 // the situation its event reports on the suite's cluster and checks the
 // event (reason, type, the object it is about, what its message names) and
 // the behaviour the event reports. docs/claims.md maps each to its claim.
@@ -597,4 +597,67 @@ func deleteClaim(t *testing.T, name string) {
 		}
 		return false, fmt.Sprintf("finalizers %v, reserved for %v", c.Finalizers, c.Status.ReservedFor)
 	})
+}
+
+// TestClaimEventMoved: the scheduler binds a pod to another node of its
+// domain than the controller planned, and the controller says so (a
+// Normal Moved event naming the planned node) and updates gputopo.dev/node.
+// The controller does not weigh inter-pod affinity; kube-scheduler does.
+// Two four-GPU pods, consolidated into one leaf, are planned onto one node
+// (as TestClaimStrategies proves), but each refuses to share a node with
+// the other (required pod anti-affinity on kubernetes.io/hostname). The
+// scheduler binds the first there; for the second it finds no node, takes
+// its claim back (DynamicResources PostFilter: reserved for that pod
+// alone) and allocates it again on another node of the leaf, which the
+// node affinity the gates opened with keeps it in.
+func TestClaimEventMoved(t *testing.T) {
+	dumpOnFailure(t)
+	leaf := fakeLeaf(t)
+	ann := withStrategy(placementapi.PlacementSameLeaf, placementapi.StrategyConsolidated)
+	ann[placementapi.AnnotationPreferredDomain] = leaf
+	ann[placementapi.AnnotationPreferredRequired] = "true"
+	job := createJobFrom(t, "ev-moved", 2, "gpu-4-nvlink", ann, func(j *batchv1.Job) {
+		j.Spec.Template.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{batchv1.JobNameLabel: "ev-moved"}},
+				TopologyKey:   corev1.LabelHostname,
+			}},
+		}}
+	})
+	b := waitBound(t, jobSelector(job.Name), 2)
+	if b.nodes[0] == b.nodes[1] {
+		t.Fatalf("both pods on %s despite their pod anti-affinity", b.nodes[0])
+	}
+	if len(b.leaves) != 1 || b.leaves[0] != leaf {
+		t.Errorf("pods in leaves %v, want only %s: the domain affinity keeps a moved pod in its leaf", b.leaves, leaf)
+	}
+	ev := waitJobPodEvent(t, job.Name, corev1.EventTypeNormal, "Moved", waitStatus)
+	t.Logf("Moved: pod %s: %s", ev.pod, ev.message)
+	var moved *corev1.Pod
+	for i := range b.pods {
+		if b.pods[i].Name == ev.pod {
+			moved = &b.pods[i]
+		}
+	}
+	if moved == nil {
+		t.Fatalf("the Moved event is about pod %s, not one of %v", ev.pod, b)
+	}
+	other := b.nodes[0]
+	if b.pods[0].Name == moved.Name {
+		other = b.nodes[1]
+	}
+	if !strings.Contains(ev.message, other) || !strings.Contains(ev.message, moved.Spec.NodeName) {
+		t.Errorf("Moved message %q should name the planned node %s (where the other pod is) and the node %s it was bound to", ev.message, other, moved.Spec.NodeName)
+	}
+	framework.Eventually(t, waitStatus, "gputopo.dev/node of "+moved.Name+" to follow it", func() (bool, string) {
+		p, err := client.CoreV1().Pods(namespace).Get(context.Background(), moved.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		got := p.Annotations[placementapi.AnnotationNode]
+		return got == p.Spec.NodeName, fmt.Sprintf("%s=%q, bound to %s", placementapi.AnnotationNode, got, p.Spec.NodeName)
+	})
+	if c := b.claims[moved.Name]; c == nil || allocationNode(c.Status.Allocation) != moved.Spec.NodeName {
+		t.Errorf("claim of the moved pod not allocated on its node %s", moved.Spec.NodeName)
+	}
 }
