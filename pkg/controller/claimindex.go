@@ -7,6 +7,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -32,12 +33,16 @@ type claimIndex struct {
 	// last drain; overflow is set when there were too many to keep.
 	changed  []structured.DeviceID
 	overflow bool
-	// blind lists the devices a claim holds that kube-scheduler no longer
-	// counts as allocated: each was held by two claims at once and one of
-	// them gave it back (fence.go).
-	blind map[structured.DeviceID]bool
-	// gaveBack, when set, hears of every device a claim gave back, with
-	// the index unlocked.
+	// streamed counts, per device, the claims that hold it as the claim
+	// events say, in their order, never ahead of them with the
+	// controller's own writes; sched is the set of allocated devices
+	// kube-scheduler keeps from the same events (observe). A device with
+	// a holder that is not in sched is blind: kube-scheduler would
+	// allocate it again (fence.go).
+	streamed map[structured.DeviceID]int
+	sched    sets.Set[structured.DeviceID]
+	// gaveBack, when set, hears of every device that went blind or that
+	// no claim holds any more, with the index unlocked.
 	gaveBack func(structured.DeviceID)
 }
 
@@ -63,7 +68,7 @@ type indexedClaim struct {
 
 func newClaimIndex() *claimIndex {
 	return &claimIndex{byDevice: map[structured.DeviceID][]types.UID{}, claims: map[types.UID]indexedClaim{}, held: devicefit.Allocated{}, sharing: map[types.UID]bool{},
-		blind: map[structured.DeviceID]bool{}}
+		streamed: map[structured.DeviceID]int{}, sched: sets.New[structured.DeviceID]()}
 }
 
 // exclusiveDevices lists the devices an allocation holds on its own.
@@ -96,7 +101,6 @@ func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 		ix.mu.Unlock()
 		return nil // older, or the same version: the controller's own write
 	}
-	before := ix.claims[claim.UID].devices
 	ix.removeLocked(claim.UID)
 	devs := exclusiveDevices(claim.Status.Allocation)
 	var shares []devicefit.Share
@@ -120,59 +124,71 @@ func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 			ix.noteLocked(d)
 		}
 	}
-	given := ix.gaveBackLocked(before, devs)
 	ix.mu.Unlock()
-	ix.tell(given)
 	return clash
 }
 
-// gaveBackLocked notes the devices of before that a claim no longer
-// holds. kube-scheduler keeps the devices claims hold as a set, one entry
-// per device however many claims hold it, and drops the entry when any
-// one of them gives the device back: a device still held by another
-// claim is then free as far as kube-scheduler knows, and blind here.
-func (ix *claimIndex) gaveBackLocked(before, kept []structured.DeviceID) []structured.DeviceID {
-	var given []structured.DeviceID
-	for _, d := range before {
-		if slices.Contains(kept, d) {
-			continue
-		}
-		given = append(given, d)
-		if len(ix.byDevice[d]) > 0 {
-			ix.blind[d] = true
-		} else {
-			delete(ix.blind, d)
+// observe follows one claim event (old nil for an added claim, cur nil
+// for a deleted one) as kube-scheduler's allocatedDevices does: a device
+// enters its set when a claim is added allocated or gets allocated, and
+// leaves it when a claim holding it is deallocated or deleted, however
+// many other claims still hold it. When two claims held a device and one
+// gave it back, the device is blind: held, and free as far as
+// kube-scheduler knows.
+func (ix *claimIndex) observe(old, cur *resourceapi.ResourceClaim) {
+	var oldDevs, curDevs []structured.DeviceID
+	if old != nil {
+		oldDevs = exclusiveDevices(old.Status.Allocation)
+	}
+	if cur != nil {
+		curDevs = exclusiveDevices(cur.Status.Allocation)
+	}
+	oldAlloc := old != nil && old.Status.Allocation != nil
+	curAlloc := cur != nil && cur.Status.Allocation != nil
+	var tell []structured.DeviceID
+	ix.mu.Lock()
+	for _, d := range oldDevs {
+		if ix.streamed[d]--; ix.streamed[d] <= 0 {
+			delete(ix.streamed, d)
 		}
 	}
-	return given
-}
-
-func (ix *claimIndex) tell(given []structured.DeviceID) {
-	if ix.gaveBack == nil {
-		return
+	for _, d := range curDevs {
+		ix.streamed[d]++
 	}
-	for _, d := range given {
-		ix.gaveBack(d)
+	switch {
+	case !oldAlloc && curAlloc:
+		ix.sched.Insert(curDevs...)
+	case oldAlloc && !curAlloc:
+		ix.sched.Delete(oldDevs...)
+	}
+	for _, d := range oldDevs {
+		if ix.streamed[d] == 0 || !ix.sched.Has(d) {
+			tell = append(tell, d)
+		}
+	}
+	ix.mu.Unlock()
+	if ix.gaveBack != nil {
+		for _, d := range tell {
+			ix.gaveBack(d)
+		}
 	}
 }
 
 // isBlind reports whether a claim holds the device that kube-scheduler
-// does not count as allocated (gaveBackLocked), and how many claims hold
-// it.
+// does not count as allocated (observe), and how many claims hold it as
+// the claim events say.
 func (ix *claimIndex) isBlind(d structured.DeviceID) (blind bool, holders int) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	return ix.blind[d], len(ix.byDevice[d])
+	n := ix.streamed[d]
+	return n > 0 && !ix.sched.Has(d), n
 }
 
 // remove forgets a deleted claim.
 func (ix *claimIndex) remove(uid types.UID) {
 	ix.mu.Lock()
-	before := ix.claims[uid].devices
+	defer ix.mu.Unlock()
 	ix.removeLocked(uid)
-	given := ix.gaveBackLocked(before, nil)
-	ix.mu.Unlock()
-	ix.tell(given)
 }
 
 func (ix *claimIndex) removeLocked(uid types.UID) {

@@ -243,7 +243,7 @@ func New(cfg Config) (*Controller, error) {
 	}{
 		{podInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onPodAdd, UpdateFunc: c.onPodUpdate, DeleteFunc: c.onPodDelete}},
 		{f.Core().V1().Nodes().Informer(), c.nodeHandler()},
-		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaim, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
+		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaimAdd, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
 		{f.Batch().V1().Jobs().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onJob, UpdateFunc: func(_, o any) { c.onJob(o) }, DeleteFunc: c.onJob}},
 		{f.Resource().V1().ResourceClaimTemplates().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.requeuePending() }}},
 		// Class events requeue waiting groups once the cache has mapped
@@ -425,11 +425,19 @@ func (c *Controller) onClaim(obj any) {
 	c.syncClaimGroups(claim.Namespace + "/" + claim.Name)
 }
 
+func (c *Controller) onClaimAdd(obj any) {
+	if claim := claimOf(obj); claim != nil {
+		c.index.observe(nil, claim)
+	}
+	c.onClaim(obj)
+}
+
 func (c *Controller) onClaimUpdate(old, cur any) {
 	o, n := claimOf(old), claimOf(cur)
 	if o == nil || n == nil {
 		return
 	}
+	c.index.observe(o, n)
 	c.onClaim(n)
 	if o.Status.Allocation != nil && n.Status.Allocation == nil {
 		c.requeuePending()
@@ -442,6 +450,7 @@ func (c *Controller) onClaimDelete(obj any) {
 		return
 	}
 	c.index.remove(claim.UID)
+	c.index.observe(claim, nil)
 	c.syncClaimGroups(claim.Namespace + "/" + claim.Name)
 	if claim.Status.Allocation != nil {
 		c.requeuePending()

@@ -20,7 +20,10 @@ package controller
 // shows the rule, so the scheduler sees the rule at about the same time;
 // a clash that others resolve (a pod deleted, a claim deallocated by
 // kube-scheduler or the resource claim controller) is fenced when the
-// controller sees the device given back. The rule is the record: after a
+// controller sees the device given back. To know which devices are blind,
+// the claim index keeps kube-scheduler's set the way kube-scheduler does,
+// from the claim events in their order (claimIndex.observe), beside the
+// claims that really hold each device. The rule is the record: after a
 // restart, a fenced device stays fenced while a claim holds it.
 //
 // Where the API server does not serve DeviceTaintRules in resource.k8s.io/v1

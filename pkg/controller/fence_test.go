@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"slices"
 	"testing"
 	"time"
 
@@ -19,64 +18,91 @@ import (
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
-// A device two claims held goes blind when one gives it back, as it
-// drops out of kube-scheduler's set of allocated devices; it stops being
-// blind once no claim holds it. A claim that changes but keeps its
-// devices gives nothing back.
+// The index keeps kube-scheduler's set of allocated devices from the same
+// claim events: a device two claims held goes blind when one gives it
+// back (deallocated or deleted); it stops being blind once no claim holds
+// it, or when a claim is allocated it anew. A claim that changes but
+// keeps its allocation changes nothing, and a device one claim held is
+// never blind when it goes.
 func TestClaimIndexBlindAfterClash(t *testing.T) {
 	ix := newClaimIndex()
 	var told []string
 	ix.gaveBack = func(d structured.DeviceID) { told = append(told, d.Device.String()) }
 	gpu0 := devicefit.DeviceID(topology.DriverName, "n0", "gpu-0")
-	look := func() (bool, int) { return ix.isBlind(gpu0) }
+	check := func(when string, wantBlind bool, wantHolders int) {
+		t.Helper()
+		if blind, holders := ix.isBlind(gpu0); blind != wantBlind || holders != wantHolders {
+			t.Errorf("%s: gpu-0 blind %v, %d holders; want %v, %d", when, blind, holders, wantBlind, wantHolders)
+		}
+	}
 
 	a := foreignClaim("a", "n0", "gpu-0", "gpu-1")
-	a.ResourceVersion = "1"
-	ix.update(a)
+	ix.observe(nil, a)
+	bFree := foreignClaim("b", "n0")
+	bFree.Status.Allocation = nil
+	ix.observe(nil, bFree)
 	b := foreignClaim("b", "n0", "gpu-0")
-	b.ResourceVersion = "2"
-	if clash := ix.update(b); len(clash) != 1 {
-		t.Fatalf("claim b clashes with %v, want claim a", clash)
-	}
-	b = b.DeepCopy()
-	b.ResourceVersion = "3"
-	b.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p", UID: "p"}}
-	ix.update(b)
-	if blind, holders := look(); blind || holders != 2 {
-		t.Errorf("after claim b changed but kept its device: blind %v, %d holders; want false, 2", blind, holders)
-	}
+	ix.observe(bFree, b)
+	check("after claim b got gpu-0 too", false, 2)
+	bReserved := b.DeepCopy()
+	bReserved.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "p", UID: "p"}}
+	ix.observe(b, bReserved)
+	check("after claim b changed but kept its allocation", false, 2)
 	if len(told) != 0 {
-		t.Errorf("devices given back: %v, want none", told)
+		t.Errorf("devices told: %v, want none", told)
 	}
 
 	// b is given back: gpu-0 is blind, a still holds it.
-	b = b.DeepCopy()
-	b.ResourceVersion = "4"
-	b.Status.Allocation, b.Status.ReservedFor = nil, nil
-	ix.update(b)
-	if blind, holders := look(); !blind || holders != 1 {
-		t.Errorf("after claim b gave gpu-0 back: blind %v, %d holders; want true, 1", blind, holders)
-	}
+	ix.observe(bReserved, bFree)
+	check("after claim b gave gpu-0 back", true, 1)
 	if diff := cmp.Diff([]string{"gpu-0"}, told); diff != "" {
-		t.Errorf("devices given back (-want +got):\n%s", diff)
-	}
-	if got := ix.holderKeys(gpu0); !slices.Equal(got, []string{"default/a"}) {
-		t.Errorf("holders of gpu-0: %v, want default/a", got)
+		t.Errorf("devices told (-want +got):\n%s", diff)
 	}
 
+	// c is allocated gpu-0 (a clash again): kube-scheduler counts it again.
+	c := foreignClaim("c", "n0", "gpu-0")
+	ix.observe(nil, c)
+	check("after claim c was allocated gpu-0", false, 2)
+	ix.observe(c, nil)
+	check("after claim c was deleted", true, 1)
+
 	// a is deleted: nothing holds gpu-0 or gpu-1, nothing is blind.
-	ix.remove(a.UID)
-	if blind, holders := look(); blind || holders != 0 {
-		t.Errorf("after claim a went: blind %v, %d holders; want false, 0", blind, holders)
-	}
-	if diff := cmp.Diff([]string{"gpu-0", "gpu-0", "gpu-1"}, told); diff != "" {
-		t.Errorf("devices given back (-want +got):\n%s", diff)
+	ix.observe(a, nil)
+	check("after claim a went", false, 0)
+	if diff := cmp.Diff([]string{"gpu-0", "gpu-0", "gpu-0", "gpu-1"}, told); diff != "" {
+		t.Errorf("devices told (-want +got):\n%s", diff)
 	}
 	// A device held by one claim only is never blind when it goes.
-	ix.update(foreignClaim("c", "n0", "gpu-2"))
-	ix.remove("claim-c")
+	d := foreignClaim("d", "n0", "gpu-2")
+	ix.observe(nil, d)
+	ix.observe(d, nil)
 	if blind, _ := ix.isBlind(devicefit.DeviceID(topology.DriverName, "n0", "gpu-2")); blind {
 		t.Error("gpu-2, held by one claim, is blind after it went")
+	}
+}
+
+// The controller's own write reaches the index before its event: a claim
+// it gives back before the event of the scheduler's clashing allocation
+// arrives still leaves the device blind, as kube-scheduler sees the events
+// in their order (allocated, the clash, given back).
+func TestClaimIndexBlindFollowsTheEventOrder(t *testing.T) {
+	ix := newClaimIndex()
+	gpu0 := devicefit.DeviceID(topology.DriverName, "n0", "gpu-0")
+	q := foreignClaim("q", "n0", "gpu-0")
+	q.ResourceVersion = "1"
+	ix.update(q) // the controller's write
+	given := q.DeepCopy()
+	given.ResourceVersion = "3"
+	given.Status.Allocation = nil
+	ix.update(given) // and its release, before any event
+	a := foreignClaim("a", "n0", "gpu-0")
+	a.ResourceVersion = "2"
+	ix.update(a)
+	ix.observe(nil, q)   // event: q allocated (rv 1)
+	ix.observe(nil, a)   // event: a allocated (rv 2), the clash
+	ix.observe(q, given) // event: q given back (rv 3)
+	if blind, holders := ix.isBlind(gpu0); !blind || holders != 1 {
+		t.Errorf("gpu-0 blind %v, %d holders; want true, 1", blind, holders)
 	}
 }
 
@@ -158,8 +184,10 @@ func TestFencer(t *testing.T) {
 	// the fence comes first.
 	a := foreignClaim("a", "n0", "gpu-0")
 	b := foreignClaim("b", "n0", "gpu-0", "gpu-1")
-	ix.update(a)
-	ix.update(b)
+	for _, cl := range []*resourceapi.ResourceClaim{a, b} {
+		ix.update(cl)
+		ix.observe(nil, cl)
+	}
 	if err := fn.beforeGivingBack(ctx, b); err != nil {
 		t.Fatal(err)
 	}
@@ -180,10 +208,11 @@ func TestFencer(t *testing.T) {
 	waitRules(1)
 
 	// b is given back; gpu-1 was b's alone and is not fenced.
-	b = b.DeepCopy()
-	b.ResourceVersion = "9"
-	b.Status.Allocation = nil
-	ix.update(b)
+	given := b.DeepCopy()
+	given.ResourceVersion = "9"
+	given.Status.Allocation = nil
+	ix.update(given)
+	ix.observe(b, given)
 	drain()
 	if got := list(); len(got) != 1 || fenced != 1 {
 		t.Errorf("after claim b was given back: %d rules, %d written; want 1, 1", len(got), fenced)
@@ -192,7 +221,7 @@ func TestFencer(t *testing.T) {
 	// A controller that restarts knows nothing blind, but keeps the rule
 	// while a holds gpu-0, and removes it once a goes.
 	ix2 := newClaimIndex()
-	ix2.update(a)
+	ix2.observe(nil, a)
 	fn.index = ix2
 	ix2.gaveBack = fn.gaveBack
 	if err := fn.resync(); err != nil {
@@ -202,7 +231,7 @@ func TestFencer(t *testing.T) {
 	if got := list(); len(got) != 1 {
 		t.Errorf("after a restart, while claim a holds gpu-0: %d rules, want 1", len(got))
 	}
-	ix2.remove(a.UID)
+	ix2.observe(a, nil)
 	drain()
 	if got := list(); len(got) != 0 {
 		t.Errorf("after claim a went: %d rules, want none", len(got))
@@ -211,9 +240,9 @@ func TestFencer(t *testing.T) {
 
 	// A clash resolved by someone else (a's pod deleted, its claim with
 	// it) is fenced once the index sees the claim go.
-	ix2.update(a)
-	ix2.update(foreignClaim("c", "n0", "gpu-0"))
-	ix2.remove(a.UID)
+	ix2.observe(nil, a)
+	ix2.observe(nil, foreignClaim("c", "n0", "gpu-0"))
+	ix2.observe(a, nil)
 	drain()
 	if got := list(); len(got) != 1 || got[0].Name != fenceName(gpu0) {
 		t.Errorf("after claim a went while c holds gpu-0: rules %v, want %s", got, fenceName(gpu0))
