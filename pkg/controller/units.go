@@ -6,8 +6,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 	"github.com/gputopo/gputopo/pkg/planner"
 )
 
@@ -97,6 +99,21 @@ func planUnits(ms []*member) []*unit {
 	return out
 }
 
+// refusedNode is the node a pod was planned on and sent to, when it is
+// being planned again without having bound there: its gate is open, it
+// has no node, and gputopo.dev/node names the planned one. Whatever kept
+// it off that node (kube-scheduler took its claims back because it could
+// not bind there, the node failed, or the bind timed out) may be
+// something the planner does not weigh, such as inter-pod affinity or a
+// topology spread constraint, so the new plan leaves that node out rather
+// than send the pod back to it.
+func refusedNode(p *v1.Pod) string {
+	if hasGate(p) || p.Spec.NodeName != "" {
+		return ""
+	}
+	return p.Annotations[placement.AnnotationNode]
+}
+
 // pod is the planner's view of the unit: the first member's node
 // constraints, held to the nodes of the allocated claims, and every
 // member's requests and pod slot.
@@ -117,6 +134,13 @@ func (u *unit) pod() planner.Pod {
 	}
 	for _, sel := range u.fixed {
 		p.NodeAffinity = andRequired(p.NodeAffinity, sel)
+	}
+	for _, m := range u.members {
+		if node := refusedNode(m.pod); node != "" {
+			p.NodeAffinity = andRequired(p.NodeAffinity, &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
+				MatchFields: []v1.NodeSelectorRequirement{{Key: metav1.ObjectNameField, Operator: v1.NodeSelectorOpNotIn, Values: []string{node}}},
+			}}})
+		}
 	}
 	// Devices asked for as DRA extended resources are planned as the
 	// claim kube-scheduler will create, and not counted against the

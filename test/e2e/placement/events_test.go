@@ -2,7 +2,8 @@ package placement
 
 // End-to-end tests of the controller's events that README "Controller
 // events" names and the other tests of the suite do not prove: NodeLost,
-// Widened, Released, ReservationExpired, InvalidClaim and Moved. Each provokes
+// Widened, Released, ReservationExpired, InvalidClaim, and Moved or
+// Released for a pod refused on its planned node. Each provokes
 // the situation its event reports on the suite's cluster and checks the
 // event (reason, type, the object it is about, what its message names) and
 // the behaviour the event reports. docs/claims.md maps each to its claim.
@@ -599,18 +600,22 @@ func deleteClaim(t *testing.T, name string) {
 	})
 }
 
-// TestClaimEventMoved: the scheduler binds a pod to another node of its
-// domain than the controller planned, and the controller says so (a
-// Normal Moved event naming the planned node) and updates gputopo.dev/node.
-// The controller does not weigh inter-pod affinity; kube-scheduler does.
-// Two four-GPU pods, consolidated into one leaf, are planned onto one node
-// (as TestClaimStrategies proves), but each refuses to share a node with
-// the other (required pod anti-affinity on kubernetes.io/hostname). The
-// scheduler binds the first there; for the second it finds no node, takes
-// its claim back (DynamicResources PostFilter: reserved for that pod
-// alone) and allocates it again on another node of the leaf, which the
-// node affinity the gates opened with keeps it in.
-func TestClaimEventMoved(t *testing.T) {
+// TestRefusedPodEndsOffItsPlannedNode: a pod kept off its planned node
+// by something the controller does not weigh ends on another node of its
+// domain, at once. Two four-GPU pods, consolidated into one leaf, are
+// planned onto one node (as TestClaimStrategies proves), but each refuses
+// to share a node with the other (required pod anti-affinity on
+// kubernetes.io/hostname, which kube-scheduler weighs and the controller
+// does not). The scheduler binds the first there; for the second it finds
+// no node and takes its claim back (DynamicResources PostFilter: reserved
+// for that pod alone). Then either the scheduler allocates it again on
+// another node of the leaf, which the node affinity the gates opened
+// with keeps it in, and the controller says so (a Normal Moved event
+// naming the planned node), or the controller plans it again first,
+// leaving the refused node out (a Released event, Unschedulable): never
+// back onto the refused node, so at most one release. Either way
+// gputopo.dev/node follows the pod.
+func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
 	ann := withStrategy(placementapi.PlacementSameLeaf, placementapi.StrategyConsolidated)
@@ -631,33 +636,63 @@ func TestClaimEventMoved(t *testing.T) {
 	if len(b.leaves) != 1 || b.leaves[0] != leaf {
 		t.Errorf("pods in leaves %v, want only %s: the domain affinity keeps a moved pod in its leaf", b.leaves, leaf)
 	}
-	ev := waitJobPodEvent(t, job.Name, corev1.EventTypeNormal, "Moved", waitStatus)
-	t.Logf("Moved: pod %s: %s", ev.pod, ev.message)
-	var moved *corev1.Pod
-	for i := range b.pods {
-		if b.pods[i].Name == ev.pod {
-			moved = &b.pods[i]
+	// Which pod was refused: the one with a Moved or a Released event.
+	var refused *corev1.Pod
+	var how string
+	framework.Eventually(t, waitStatus, "a Moved or Released event on a pod of "+job.Name, func() (bool, string) {
+		for i := range b.pods {
+			p := &b.pods[i]
+			for _, reason := range []string{"Moved", "Released"} {
+				if msg := podEventMessage(t, p, reason); msg != "" {
+					refused, how = p, reason+": "+msg
+					return true, ""
+				}
+			}
 		}
-	}
-	if moved == nil {
-		t.Fatalf("the Moved event is about pod %s, not one of %v", ev.pod, b)
-	}
+		return false, "no Moved or Released event yet"
+	})
+	t.Logf("pod %s %s", refused.Name, how)
 	other := b.nodes[0]
-	if b.pods[0].Name == moved.Name {
+	if b.pods[0].Name == refused.Name {
 		other = b.nodes[1]
 	}
-	if !strings.Contains(ev.message, other) || !strings.Contains(ev.message, moved.Spec.NodeName) {
-		t.Errorf("Moved message %q should name the planned node %s (where the other pod is) and the node %s it was bound to", ev.message, other, moved.Spec.NodeName)
+	if !strings.Contains(how, other) {
+		t.Errorf("the event %q should name the node %s the pod was refused on (where the other pod is)", how, other)
 	}
-	framework.Eventually(t, waitStatus, "gputopo.dev/node of "+moved.Name+" to follow it", func() (bool, string) {
-		p, err := client.CoreV1().Pods(namespace).Get(context.Background(), moved.Name, metav1.GetOptions{})
+	framework.Eventually(t, waitStatus, "gputopo.dev/node of "+refused.Name+" to follow it", func() (bool, string) {
+		p, err := client.CoreV1().Pods(namespace).Get(context.Background(), refused.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		got := p.Annotations[placementapi.AnnotationNode]
 		return got == p.Spec.NodeName, fmt.Sprintf("%s=%q, bound to %s", placementapi.AnnotationNode, got, p.Spec.NodeName)
 	})
-	if c := b.claims[moved.Name]; c == nil || allocationNode(c.Status.Allocation) != moved.Spec.NodeName {
-		t.Errorf("claim of the moved pod not allocated on its node %s", moved.Spec.NodeName)
+	p, err := client.CoreV1().Pods(namespace).Get(context.Background(), refused.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
+	if r, err := placementapi.ParseRelease(p.Annotations[placementapi.AnnotationReleased]); err == nil && r.Count > 1 {
+		t.Errorf("pod %s was released %d times (%s): it was planned back onto the node that refused it", p.Name, r.Count, r.Reason)
+	}
+	if c := b.claims[refused.Name]; c == nil || allocationNode(c.Status.Allocation) != refused.Spec.NodeName {
+		t.Errorf("claim of pod %s not allocated on its node %s", refused.Name, refused.Spec.NodeName)
+	}
+}
+
+// podEventMessage is the message of the gputopo controller's event of
+// reason about the pod, "" when there is none.
+func podEventMessage(t *testing.T, p *corev1.Pod, reason string) string {
+	t.Helper()
+	events, err := client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{
+		FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.uid": string(p.UID), "reason": reason}.String(),
+	})
+	if err != nil {
+		t.Fatalf("list events of pod %s: %v", p.Name, err)
+	}
+	for _, e := range events.Items {
+		if e.Source.Component == "gputopo-controller" {
+			return e.Message
+		}
+	}
+	return ""
 }
