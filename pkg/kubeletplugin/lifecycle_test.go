@@ -12,6 +12,8 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -212,6 +214,43 @@ func TestMIGModeChangeRepublishes(t *testing.T) {
 	}
 	if diff := cmp.Diff(all, names(e.pub.last(t))); diff != "" {
 		t.Errorf("GPU 2 out of MIG mode: published (-want +got):\n%s", diff)
+	}
+}
+
+// A GPU in MIG mode is counted in gputopo_plugin_skipped_devices under
+// MIG-ENABLED while it is left out, and no more once it is back.
+func TestMIGGPUIsCountedAsSkipped(t *testing.T) {
+	var node *migSwitch
+	e := newEnvWith(t, "hgx-pcie-pairs", "", func(c *Config) {
+		node = &migSwitch{Backend: c.Backend.(*sim.Backend)}
+		c.Backend = node
+		c.Metrics = NewMetrics(prometheus.NewRegistry())
+	})
+	_, ctx := ktesting.NewTestContext(t)
+	skipped := func() float64 {
+		return testutil.ToFloat64(e.drv.cfg.Metrics.SkippedDevices.WithLabelValues(nvml.SkipMIGEnabled))
+	}
+	published := func() float64 { return testutil.ToFloat64(e.drv.cfg.Metrics.PublishedDevices) }
+	if got := skipped(); got != 0 {
+		t.Errorf("no GPU in MIG mode: skipped MIG-ENABLED = %v, want 0", got)
+	}
+	all := published()
+	node.mig = true
+	if err := e.drv.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := skipped(); got != 1 {
+		t.Errorf("GPU 2 in MIG mode: skipped MIG-ENABLED = %v, want 1", got)
+	}
+	if got := published(); got != all-1 {
+		t.Errorf("GPU 2 in MIG mode: published %v, want %v", got, all-1)
+	}
+	node.mig = false
+	if err := e.drv.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := skipped(); got != 0 {
+		t.Errorf("GPU 2 out of MIG mode: skipped MIG-ENABLED = %v, want 0", got)
 	}
 }
 
