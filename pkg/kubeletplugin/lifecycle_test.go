@@ -470,3 +470,31 @@ func TestMIGModeChangeRestartsTheHealthWatch(t *testing.T) {
 		t.Errorf("restarting the watch marked the node unmonitored: %s", unmonitored)
 	}
 }
+
+// gputopo_plugin_unhealthy_devices counts the published GPUs that are
+// unhealthy, and gputopo_plugin_published_devices the GPUs published.
+func TestUnhealthyDevicesGauge(t *testing.T) {
+	e := newEnvWith(t, "dgx-h100", "", func(c *Config) { c.Metrics = NewMetrics(prometheus.NewRegistry()) })
+	_, ctx := ktesting.NewTestContext(t)
+	unhealthy := func() float64 { return testutil.ToFloat64(e.drv.cfg.Metrics.UnhealthyDevices) }
+	if got, want := testutil.ToFloat64(e.drv.cfg.Metrics.PublishedDevices), float64(len(e.drv.inv.Devices)); got != want || want != 8 {
+		t.Errorf("published_devices = %v, want %v of 8", got, want)
+	}
+	if got := unhealthy(); got != 0 {
+		t.Errorf("all GPUs healthy: unhealthy_devices = %v, want 0", got)
+	}
+	for _, i := range []int{3, 5} {
+		if err := e.drv.applyHealth(ctx, gpu.HealthEvent{UUID: e.drv.inv.Devices[i].UUID, Reason: "XID-79"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := unhealthy(); got != 2 {
+		t.Errorf("two GPUs with Xid 79: unhealthy_devices = %v, want 2", got)
+	}
+	if err := e.drv.applyHealth(ctx, gpu.HealthEvent{UUID: e.drv.inv.Devices[3].UUID, Healthy: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := unhealthy(); got != 1 {
+		t.Errorf("one GPU healed: unhealthy_devices = %v, want 1", got)
+	}
+}
