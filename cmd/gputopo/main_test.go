@@ -271,3 +271,20 @@ func TestUnknownOutputListsFormats(t *testing.T) {
 		}
 	}
 }
+
+// With no cluster configured, topology and explain say how to name one
+// rather than trying localhost.
+func TestNoClusterConfiguredSaysWhatToDo(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", empty)
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	for _, args := range [][]string{{"topology"}, {"explain", "train"}} {
+		_, err := run(t, "gputopo", args...)
+		if err == nil || !strings.Contains(err.Error(), "no cluster configured: set $KUBECONFIG or pass --kubeconfig") {
+			t.Errorf("%s with no cluster configured: err = %v, want one saying to set $KUBECONFIG or pass --kubeconfig", args[0], err)
+		}
+	}
+}

@@ -85,3 +85,55 @@ func TestSimulateUsesBuiltInSpecs(t *testing.T) {
 		t.Errorf("replayed %+v, want 32 nodes, 256 GPUs and 20 jobs", res)
 	}
 }
+
+// The output fields the README lists are in `simulate -o json`, for
+// gputopo (inline), under "baseline" (the default scheduler's model) and
+// "firstFit"; perSeed has each seed's allocation and mean JCT for all
+// three.
+func TestSimulateOutputFields(t *testing.T) {
+	out, err := run(t, "gputopo", "simulate", "--cluster", "../../pkg/simulate/testdata/dgx-h100-2x4x4.yaml",
+		"--trace-format", "philly", "--jobs", "20", "--seed", "1", "--seeds", "2", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res map[string]any
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("simulate -o json: %v\n%s", err, out)
+	}
+	fields := []string{"allocationRatio", "milliAllocationRatio", "sameDomainRatio", "crossSpine", "fragmentation",
+		"planLatencyP99Ms", "meanQueueWaitS", "p95QueueWaitS", "utilization", "usefulUtilization",
+		"meanJCTS", "p95JCTS", "multiNodeMeanJCTS", "makespanS"}
+	for scheduler, m := range map[string]any{"gputopo": res, "default scheduler": res["baseline"], "first fit": res["firstFit"]} {
+		metrics, ok := m.(map[string]any)
+		if !ok {
+			t.Errorf("%s: no metrics in %s", scheduler, out)
+			continue
+		}
+		if metrics["scheduler"] != scheduler {
+			t.Errorf("scheduler %v, want %s", metrics["scheduler"], scheduler)
+		}
+		for _, f := range fields {
+			if _, ok := metrics[f].(float64); !ok {
+				t.Errorf("%s: field %s is %v, want a number", scheduler, f, metrics[f])
+			}
+		}
+	}
+	perSeed, _ := res["perSeed"].([]any)
+	if len(perSeed) != 2 {
+		t.Fatalf("perSeed %v, want one entry per seed of 2", res["perSeed"])
+	}
+	for i, s := range perSeed {
+		seed, _ := s.(map[string]any)
+		if seed["seed"] != float64(i+1) {
+			t.Errorf("perSeed[%d].seed = %v, want %d", i, seed["seed"], i+1)
+		}
+		for _, k := range []string{"gputopo", "baseline", "firstFit"} {
+			m, _ := seed[k].(map[string]any)
+			for _, f := range []string{"allocation", "meanJCTS"} {
+				if _, ok := m[f].(float64); !ok {
+					t.Errorf("perSeed[%d].%s.%s is %v, want a number", i, k, f, m[f])
+				}
+			}
+		}
+	}
+}

@@ -124,6 +124,39 @@ func TestForeignGateHoldsNoDevices(t *testing.T) {
 	}
 }
 
+// Once the queue removes its gate, the group is queued at once, without
+// waiting for the retry interval, and its sync places it.
+func TestAdmittedGroupIsPlannedAtOnce(t *testing.T) {
+	h := newHarness(t, job("queued", 2))
+	h.addPod(withGate(jobPod("queued", 0, "gpu-8-node", nil), queueGate))
+	h.addPod(withGate(jobPod("queued", 1, "gpu-8-node", nil), queueGate))
+	h.sync("default/job/queued")
+	if st, _ := placement.ParseStatus(h.pod("queued-0").Annotations[placement.AnnotationStatus]); st.Reason != placement.StatusWaitingForGates {
+		t.Fatalf("status %+v, want %s", st, placement.StatusWaitingForGates)
+	}
+	// The harness runs no worker and no retry loop (Run is not called),
+	// and a group waiting for gates is not requeued after a delay: from
+	// here only an event queues it.
+	h.queued()
+	p := h.pod("queued-0")
+	p.Spec.SchedulingGates = slices.DeleteFunc(p.Spec.SchedulingGates, func(g v1.PodSchedulingGate) bool { return g.Name == queueGate })
+	if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the group queued once a pod's gate went", func() bool { return h.queued()["default/job/queued"] })
+	p = h.pod("queued-1")
+	p.Spec.SchedulingGates = slices.DeleteFunc(p.Spec.SchedulingGates, func(g v1.PodSchedulingGate) bool { return g.Name == queueGate })
+	if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the group queued once the last foreign gate went", func() bool { return h.queued()["default/job/queued"] })
+	h.place("default/job/queued")
+	n0, n1 := h.allocatedNode("queued-0"), h.allocatedNode("queued-1")
+	if n0 == "" || n1 == "" || n0 == n1 || leafOf(n0) != leafOf(n1) {
+		t.Errorf("after the queue's gate went: allocated on %q and %q, want two nodes of one leaf", n0, n1)
+	}
+}
+
 func TestForeignGatedPodReleasesWhatItHolds(t *testing.T) {
 	// A pod allocated by an earlier controller version while another gate
 	// held it gives its devices back.

@@ -522,6 +522,65 @@ func TestRankPodsByCompletionIndex(t *testing.T) {
 	}
 }
 
+// Rank order is the JobSet job index, then the completion index, then the
+// LeaderWorkerSet worker index; the name breaks ties only.
+func TestRankPodsJobIndexThenCompletionIndexThenWorkerIndex(t *testing.T) {
+	pod := func(name string, idx map[string]string) *v1.Pod {
+		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{}, Annotations: map[string]string{}}}
+		for k, v := range idx {
+			if k == batchv1.JobCompletionIndexAnnotation {
+				p.Annotations[k] = v
+			} else {
+				p.Labels[k] = v
+			}
+		}
+		return p
+	}
+	pods := []*v1.Pod{
+		pod("a", map[string]string{labelJobSetJobIndex: "1", batchv1.JobCompletionIndexAnnotation: "0"}),
+		pod("b", map[string]string{labelJobSetJobIndex: "0", batchv1.JobCompletionIndexAnnotation: "1"}),
+		pod("c", map[string]string{labelJobSetJobIndex: "0", batchv1.JobCompletionIndexAnnotation: "0"}),
+		pod("d", map[string]string{labelJobSetJobIndex: "10", batchv1.JobCompletionIndexAnnotation: "0"}),
+		pod("e", map[string]string{labelLWSWorkerIndex: "2"}),
+		pod("f", map[string]string{labelLWSWorkerIndex: "1"}),
+	}
+	rankPods(pods)
+	var got []string
+	for _, p := range pods {
+		got = append(got, p.Name)
+	}
+	// Pods without a job index rank first (an LWS group has none), by
+	// worker index; then the JobSet's by job index, then completion index.
+	if diff := cmp.Diff([]string{"f", "e", "c", "b", "a", "d"}, got); diff != "" {
+		t.Errorf("rank (-want +got):\n%s", diff)
+	}
+}
+
+// A JobSet's pods are placed in rank order: in an empty leaf the pod of
+// job index 0 gets the leaf's first node and that of job index 1 the
+// second, though their names sort the other way.
+func TestJobSetPodsArePlacedInRankOrder(t *testing.T) {
+	jobs := []*batchv1.Job{job("js-workers-0", 1), job("js-workers-1", 1)}
+	var extra []any
+	for _, j := range jobs {
+		j.Labels = map[string]string{labelJobSetName: "js"}
+		extra = append(extra, j)
+	}
+	h := newHarness(t, extra...)
+	for _, tc := range []struct{ name, jobName, index string }{{"js-a", "js-workers-1", "1"}, {"js-b", "js-workers-0", "0"}} {
+		p := jobPod(tc.jobName, 0, "gpu-8-node", nil)
+		p.Name, p.UID = tc.name, types.UID(tc.name)
+		p.Labels = map[string]string{labelJobSetName: "js", labelJobSetJobIndex: tc.index}
+		p.Annotations[batchv1.JobCompletionIndexAnnotation] = "0"
+		h.addPod(p)
+	}
+	h.place("default/jobset/js")
+	first, second := h.allocatedNode("js-b"), h.allocatedNode("js-a")
+	if !slices.Contains([][2]string{{"n0", "n1"}, {"n2", "n3"}}, [2]string{first, second}) {
+		t.Errorf("job index 0 on %q and job index 1 on %q; want the first and the second node of one leaf", first, second)
+	}
+}
+
 func TestJobSize(t *testing.T) {
 	j := job("j", 4)
 	j.Spec.Completions = ptr.To[int32](10)

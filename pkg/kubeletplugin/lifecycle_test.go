@@ -12,6 +12,8 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -212,6 +214,43 @@ func TestMIGModeChangeRepublishes(t *testing.T) {
 	}
 	if diff := cmp.Diff(all, names(e.pub.last(t))); diff != "" {
 		t.Errorf("GPU 2 out of MIG mode: published (-want +got):\n%s", diff)
+	}
+}
+
+// A GPU in MIG mode is counted in gputopo_plugin_skipped_devices under
+// MIG-ENABLED while it is left out, and no more once it is back.
+func TestMIGGPUIsCountedAsSkipped(t *testing.T) {
+	var node *migSwitch
+	e := newEnvWith(t, "hgx-pcie-pairs", "", func(c *Config) {
+		node = &migSwitch{Backend: c.Backend.(*sim.Backend)}
+		c.Backend = node
+		c.Metrics = NewMetrics(prometheus.NewRegistry())
+	})
+	_, ctx := ktesting.NewTestContext(t)
+	skipped := func() float64 {
+		return testutil.ToFloat64(e.drv.cfg.Metrics.SkippedDevices.WithLabelValues(nvml.SkipMIGEnabled))
+	}
+	published := func() float64 { return testutil.ToFloat64(e.drv.cfg.Metrics.PublishedDevices) }
+	if got := skipped(); got != 0 {
+		t.Errorf("no GPU in MIG mode: skipped MIG-ENABLED = %v, want 0", got)
+	}
+	all := published()
+	node.mig = true
+	if err := e.drv.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := skipped(); got != 1 {
+		t.Errorf("GPU 2 in MIG mode: skipped MIG-ENABLED = %v, want 1", got)
+	}
+	if got := published(); got != all-1 {
+		t.Errorf("GPU 2 in MIG mode: published %v, want %v", got, all-1)
+	}
+	node.mig = false
+	if err := e.drv.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := skipped(); got != 0 {
+		t.Errorf("GPU 2 out of MIG mode: skipped MIG-ENABLED = %v, want 0", got)
 	}
 }
 
@@ -429,5 +468,33 @@ func TestMIGModeChangeRestartsTheHealthWatch(t *testing.T) {
 	e.drv.mu.Unlock()
 	if unmonitored != "" {
 		t.Errorf("restarting the watch marked the node unmonitored: %s", unmonitored)
+	}
+}
+
+// gputopo_plugin_unhealthy_devices counts the published GPUs that are
+// unhealthy, and gputopo_plugin_published_devices the GPUs published.
+func TestUnhealthyDevicesGauge(t *testing.T) {
+	e := newEnvWith(t, "dgx-h100", "", func(c *Config) { c.Metrics = NewMetrics(prometheus.NewRegistry()) })
+	_, ctx := ktesting.NewTestContext(t)
+	unhealthy := func() float64 { return testutil.ToFloat64(e.drv.cfg.Metrics.UnhealthyDevices) }
+	if got, want := testutil.ToFloat64(e.drv.cfg.Metrics.PublishedDevices), float64(len(e.drv.inv.Devices)); got != want || want != 8 {
+		t.Errorf("published_devices = %v, want %v of 8", got, want)
+	}
+	if got := unhealthy(); got != 0 {
+		t.Errorf("all GPUs healthy: unhealthy_devices = %v, want 0", got)
+	}
+	for _, i := range []int{3, 5} {
+		if err := e.drv.applyHealth(ctx, gpu.HealthEvent{UUID: e.drv.inv.Devices[i].UUID, Reason: "XID-79"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := unhealthy(); got != 2 {
+		t.Errorf("two GPUs with Xid 79: unhealthy_devices = %v, want 2", got)
+	}
+	if err := e.drv.applyHealth(ctx, gpu.HealthEvent{UUID: e.drv.inv.Devices[3].UUID, Healthy: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := unhealthy(); got != 1 {
+		t.Errorf("one GPU healed: unhealthy_devices = %v, want 1", got)
 	}
 }

@@ -325,3 +325,30 @@ func TestSharedGPUComputeMode(t *testing.T) {
 		t.Errorf("after the last share of gpu-0: compute mode %s, want %s back", mode(0), gpu.ComputeModeDefault)
 	}
 }
+
+// A node without the MPS control program serves whole GPUs; a share there
+// fails to prepare, naming the program's path and the setting to change.
+func TestMissingControlProgramRefusesSharesOnly(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "driver", "usr", "bin", "nvidia-cuda-mps-control")
+	e := newEnvWith(t, "dgx-h100", dir, func(c *Config) {
+		m, err := mps.New(mps.Config{ControlPath: missing, Root: filepath.Join(dir, "plugin", "mps"), StopTimeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.MPS = m
+	})
+	res := e.prepare(t, sharedClaim("share", "gpu-0", 250, ""), allocatedClaim("whole", "gpu-1"))
+	err := res["share"].Err
+	if !errors.Is(err, mps.ErrNoControl) {
+		t.Fatalf("a share without the control program: %v, want %v", err, mps.ErrNoControl)
+	}
+	for _, w := range []string{"MPS control program not found: " + missing, "--mps-control-path", "nvml.mpsControlPath"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("prepare error %q does not say %q", err, w)
+		}
+	}
+	if err := res["whole"].Err; err != nil {
+		t.Errorf("a whole GPU on a node without the control program: %v", err)
+	}
+}

@@ -183,3 +183,75 @@ func TestMPSControlPath(t *testing.T) {
 		t.Errorf("relative --mps-control-path: %v, want refused", err)
 	}
 }
+
+// --profile-file: a simulated profile of one's own (the format of
+// pkg/gpu/sim/profiles/) gives the plugin that node's GPUs and NVLink
+// graph; it excludes --profile, applies to --backend=sim only, and a file
+// that is not a valid profile is refused naming it.
+func TestProfileFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "my-node.yaml")
+	profile := `name: my-node
+productName: Example GPU
+architecture: hopper
+cudaComputeCapability: "9.0"
+driverVersion: "550.54.15"
+cudaDriverVersion: "12.4"
+memory: 80Gi
+linkBandwidthGBps: 25
+gpus: 4
+numaNodes: 1
+pcieRoots: 2
+nvlink:
+- [0, 2, 0, 0]
+- [2, 0, 0, 0]
+- [0, 0, 0, 4]
+- [0, 0, 4, 0]
+`
+	if err := os.WriteFile(file, []byte(profile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, ctx := ktesting.NewTestContext(t)
+	o := NewOptions()
+	o.Backend, o.ProfileFile, o.NodeName = "sim", file, "n"
+	if err := o.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	b, err := o.NewBackend(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := b.Discover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var products []string
+	for _, d := range inv.Devices {
+		products = append(products, d.ProductName)
+	}
+	if diff := cmp.Diff([]string{"Example GPU", "Example GPU", "Example GPU", "Example GPU"}, products); diff != "" {
+		t.Errorf("GPUs of the profile file (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]gpu.Link{{A: 0, B: 1, Count: 2}, {A: 2, B: 3, Count: 4}}, inv.Links); diff != "" {
+		t.Errorf("NVLink graph of the profile file (-want +got):\n%s", diff)
+	}
+
+	both := NewOptions()
+	both.Backend, both.Profile, both.ProfileFile, both.NodeName = "sim", "dgx-h100", file, "n"
+	if err := both.Validate(); err == nil || !strings.Contains(err.Error(), "exactly one of --profile or --profile-file") {
+		t.Errorf("--profile and --profile-file: Validate = %v, want refused", err)
+	}
+	onNVML := NewOptions()
+	onNVML.ProfileFile, onNVML.NodeName = file, "n"
+	if err := onNVML.Validate(); err == nil || !strings.Contains(err.Error(), "only apply to --backend=sim") {
+		t.Errorf("--profile-file with --backend=nvml: Validate = %v, want refused", err)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte(strings.Replace(profile, "[0, 2, 0, 0]", "[0, 1, 0, 0]", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o.ProfileFile = bad
+	if _, err := o.NewBackend(ctx); err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "not symmetric") {
+		t.Errorf("an asymmetric NVLink matrix: NewBackend = %v, want an error naming the file and the problem", err)
+	}
+}

@@ -68,3 +68,36 @@ func TestValidateNoPluginNodesAndImages(t *testing.T) {
 		t.Errorf("Validate(a missing image tarball) = %v, want an error saying how to build it", err)
 	}
 }
+
+// A topology with a containerd node is refused before anything starts
+// when this machine lacks what such a node needs, naming each missing
+// thing and how to get it: the containerd binaries (`localcluster
+// build`), runc and busybox-static (`make runtime-deps`), and root.
+func TestValidateNamesMissingRuntimeDeps(t *testing.T) {
+	bin := fakeBinDir(t)
+	nodes := []NodeSpec{{Name: "ctr-0", Real: true, Profile: "dgx-h100", Runtime: RuntimeContainerd}}
+	dir, err := os.MkdirTemp("/tmp", "v") // short: the node's socket paths must fit
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Setenv("PATH", t.TempDir()) // no runc
+	err = Config{Dir: dir, BinDir: bin, ContainerdBinDir: t.TempDir(), Nodes: nodes}.Validate()
+	if err == nil {
+		t.Fatal("Validate of a containerd node on a machine without its binaries: nil error")
+	}
+	for _, want := range []string{"node ctr-0 runs containerd", "containerd binaries (run `localcluster build`)", "runc:", "make runtime-deps"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate = %v, want it to say %q", err, want)
+		}
+	}
+	if checkStatic(BusyboxBinary) != nil && !strings.Contains(err.Error(), "busybox for the local images") {
+		t.Errorf("Validate = %v, want it to name the missing static busybox", err)
+	}
+	if os.Geteuid() != 0 && !strings.Contains(err.Error(), "run as root") {
+		t.Errorf("Validate = %v, want it to say containerd nodes need root", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("a refused Validate left %d entries in the cluster directory", len(entries))
+	}
+}
