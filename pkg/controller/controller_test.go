@@ -263,6 +263,11 @@ func (h *harness) settle() {
 			if err != nil || !equality.Semantic.DeepEqual(seen.Status, c.Status) || !maps.Equal(seen.Annotations, c.Annotations) {
 				return false
 			}
+			// The informer's store is updated before its handlers run:
+			// the claim index, which a sync reads for clashes, may lag.
+			if !h.c.index.seen(c.UID, c.ResourceVersion) {
+				return false
+			}
 		}
 		return true
 	})
