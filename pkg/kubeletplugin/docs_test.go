@@ -2,13 +2,12 @@ package kubeletplugin
 
 import (
 	"os"
-	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/spf13/pflag"
 
+	"github.com/gputopo/gputopo/internal/readmetest"
 	"github.com/gputopo/gputopo/pkg/gpu"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -52,52 +51,13 @@ func TestReadmeDocumentsThePlugin(t *testing.T) {
 	}
 }
 
-// readmeFlagDefaults reads the flag table under heading in README.md: for
-// each row whose default cell holds only literal values, one per flag of
-// the row, the flag's documented default. Rows whose default is prose
-// ("in-cluster", "same as `--nvidia-driver-root`") or names another flag
-// or variable are left out.
-func readmeFlagDefaults(t *testing.T, heading string) map[string]string {
-	t.Helper()
-	data, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, sec, ok := strings.Cut(string(data), "\n"+heading+"\n")
-	if !ok {
-		t.Fatalf("README.md has no %q", heading)
-	}
-	if i := strings.Index(sec, "\n#"); i >= 0 {
-		sec = sec[:i]
-	}
-	tick := regexp.MustCompile("`([^`]*)`")
-	defaults := map[string]string{}
-	for _, line := range strings.Split(sec, "\n") {
-		cells := strings.Split(line, "|")
-		if len(cells) < 4 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`-") {
-			continue
-		}
-		var flags []string
-		for _, m := range tick.FindAllStringSubmatch(cells[1], -1) {
-			flags = append(flags, strings.TrimLeft(m[1], "-"))
-		}
-		values := tick.FindAllStringSubmatch(cells[2], -1)
-		if rest := strings.Trim(tick.ReplaceAllString(cells[2], ""), ", "); rest != "" || len(values) != len(flags) {
-			continue
-		}
-		for i, m := range values {
-			if v := m[1]; !strings.HasPrefix(v, "$") && !strings.HasPrefix(v, "--") {
-				defaults[flags[i]] = v
-			}
-		}
-	}
-	return defaults
-}
-
 // The defaults the README's table of the plugin's flags gives as values
 // are the flags' defaults.
 func TestReadmeGivesThePluginFlagDefaults(t *testing.T) {
-	defaults := readmeFlagDefaults(t, "### `gputopo-kubelet-plugin` flags")
+	defaults, _, err := readmetest.FlagTable("../../README.md", "### `gputopo-kubelet-plugin` flags")
+	if err != nil {
+		t.Fatal(err)
+	}
 	fs := pflag.NewFlagSet("plugin", pflag.ContinueOnError)
 	NewOptions().AddFlags(fs)
 	checked := 0
@@ -108,20 +68,10 @@ func TestReadmeGivesThePluginFlagDefaults(t *testing.T) {
 			continue
 		}
 		checked++
-		got := f.DefValue
-		switch f.Value.Type() {
-		case "duration":
-			d, err := time.ParseDuration(documented)
-			if err != nil {
-				t.Errorf("--%s: documented default %q is not a duration", name, documented)
-				continue
-			}
-			documented = d.String()
-		case "uintSlice", "stringSlice", "intSlice":
-			got = strings.Trim(got, "[]")
-		}
-		t.Logf("--%s: README %q, flag %q", name, documented, got)
-		if got != documented {
+		t.Logf("--%s: README %q, flag %q", name, documented, f.DefValue)
+		if same, err := readmetest.SameDefault(f, documented); err != nil {
+			t.Error(err)
+		} else if !same {
 			t.Errorf("README.md says --%s defaults to %q; it defaults to %q", name, documented, f.DefValue)
 		}
 	}
