@@ -338,10 +338,16 @@ func TestLedgerClashes(t *testing.T) {
 			t.Errorf("violations %v, want one naming a device kube-scheduler lost count of", v)
 		}
 	})
-	t.Run("too long", func(t *testing.T) {
+	// clashed is a ledger that saw the controller's claim and the
+	// scheduler's take gpu-0.
+	clashed := func() *ledger {
 		l := newLedger(nil)
 		l.apply(watch.Added, claim("mine", "ns/job/j", "gpu-0"))
 		l.apply(watch.Added, claim("sched", "", "gpu-0"))
+		return l
+	}
+	t.Run("too long", func(t *testing.T) {
+		l := clashed()
 		for k, c := range l.clashes {
 			c.at = c.at.Add(-clashGrace - time.Second)
 			l.clashes[k] = c
@@ -352,10 +358,7 @@ func TestLedgerClashes(t *testing.T) {
 		}
 	})
 	t.Run("still open", func(t *testing.T) {
-		l := newLedger(nil)
-		l.apply(watch.Added, claim("mine", "ns/job/j", "gpu-0"))
-		l.apply(watch.Added, claim("sched", "", "gpu-0"))
-		if _, _, v := l.report(); len(v) != 1 || !strings.Contains(v[0], "and still") {
+		if _, _, v := clashed().report(); len(v) != 1 || !strings.Contains(v[0], "and still") {
 			t.Errorf("violations %v, want one for the clash still open", v)
 		}
 	})
