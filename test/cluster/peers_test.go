@@ -43,32 +43,11 @@ func TestConfigRefusesMissingPeers(t *testing.T) {
 // Kueue v0.17.1 needs newer versions of some of them (gnostic-models
 // v0.7.1) and keeps its own.
 func TestPeersShareTheKubernetesBuild(t *testing.T) {
-	modules := func(dir string, args ...string) map[string]string {
-		t.Helper()
-		cmd := exec.Command("go", args...)
-		cmd.Dir = dir
-		out, err := cmd.Output()
-		if err != nil {
-			var stderr []byte
-			if ee, ok := err.(*exec.ExitError); ok {
-				stderr = ee.Stderr
-			}
-			t.Fatalf("go %s in %s: %v\n%s", strings.Join(args, " "), dir, err, stderr)
-		}
-		m := map[string]string{}
-		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			if path, version, ok := strings.Cut(line, " "); ok && version != "" {
-				m[path] = version
-			}
-		}
-		return m
-	}
-	const format = "{{.Path}} {{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}"
-	k8s := modules(".", "list", "-m", "-f", format, "all")
+	k8s := goModules(t, ".", "list", "-m", "-f", moduleFormat, "all")
 	for _, p := range []Peer{PeerJobSet, PeerLWS} {
 		spec := peerSpecs[p]
 		dir := filepath.Join("peers", string(p))
-		peer := modules(dir, "list", "-deps", "-f", "{{with .Module}}"+format+"{{end}}", spec.binary.Package)
+		peer := goModules(t, dir, "list", "-deps", "-f", "{{with .Module}}"+moduleFormat+"{{end}}", spec.binary.Package)
 		if peer[spec.module] != spec.version {
 			t.Errorf("%s builds %s %s, want %s", dir, spec.module, peer[spec.module], spec.version)
 		}
@@ -88,4 +67,57 @@ func TestPeersShareTheKubernetesBuild(t *testing.T) {
 			t.Errorf("%s shares %d modules with the Kubernetes binaries, want most of its %d", dir, shared, len(peer))
 		}
 	}
+}
+
+// The project's own modules (the plugin and controller, the topology
+// package, the e2e and benchmark suites) compile every module they share
+// with the Kubernetes binaries at the version those binaries compile, so
+// that a cold `make test` compiles the Kubernetes libraries (client-go,
+// apiserver, component-base, dynamic-resource-allocation, grpc, ...) once,
+// in `make unit`, and `localcluster build` finds them in the build cache
+// (docs/benchmarks.md, "make test and the local cluster").
+func TestProjectSharesTheKubernetesBuild(t *testing.T) {
+	k8s := goModules(t, ".", "list", "-m", "-f", moduleFormat, "all")
+	for _, dir := range []string{"../..", "../../pkg/clustertopo", "../e2e", "../bench"} {
+		own := goModules(t, dir, "list", "-deps", "-test", "-f", "{{with .Module}}"+moduleFormat+"{{end}}", "./...")
+		shared := 0
+		for path, v := range own {
+			want, ok := k8s[path]
+			if !ok {
+				continue
+			}
+			shared++
+			if v != want {
+				t.Errorf("%s compiles %s %s, the Kubernetes binaries %s: run `go get %s@%s` in %s (then go mod tidy), or a cold make test compiles it and everything above it twice",
+					dir, path, v, want, path, want, strings.TrimPrefix(filepath.Clean(filepath.Join("test/cluster", dir)), "./"))
+			}
+		}
+		if shared == 0 {
+			t.Errorf("%s shares no module with the Kubernetes binaries", dir)
+		}
+	}
+}
+
+const moduleFormat = "{{.Path}} {{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}"
+
+// goModules runs `go ARGS` in dir and reads its "path version" lines.
+func goModules(t *testing.T, dir string, args ...string) map[string]string {
+	t.Helper()
+	cmd := exec.Command("go", args...)
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("go %s in %s: %v\n%s", strings.Join(args, " "), dir, err, stderr)
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if path, version, ok := strings.Cut(line, " "); ok && version != "" {
+			m[path] = version
+		}
+	}
+	return m
 }
