@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/klog/v2"
 
@@ -57,6 +59,9 @@ type Options struct {
 	TaintEffect         string
 	// MPSControlPath is the MPS control program shared GPUs' daemons run.
 	MPSControlPath string
+	// MPSShmSize is the size of the tmpfs each MPS daemon and its clients
+	// share as /dev/shm: a quantity or a percentage of the node's memory.
+	MPSShmSize string
 }
 
 // NewOptions returns the defaults for a node of a real cluster.
@@ -73,8 +78,12 @@ func NewOptions() *Options {
 		IgnoredXids:    toUint(nvml.DefaultIgnoredXids()),
 		TaintEffect:    string(resourceapi.DeviceTaintEffectNoSchedule),
 		SharedGPUs:     "none",
+		MPSShmSize:     DefaultMPSShmSize,
 	}
 }
+
+// DefaultMPSShmSize is --mps-shm-size's default.
+const DefaultMPSShmSize = "1Gi"
 
 func toUint(xs []uint64) []uint {
 	out := make([]uint, len(xs))
@@ -99,6 +108,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ContainerHookPath, "container-cdi-hook-path", o.ContainerHookPath, "Where this process sees --nvidia-cdi-hook-path (a container mounting the host's hook elsewhere); empty: the same path, inside the driver root as --container-driver-root maps it.")
 	fs.StringVar(&o.HookSource, "cdi-hook-source", o.HookSource, "The nvidia-cdi-hook shipped with gputopo, installed onto the host when --nvidia-cdi-hook-path is empty; empty: "+cdi.HookName+" next to this executable.")
 	fs.StringVar(&o.MPSControlPath, "mps-control-path", o.MPSControlPath, "The CUDA MPS control program ("+mps.ControlName+") as this process sees it: each GPU that prepared claims hold shares of gets a control daemon of its own, started with the first share and stopped with the last, its pipe directory mounted into those claims' containers at "+topology.MPSContainerPipeDir+". Empty: for --backend=nvml, "+mps.ControlName+" in the driver root's usr/bin (as --container-driver-root maps it), and a share is refused while it is missing; for --backend=sim, no daemon (shares get their limits as environment variables only), so set it to a stand-in program to run simulated shares through the daemon lifecycle.")
+	fs.StringVar(&o.MPSShmSize, "mps-shm-size", o.MPSShmSize, "Size of the tmpfs that each MPS control daemon and its shares' containers see as /dev/shm (mounted in <kubelet-plugins-directory-path>/"+topology.DriverName+"/mps/<UUID>/shm while the daemon runs): a quantity (1Gi) or a percentage of the node's memory (50%). Empty: a plain directory instead of a tmpfs, for a plugin without CAP_SYS_ADMIN.")
 	fs.UintSliceVar(&o.IgnoredXids, "ignored-xids", o.IgnoredXids, "Xid errors that do not make a GPU unhealthy (application errors, by NVIDIA's defaults).")
 	fs.StringVar(&o.TaintEffect, "taint-effect", o.TaintEffect, "Effect of the unhealthy taint on a failed GPU: NoSchedule (keep new claims off it) or NoExecute (also evict pods using it).")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "Name of the node the plugin serves (default $NODE_NAME).")
@@ -165,6 +175,9 @@ func (o *Options) Validate() error {
 	}
 	if o.DriverRoot == "" {
 		errs = append(errs, errors.New("--nvidia-driver-root must not be empty (/ for a driver installed on the host)"))
+	}
+	if _, err := o.mpsShmSize(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -265,7 +278,11 @@ func (o *Options) NewDriverEdits(ctx context.Context, backend gpu.Backend) (cdi.
 // looked for when a share is prepared, so a node without it serves whole
 // GPUs, and a share on it fails with what to set.
 func (o *Options) MPS(ctx context.Context, backend gpu.Backend) (*mps.Manager, error) {
-	cfg := mps.Config{ControlPath: o.MPSControlPath, Root: filepath.Join(o.PluginDir(), "mps")}
+	shm, err := o.mpsShmSize()
+	if err != nil {
+		return nil, err
+	}
+	cfg := mps.Config{ControlPath: o.MPSControlPath, Root: filepath.Join(o.PluginDir(), "mps"), ShmSize: shm}
 	if modes, ok := backend.(gpu.ComputeModes); ok {
 		cfg.ComputeModes = modes
 	}
@@ -295,6 +312,26 @@ func (o *Options) MPS(ctx context.Context, backend gpu.Backend) (*mps.Manager, e
 		cfg.LibraryPath = filepath.Dir(lib)
 	}
 	return mps.New(cfg)
+}
+
+// mpsShmSize is --mps-shm-size as the tmpfs size option (bytes, or a
+// percentage).
+func (o *Options) mpsShmSize() (string, error) {
+	if o.MPSShmSize == "" || strings.HasSuffix(o.MPSShmSize, "%") {
+		return o.MPSShmSize, mpsShmError(mps.ValidShmSize(o.MPSShmSize), o.MPSShmSize)
+	}
+	q, err := resource.ParseQuantity(o.MPSShmSize)
+	if err != nil || q.Sign() <= 0 {
+		return "", mpsShmError(errors.New("not a positive quantity"), o.MPSShmSize)
+	}
+	return strconv.FormatInt(q.Value(), 10), nil
+}
+
+func mpsShmError(err error, size string) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("--mps-shm-size=%q: want a quantity like 1Gi or 512Mi, a percentage of the node's memory like 50%%, or empty for a plain directory", size)
 }
 
 // Hook settles which nvidia-cdi-hook the specs run and returns the driver

@@ -184,6 +184,29 @@ func TestMPSControlPath(t *testing.T) {
 	}
 }
 
+// TestMPSShmSize: --mps-shm-size takes a quantity (given to the tmpfs in
+// bytes), a percentage of the node's memory, or nothing (a plain
+// directory); anything else is refused at start, saying what it wants.
+func TestMPSShmSize(t *testing.T) {
+	for flag, want := range map[string]string{"": "", "1Gi": "1073741824", "512M": "512000000", "50%": "50%", "2Gi": "2147483648"} {
+		o := NewOptions()
+		o.NodeName, o.MPSShmSize = "n", flag
+		if err := o.Validate(); err != nil {
+			t.Errorf("--mps-shm-size=%q: %v", flag, err)
+		}
+		if got, err := o.mpsShmSize(); got != want || err != nil {
+			t.Errorf("--mps-shm-size=%q: tmpfs size %q (%v), want %q", flag, got, err, want)
+		}
+	}
+	for _, flag := range []string{"0", "-1Gi", "lots", "150%", "1.5%"} {
+		o := NewOptions()
+		o.NodeName, o.MPSShmSize = "n", flag
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--mps-shm-size=\""+flag+"\": want a quantity like 1Gi") {
+			t.Errorf("--mps-shm-size=%q: %v, want refused saying what it wants", flag, err)
+		}
+	}
+}
+
 // --profile-file: a simulated profile of one's own (the format of
 // pkg/gpu/sim/profiles/) gives the plugin that node's GPUs and NVLink
 // graph; it excludes --profile, applies to --backend=sim only, and a file

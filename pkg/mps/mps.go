@@ -100,6 +100,14 @@ type Config struct {
 	// server and its clients must share /dev/shm (needs CAP_SYS_ADMIN).
 	// Empty: the daemon runs with this process's /dev/shm.
 	Launcher string
+	// ShmSize, when set, makes each GPU's ShmDir a tmpfs of that size (in
+	// bytes, or "50%" of the node's memory), as /dev/shm is, mounted
+	// when its daemon starts and unmounted when it stops (needs
+	// CAP_SYS_ADMIN; the host sees it only if this process's mounts
+	// propagate to the host: the chart mounts the plugin directory
+	// Bidirectional). Empty: a plain directory on the plugin directory's
+	// file system.
+	ShmSize string
 	// ComputeModes, when set, is how the GPUs' compute modes are read and
 	// set: EXCLUSIVE_PROCESS while a daemon runs, the mode before it once
 	// it is stopped. Nil leaves them alone.
@@ -119,6 +127,9 @@ type Manager struct {
 func New(cfg Config) (*Manager, error) {
 	if !filepath.IsAbs(cfg.ControlPath) || !filepath.IsAbs(cfg.Root) {
 		return nil, fmt.Errorf("MPS control program %q and daemon directory %q must be absolute paths", cfg.ControlPath, cfg.Root)
+	}
+	if err := ValidShmSize(cfg.ShmSize); err != nil {
+		return nil, err
 	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 30 * time.Second
@@ -308,6 +319,9 @@ func (m *Manager) start(ctx context.Context, uuid string) error {
 	if err := os.Chmod(m.ShmDir(uuid), 0o1777); err != nil {
 		return fmt.Errorf("create MPS shm directory of GPU %s: %w", uuid, err)
 	}
+	if err := m.mountShm(uuid); err != nil {
+		return err
+	}
 	for _, d := range []string{m.PipeDir(uuid), m.ShmDir(uuid)} {
 		stale, err := os.ReadDir(d)
 		if err != nil {
@@ -394,8 +408,86 @@ func (m *Manager) stop(ctx context.Context, uuid string) error {
 	if err := m.restore(ctx, uuid); err != nil {
 		return err
 	}
+	if err := UnmountShm(m.ShmDir(uuid)); err != nil {
+		return fmt.Errorf("unmount MPS shm of GPU %s: %w", uuid, err)
+	}
 	if err := os.RemoveAll(filepath.Join(m.cfg.Root, uuid)); err != nil {
 		return fmt.Errorf("remove MPS directory of GPU %s: %w", uuid, err)
+	}
+	return nil
+}
+
+// ShmSource is the source name of the tmpfs mounted at a GPU's ShmDir, as
+// /proc/mounts shows it on the host and in its shares' containers.
+const ShmSource = "gputopo-mps-shm"
+
+// mountShm mounts a tmpfs at the GPU's ShmDir unless Config.ShmSize is
+// empty or one is there already (a daemon that ran before this process
+// restarted, whose clients hold the mount).
+func (m *Manager) mountShm(uuid string) error {
+	if m.cfg.ShmSize == "" {
+		return nil
+	}
+	dir := m.ShmDir(uuid)
+	if mounted, err := IsShmMounted(dir); err != nil || mounted {
+		return err
+	}
+	opts := "mode=1777,size=" + m.cfg.ShmSize
+	if err := syscall.Mount(ShmSource, dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount a tmpfs (%s) at the MPS shm directory %s of GPU %s: %w (the plugin needs CAP_SYS_ADMIN for it; set --mps-shm-size=\"\" for a plain directory)", opts, dir, uuid, err)
+	}
+	return nil
+}
+
+// ValidShmSize checks a Config.ShmSize: empty, a number of bytes, or a
+// percentage of the node's memory from 1 to 100.
+func ValidShmSize(size string) error {
+	if size == "" {
+		return nil
+	}
+	n, pct := strings.CutSuffix(size, "%")
+	v, err := strconv.ParseUint(n, 10, 64)
+	if err != nil || v == 0 || (pct && v > 100) {
+		return fmt.Errorf("MPS shm size %q: want a number of bytes or a percentage of the node's memory from 1%% to 100%%", size)
+	}
+	return nil
+}
+
+// tmpfsMagic is TMPFS_MAGIC of statfs(2).
+const tmpfsMagic = 0x01021994
+
+// IsShmMounted says whether dir is a tmpfs mount point: a tmpfs whose
+// device differs from its parent directory's.
+func IsShmMounted(dir string) (bool, error) {
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(dir, &fs); err != nil {
+		if errors.Is(err, syscall.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if fs.Type != tmpfsMagic {
+		return false, nil
+	}
+	var self, parent syscall.Stat_t
+	if err := syscall.Stat(dir, &self); err != nil {
+		return false, fmt.Errorf("stat %s: %w", dir, err)
+	}
+	if err := syscall.Stat(filepath.Dir(dir), &parent); err != nil {
+		return false, fmt.Errorf("stat %s: %w", filepath.Dir(dir), err)
+	}
+	return self.Dev != parent.Dev, nil
+}
+
+// UnmountShm unmounts the tmpfs at dir, if one is mounted there; lazily,
+// as a container that still runs may hold it.
+func UnmountShm(dir string) error {
+	mounted, err := IsShmMounted(dir)
+	if err != nil || !mounted {
+		return err
+	}
+	if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount %s: %w", dir, err)
 	}
 	return nil
 }

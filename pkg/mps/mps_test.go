@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -263,5 +264,89 @@ func waitGone(t *testing.T, pid int) {
 			t.Fatalf("pid %d still runs", pid)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestShmIsATmpfsWhileTheDaemonRuns: with ShmSize set, a GPU's shm
+// directory is a tmpfs of that size from its daemon's start, a manager
+// that starts again (a plugin restart) keeps that one mount and stacks no
+// second, and the last share gone unmounts it with the directory; without
+// ShmSize it is a plain directory.
+func TestShmIsATmpfsWhileTheDaemonRuns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	f := newFixture(t)
+	newManager := func(size string) *mps.Manager {
+		m, err := mps.New(mps.Config{ControlPath: f.control, Root: f.root, ShmSize: size, StopTimeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Sync(context.Background(), nil) })
+		return m
+	}
+	m := newManager("1048576")
+	shm := m.ShmDir(gpuA)
+	sync(t, m, map[string]mps.Limits{gpuA: {ActiveThreadPercentage: 50}})
+	if got := shmMounts(t, shm); len(got) != 1 || got[0] != mps.ShmSource+" tmpfs size=1024k" {
+		t.Fatalf("mounts at %s with the daemon running: %q, want one %s tmpfs of 1024k", shm, got, mps.ShmSource)
+	}
+	if err := os.WriteFile(filepath.Join(shm, "segment"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	again := newManager("1048576")
+	sync(t, again, map[string]mps.Limits{gpuA: {ActiveThreadPercentage: 50}})
+	if got := shmMounts(t, shm); len(got) != 1 {
+		t.Errorf("mounts at %s after a restart: %q, want the one of before", shm, got)
+	}
+
+	sync(t, again, nil)
+	if got := shmMounts(t, shm); len(got) != 0 {
+		t.Errorf("mounts at %s after the last share: %q, want none", shm, got)
+	}
+	if _, err := os.Stat(filepath.Join(f.root, gpuA)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("MPS directory of %s after the last share: %v, want it removed", gpuA, err)
+	}
+
+	plain := newManager("")
+	sync(t, plain, map[string]mps.Limits{gpuB: {ActiveThreadPercentage: 50}})
+	if got := shmMounts(t, plain.ShmDir(gpuB)); len(got) != 0 {
+		t.Errorf("mounts at %s without a size: %q, want a plain directory", plain.ShmDir(gpuB), got)
+	}
+}
+
+// shmMounts lists "source fstype size=..." of each mount at dir in this
+// process's mount table.
+func shmMounts(t *testing.T, dir string) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS
+		before, after, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(before), strings.Fields(after)
+		if !ok || len(f) < 5 || len(g) < 3 || f[4] != dir {
+			continue
+		}
+		size := ""
+		for _, o := range strings.Split(g[2], ",") {
+			if strings.HasPrefix(o, "size=") {
+				size = o
+			}
+		}
+		out = append(out, g[1]+" "+g[0]+" "+size)
+	}
+	return out
+}
+
+func TestValidShmSize(t *testing.T) {
+	for size, ok := range map[string]bool{"": true, "1073741824": true, "50%": true, "100%": true, "0": false, "101%": false, "1Gi": false, "-1": false, "%": false} {
+		if err := mps.ValidShmSize(size); (err == nil) != ok {
+			t.Errorf("ValidShmSize(%q) = %v, want ok %v", size, err, ok)
+		}
 	}
 }

@@ -118,7 +118,13 @@ func (c *Cluster) startContainerd(ctx context.Context, n *nodeState, images []st
 	if err := os.WriteFile(config, []byte(containerdConfig(c.containerdSocket(name), filepath.Join(c.NodeDir(name), "cdi"), cniBin, cniConf, runc)), 0o644); err != nil {
 		return 0, fmt.Errorf("write containerd config of node %s: %w", name, err)
 	}
-	argv := []string{"unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
+	if err := c.shareMounts(); err != nil {
+		return 0, err
+	}
+	// A slave of the host's mounts: what the host mounts under the
+	// cluster directory later (the plugin's MPS tmpfs) reaches containerd
+	// and so the containers, and nothing mounted here reaches the host.
+	argv := []string{"unshare", "--mount", "--propagation", "slave", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
 		"sh", "-c", `mount -t tmpfs -o size=512m tmpfs /var/lib && mount -t tmpfs -o size=64m tmpfs /var/log && mount -t tmpfs -o size=64m tmpfs /run && exec "$@"`, "sh",
 		filepath.Join(c.cfg.ContainerdBinDir, "containerd"), "--config=" + config,
 	}
@@ -142,6 +148,50 @@ func (c *Cluster) startContainerd(ctx context.Context, n *nodeState, images []st
 		}
 	}
 	return pid, nil
+}
+
+// sharedMountFile, in DIR/run, records that the cluster directory was
+// bound onto itself as a shared mount, for Down to undo.
+const sharedMountFile = "shared-mount"
+
+// shareMounts binds the cluster directory onto itself as a shared mount,
+// once, so that the containerd nodes' mount namespaces (slaves) receive
+// what the host mounts under it afterwards, as on a real node whose / is
+// shared (systemd): the kubelet plugin runs on the host and mounts each
+// MPS daemon's tmpfs under its plugin directory, which share containers
+// get through their CDI mounts. Down unmounts it.
+func (c *Cluster) shareMounts() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	record := filepath.Join(c.dir, "run", sharedMountFile)
+	if _, err := os.Stat(record); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(record), 0o755); err != nil {
+		return err
+	}
+	if err := syscall.Mount(c.dir, c.dir, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind the cluster directory %s onto itself for the containerd nodes: %w", c.dir, err)
+	}
+	if err := os.WriteFile(record, nil, 0o644); err != nil {
+		_ = syscall.Unmount(c.dir, syscall.MNT_DETACH)
+		return err
+	}
+	if err := syscall.Mount("", c.dir, "", syscall.MS_SHARED|syscall.MS_REC, ""); err != nil {
+		return fmt.Errorf("make the cluster directory %s a shared mount for the containerd nodes: %w", c.dir, err)
+	}
+	return nil
+}
+
+// unshareMounts undoes shareMounts, if it was done.
+func unshareMounts(dir string) {
+	record := filepath.Join(dir, "run", sharedMountFile)
+	if _, err := os.Stat(record); err != nil {
+		return
+	}
+	if err := syscall.Unmount(dir, syscall.MNT_DETACH); err == nil || errors.Is(err, syscall.EINVAL) {
+		os.Remove(record)
+	}
 }
 
 // namespacePID is the PID of the child unshare forked: containerd, PID 1 of

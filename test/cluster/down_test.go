@@ -118,7 +118,7 @@ func TestClusterDownLeavesNothing(t *testing.T) {
 			}
 			kubeletNS = append(kubeletNS, ns)
 			// The pod's volumes are mounted in the kubelet's namespace only.
-			if mounts := mountsUnder(t, fmt.Sprintf("/proc/%d/mountinfo", pid), dir); len(mounts) == 0 {
+			if mounts := mountsUnder(t, fmt.Sprintf("/proc/%d/mountinfo", pid), dir); !slices.ContainsFunc(mounts, func(m string) bool { return m != dir }) {
 				t.Errorf("%s has no mount under the cluster dir while its pod runs", name)
 			}
 		}
@@ -134,6 +134,28 @@ func TestClusterDownLeavesNothing(t *testing.T) {
 		if n.Real && (!kubelet || !plugin) {
 			t.Errorf("ready file lacks the kubelet or plugin of real node %s: %v", n.Name, ready.PIDs)
 		}
+	}
+	// What the host mounts under the cluster dir reaches the containerd
+	// node (whose kubelet is in containerd's namespace), as the plugin's
+	// MPS tmpfs must, and only there.
+	probe := filepath.Join(dir, "propagation-probe")
+	if err := os.MkdirAll(probe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("gputopo-probe", probe, "tmpfs", 0, "size=4k"); err != nil {
+		t.Fatalf("mount a tmpfs under the cluster dir: %v", err)
+	}
+	seen := 0
+	for pid, name := range wantProcs {
+		if strings.HasPrefix(name, "kubelet-") && slices.Contains(mountsUnder(t, fmt.Sprintf("/proc/%d/mountinfo", pid), dir), probe) {
+			seen++
+		}
+	}
+	if err := syscall.Unmount(probe, 0); err != nil {
+		t.Fatal(err)
+	}
+	if seen != 1 {
+		t.Errorf("a tmpfs the host mounted under the cluster dir is seen by %d kubelets' namespaces, want 1 (the containerd node's)", seen)
 	}
 	self, err := os.Readlink("/proc/self/ns/mnt")
 	if err != nil {
@@ -317,7 +339,8 @@ func scanLeftovers(t *testing.T, dir string, private []string) leftovers {
 	return l
 }
 
-// mountsUnder returns the mount points under dir that a mountinfo file lists.
+// mountsUnder returns the mount points under dir, and dir itself, that a
+// mountinfo file lists.
 func mountsUnder(t *testing.T, mountinfo, dir string) []string {
 	t.Helper()
 	data, err := os.ReadFile(mountinfo)
@@ -326,7 +349,7 @@ func mountsUnder(t *testing.T, mountinfo, dir string) []string {
 	}
 	var mounts []string
 	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(unescapeOctal(f[4]), dir+"/") {
+		if f := strings.Fields(line); len(f) > 4 && (unescapeOctal(f[4]) == dir || strings.HasPrefix(unescapeOctal(f[4]), dir+"/")) {
 			mounts = append(mounts, unescapeOctal(f[4]))
 		}
 	}

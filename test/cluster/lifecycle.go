@@ -403,6 +403,7 @@ func (c *Cluster) Stop() {
 		}
 	}
 	unmountUnder(c.dir)
+	unshareMounts(c.dir)
 	os.Remove(filepath.Join(c.dir, "ready"))
 	os.Remove(filepath.Join(c.dir, "run", "supervisor"))
 }
@@ -424,6 +425,7 @@ func Down(dir string) error {
 	}
 	stopInOrder(pidFileProcs(dir, nil))
 	unmountUnder(dir)
+	unshareMounts(dir)
 	os.Remove(filepath.Join(dir, "ready"))
 	os.Remove(filepath.Join(dir, "run", "supervisor"))
 	return nil

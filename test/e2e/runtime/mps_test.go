@@ -27,7 +27,8 @@ import (
 // /dev/shm it sees.
 const mpsReport = `env; echo @@mounts; grep ' ` + topology.MPSContainerPipeDir + ` ' /proc/mounts; ` +
 	`echo @@pid; cat ` + topology.MPSContainerPipeDir + `/` + mps.PidFile + ` 2>/dev/null; echo; ` +
-	`echo @@shm; cat ` + topology.MPSContainerShmDir + `/` + mpstest.ShmMarker + ` 2>/dev/null; echo; echo @@end; exec sleep inf`
+	`echo @@shm; cat ` + topology.MPSContainerShmDir + `/` + mpstest.ShmMarker + ` 2>/dev/null; echo; ` +
+	`echo @@shmmount; grep ' ` + topology.MPSContainerShmDir + ` ' /proc/mounts; echo @@end; exec sleep inf`
 
 // TestSharedGPUGetsAnMPSDaemon: with --mps-control-path naming a stand-in
 // that records what it is asked, the first share of the shared GPU starts
@@ -36,8 +37,8 @@ const mpsReport = `env; echo @@mounts; grep ' ` + topology.MPSContainerPipeDir +
 // and memory limits as its defaults; a second share reuses it; both share
 // containers that containerd runs see the pipe directory mounted at
 // /tmp/nvidia-mps (with the pid file the daemon wrote), the /dev/shm the
-// daemon sees, and CUDA_MPS_PIPE_DIRECTORY, a whole GPU's container sees
-// none of them; a plugin
+// daemon sees (the plugin's tmpfs of --mps-shm-size, 1Gi), and
+// CUDA_MPS_PIPE_DIRECTORY, a whole GPU's container sees none of them; a plugin
 // restart neither doubles nor loses the daemon; deleting one share's pod
 // keeps it, deleting the last stops it (quit) and removes its directory.
 // The simulated GPU is in compute mode EXCLUSIVE_PROCESS while its daemon
@@ -148,6 +149,11 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 		if got := section(logs, "shm"); got != daemon {
 			t.Errorf("pod %s: %s/%s reads %q, want the daemon's pid %s (the daemon and its clients share /dev/shm)", name, topology.MPSContainerShmDir, mpstest.ShmMarker, got, daemon)
 		}
+		// ... a tmpfs the plugin mounted, of the default size, over the
+		// runtime's own (the last mount at the path is the one seen).
+		if f := strings.Fields(lastLine(section(logs, "shmmount"))); len(f) < 4 || f[0] != mps.ShmSource || f[2] != "tmpfs" || !strings.Contains(f[3], "size=1048576k") {
+			t.Errorf("pod %s: %s is %q; want the plugin's %s tmpfs, size=1048576k (--mps-shm-size 1Gi)", name, topology.MPSContainerShmDir, section(logs, "shmmount"), mps.ShmSource)
+		}
 		if got := seen.env[topology.EnvMPSPipeDirectory]; got != topology.MPSContainerPipeDir {
 			t.Errorf("pod %s: %s=%q, want %s", name, topology.EnvMPSPipeDirectory, got, topology.MPSContainerPipeDir)
 		}
@@ -158,6 +164,13 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 	}
 	if got := section(logsWhole, "shm"); got != "" {
 		t.Errorf("pod %s (a whole GPU) reads %q from %s/%s; want the runtime's own /dev/shm, without it", whole.Name, got, topology.MPSContainerShmDir, mpstest.ShmMarker)
+	}
+	if got := section(logsWhole, "shmmount"); strings.Contains(got, mps.ShmSource+" ") {
+		t.Errorf("pod %s (a whole GPU) has the MPS tmpfs at %s: %q", whole.Name, topology.MPSContainerShmDir, got)
+	}
+	shm := filepath.Join(root, uuid, "shm")
+	if mounted, err := mps.IsShmMounted(shm); !mounted || err != nil {
+		t.Errorf("on the host %s is no tmpfs while the daemon runs (%v)", shm, err)
 	}
 	if v, ok := seenWhole.env[topology.EnvMPSPipeDirectory]; ok {
 		t.Errorf("pod %s (a whole GPU) has %s=%s", whole.Name, topology.EnvMPSPipeDirectory, v)
@@ -208,6 +221,9 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, uuid)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("MPS directory of %s after the last share: %v; want it removed", uuid, err)
 	}
+	if mounts, err := os.ReadFile("/proc/self/mountinfo"); err != nil || strings.Contains(string(mounts), " "+shm+" ") {
+		t.Errorf("the MPS tmpfs %s is still mounted after the last share (%v)", shm, err)
+	}
 	if got := readMode(t, modeFile); got != gpu.ComputeModeDefault {
 		t.Errorf("compute mode of %s after its MPS daemon stopped: %q, want %s back", shared, got, gpu.ComputeModeDefault)
 	}
@@ -240,6 +256,11 @@ func section(logs, name string) string {
 	}
 	text, _, _ := strings.Cut(rest, "@@")
 	return strings.TrimSpace(text)
+}
+
+// lastLine is the last line of text.
+func lastLine(text string) string {
+	return text[strings.LastIndexByte(text, '\n')+1:]
 }
 
 // running says whether pid is a live process (not a zombie).
