@@ -1,10 +1,12 @@
 package controller
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	resourcev1client "k8s.io/client-go/kubernetes/typed/resource/v1"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
@@ -596,8 +600,11 @@ func TestJobSize(t *testing.T) {
 // abandoned.
 func TestAllocationWriteSurvivesAConflict(t *testing.T) {
 	h := newHarness(t, job("train", 2))
+	var mu sync.Mutex // the claims are written in parallel
 	conflicts := 0
 	h.client.PrependReactor("update", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
 		if a.GetSubresource() == "status" && conflicts < 2 {
 			conflicts++
 			return true, nil, apierrors.NewConflict(resourceapi.Resource("resourceclaims"), "x", errors.New("the object has been modified"))
@@ -616,6 +623,111 @@ func TestAllocationWriteSurvivesAConflict(t *testing.T) {
 	for _, pod := range []string{"train-0", "train-1"} {
 		if h.claim(pod+"-gpus").Status.Allocation == nil {
 			t.Errorf("claim of %s not allocated", pod)
+		}
+	}
+}
+
+// A group's claims are written in parallel: the allocations of a 4-pod
+// Job are all in flight at once, not one after the other. (The fake
+// client runs its reactors under one lock, so the writes are held up in
+// front of it.)
+func TestGroupClaimsAreWrittenInParallel(t *testing.T) {
+	h := newHarness(t, job("train", 4))
+	var mu sync.Mutex
+	inFlight, most := 0, 0
+	all := make(chan struct{})
+	h.c.cfg.Client = heldClaimWrites{Interface: h.client, hold: func(cl *resourceapi.ResourceClaim) func() {
+		if cl.Status.Allocation == nil {
+			return func() {}
+		}
+		mu.Lock()
+		inFlight++
+		most = max(most, inFlight)
+		if inFlight == 4 && most == 4 {
+			close(all)
+		}
+		mu.Unlock()
+		select { // each write waits (up to 2 s) until all four are in flight
+		case <-all:
+		case <-time.After(2 * time.Second):
+		}
+		return func() {
+			mu.Lock()
+			inFlight--
+			mu.Unlock()
+		}
+	}}
+	for i := range 4 {
+		h.addPod(jobPod("train", i, "gpu-8-node", nil))
+	}
+	h.settle()
+	if _, err := h.c.sync(h.ctx, "default/job/train"); err != nil {
+		t.Fatal(err)
+	}
+	if most != 4 {
+		t.Errorf("at most %d of the 4 claims' allocations were written at once, want 4", most)
+	}
+	for i := range 4 {
+		if name := fmt.Sprintf("train-%d", i); h.claim(name+"-gpus").Status.Allocation == nil {
+			t.Errorf("pod %s: claim not allocated", name)
+		}
+	}
+}
+
+// heldClaimWrites is a client whose claim status writes call hold first
+// and its result after.
+type heldClaimWrites struct {
+	kubernetes.Interface
+	hold func(*resourceapi.ResourceClaim) func()
+}
+
+func (c heldClaimWrites) ResourceV1() resourcev1client.ResourceV1Interface {
+	return heldResourceV1{c.Interface.ResourceV1(), c.hold}
+}
+
+type heldResourceV1 struct {
+	resourcev1client.ResourceV1Interface
+	hold func(*resourceapi.ResourceClaim) func()
+}
+
+func (c heldResourceV1) ResourceClaims(ns string) resourcev1client.ResourceClaimInterface {
+	return heldClaims{c.ResourceV1Interface.ResourceClaims(ns), c.hold}
+}
+
+type heldClaims struct {
+	resourcev1client.ResourceClaimInterface
+	hold func(*resourceapi.ResourceClaim) func()
+}
+
+func (c heldClaims) UpdateStatus(ctx context.Context, cl *resourceapi.ResourceClaim, opts metav1.UpdateOptions) (*resourceapi.ResourceClaim, error) {
+	defer c.hold(cl)()
+	return c.ResourceClaimInterface.UpdateStatus(ctx, cl, opts)
+}
+
+// All or nothing: when one claim's allocation cannot be written, the
+// claims written beside it are given back, and no gate opens.
+func TestFailedClaimWriteGivesTheOthersBack(t *testing.T) {
+	h := newHarness(t, job("train", 4))
+	h.client.PrependReactor("update", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if u, ok := a.(k8stesting.UpdateAction); ok && a.GetSubresource() == "status" && u.GetObject().(*resourceapi.ResourceClaim).Name == "train-2-gpus" && u.GetObject().(*resourceapi.ResourceClaim).Status.Allocation != nil {
+			return true, nil, apierrors.NewInternalError(errors.New("etcd is down"))
+		}
+		return false, nil, nil
+	})
+	for i := range 4 {
+		h.addPod(jobPod("train", i, "gpu-8-node", nil))
+	}
+	h.settle()
+	if _, err := h.c.sync(h.ctx, "default/job/train"); err == nil || !strings.Contains(err.Error(), "train-2-gpus") {
+		t.Fatalf("sync = %v, want the failed write of train-2-gpus", err)
+	}
+	for i := range 4 {
+		name := fmt.Sprintf("train-%d", i)
+		if cl := h.claim(name + "-gpus"); cl.Status.Allocation != nil || len(cl.Status.ReservedFor) > 0 {
+			t.Errorf("claim of %s still allocated after the group's write failed: %+v", name, cl.Status)
+		}
+		if !hasGate(h.pod(name)) {
+			t.Errorf("pod %s lost its gate although its group was not placed", name)
 		}
 	}
 }

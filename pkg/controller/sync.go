@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -594,54 +595,88 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 	return plan, treeTime, err
 }
 
+// writeParallelism bounds the API writes a group's claims and gates take
+// at once. One write waits for the API server (and etcd) some
+// milliseconds; a 16-pod Job's 32 claim writes one after the other left
+// the controller's client far below its QPS limit while other groups
+// waited behind them.
+const writeParallelism = 16
+
 // allocate writes the plan into the claims, all or nothing: when one
-// write fails, the claims written so far are released again. A claim
-// shared by several pods of a unit is written once, reserved for all.
+// write fails, the claims written are released again. A claim shared by
+// several pods of a unit is written once, reserved for all. The claims are
+// written in parallel (writeParallelism): they are independent objects.
 func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan) error {
 	domain := plan.Domain.Format()
-	var written []*resourceapi.ResourceClaim
-	undo := func(cause error) error {
-		for _, cl := range written {
-			if _, err := c.releaseClaim(ctx, cl); err != nil {
-				klog.FromContext(ctx).Error(err, "Releasing a claim of an abandoned plan failed; the next sync retries", "claim", klog.KObj(cl))
-			}
-		}
-		return cause
+	type write struct {
+		u      *unit
+		claim  *resourceapi.ResourceClaim
+		result resourceapi.AllocationResult
 	}
+	var writes []write
 	for _, u := range g.units {
 		results := plan.Allocations[u.name()]
 		if len(results) != len(u.claims)+len(u.exts()) {
-			return undo(fmt.Errorf("plan for pod %s has %d allocations for %d claims", u.name(), len(results), len(u.claims)+len(u.exts())))
+			return fmt.Errorf("plan for pod %s has %d allocations for %d claims", u.name(), len(results), len(u.claims)+len(u.exts()))
 		}
+		for i, claim := range u.claims {
+			writes = append(writes, write{u: u, claim: claim, result: results[i]})
+		}
+	}
+	for _, u := range g.units {
 		// kube-scheduler allocates the devices of DRA extended resources
 		// itself (extended.go): only where the pod goes is kept. So it is
 		// for a pod whose allocations name no one node (devices that are
 		// not node-local only): the node is the plan's.
-		if planNamesNoNode(results) || slices.ContainsFunc(u.members, func(m *member) bool { return m.ext != nil }) {
+		if planNamesNoNode(plan.Allocations[u.name()]) || slices.ContainsFunc(u.members, func(m *member) bool { return m.ext != nil }) {
 			for _, m := range u.members {
 				c.notePlanned(m.pod.UID, plannedPod{node: plan.Assignments[u.name()], domain: domain})
 			}
 		}
-		for i, claim := range u.claims {
-			stored, err := c.writeAllocation(ctx, u.consumers(claim), claim, g.key, domain, results[i])
-			if err != nil {
-				return undo(err)
-			}
-			written = append(written, stored)
+	}
+	stored := make([]*resourceapi.ResourceClaim, len(writes))
+	errs := make([]error, len(writes))
+	workqueue.ParallelizeUntil(ctx, writeParallelism, len(writes), func(i int) {
+		w := writes[i]
+		stored[i], errs[i] = c.writeAllocation(ctx, w.u.consumers(w.claim), w.claim, g.key, domain, w.result)
+	})
+	var failed []error
+	for i := range writes {
+		if stored[i] == nil && errs[i] == nil {
+			errs[i] = fmt.Errorf("write allocation of claim %s/%s: %w", writes[i].claim.Namespace, writes[i].claim.Name, context.Cause(ctx))
+		}
+		if errs[i] != nil {
+			failed = append(failed, errs[i])
 		}
 	}
-	return nil
+	if len(failed) == 0 {
+		return nil
+	}
+	for _, cl := range stored {
+		if cl == nil {
+			continue
+		}
+		if _, err := c.releaseClaim(ctx, cl); err != nil {
+			klog.FromContext(ctx).Error(err, "Releasing a claim of an abandoned plan failed; the next sync retries", "claim", klog.KObj(cl))
+		}
+	}
+	return errors.Join(failed...)
 }
 
 // openGates opens the gates of the group's held pods, whose claims the
 // claim index shows as the controller wrote them, and narrows their node
-// affinity to the group's domain.
+// affinity to the group's domain; writeParallelism pods at once.
 func (c *Controller) openGates(ctx context.Context, g *group) error {
 	req := c.groupRequirement(ctx, g)
-	for _, m := range g.held {
-		if err := c.ungate(ctx, m, req); err != nil {
-			return err
-		}
+	errs := make([]error, len(g.held))
+	workqueue.ParallelizeUntil(ctx, writeParallelism, len(g.held), func(i int) {
+		errs[i] = c.ungate(ctx, g.held[i], req)
+	})
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	c.mu.Lock()
 	delete(c.settle, g.key)
