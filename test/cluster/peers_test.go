@@ -3,6 +3,7 @@ package cluster
 import (
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -51,17 +52,10 @@ func TestPeersShareTheKubernetesBuild(t *testing.T) {
 		if peer[spec.module] != spec.version {
 			t.Errorf("%s builds %s %s, want %s", dir, spec.module, peer[spec.module], spec.version)
 		}
-		shared := 0
-		for path, v := range peer {
-			want, ok := k8s[path]
-			if !ok {
-				continue
-			}
-			shared++
-			if v != want {
-				t.Errorf("%s builds %s %s, the Kubernetes binaries %s: run `go get %s@%s` in test/cluster/%s (then go mod tidy), or %s recompiles it and everything above it",
-					dir, path, v, want, path, want, dir, p)
-			}
+		shared, differ := sharedModules(k8s, peer)
+		for _, path := range differ {
+			t.Errorf("%s builds %s %s, the Kubernetes binaries %s: run `go get %s@%s` in test/cluster/%s (then go mod tidy), or %s recompiles it and everything above it",
+				dir, path, peer[path], k8s[path], path, k8s[path], dir, p)
 		}
 		if shared < 50 {
 			t.Errorf("%s shares %d modules with the Kubernetes binaries, want most of its %d", dir, shared, len(peer))
@@ -80,22 +74,32 @@ func TestProjectSharesTheKubernetesBuild(t *testing.T) {
 	k8s := goModules(t, ".", "list", "-m", "-f", moduleFormat, "all")
 	for _, dir := range []string{"../..", "../../pkg/clustertopo", "../e2e", "../bench"} {
 		own := goModules(t, dir, "list", "-deps", "-test", "-f", "{{with .Module}}"+moduleFormat+"{{end}}", "./...")
-		shared := 0
-		for path, v := range own {
-			want, ok := k8s[path]
-			if !ok {
-				continue
-			}
-			shared++
-			if v != want {
-				t.Errorf("%s compiles %s %s, the Kubernetes binaries %s: run `go get %s@%s` in %s (then go mod tidy), or a cold make test compiles it and everything above it twice",
-					dir, path, v, want, path, want, strings.TrimPrefix(filepath.Clean(filepath.Join("test/cluster", dir)), "./"))
-			}
+		shared, differ := sharedModules(k8s, own)
+		for _, path := range differ {
+			t.Errorf("%s compiles %s %s, the Kubernetes binaries %s: run `go get %s@%s` in %s (then go mod tidy), or a cold make test compiles it and everything above it twice",
+				dir, path, own[path], k8s[path], path, k8s[path], filepath.Clean(filepath.Join("test/cluster", dir)))
 		}
 		if shared == 0 {
 			t.Errorf("%s shares no module with the Kubernetes binaries", dir)
 		}
 	}
+}
+
+// sharedModules counts the modules of own that k8s has too, and lists
+// those whose versions differ, sorted.
+func sharedModules(k8s, own map[string]string) (int, []string) {
+	shared := 0
+	var differ []string
+	for path, v := range own {
+		if want, ok := k8s[path]; ok {
+			shared++
+			if v != want {
+				differ = append(differ, path)
+			}
+		}
+	}
+	slices.Sort(differ)
+	return shared, differ
 }
 
 const moduleFormat = "{{.Path}} {{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}"
