@@ -220,42 +220,71 @@ func buildSet(ctx context.Context, opts BuildOptions, goVersion string, set tool
 		return fmt.Errorf("create binary dir: %w", err)
 	}
 	start := time.Now()
+	var stale []Binary
+	stamps := map[string]string{}
 	for i, b := range set.binaries {
 		stamp, err := buildStamp(moduleDir, goVersion, set, b)
 		if err != nil {
 			return err
 		}
-		out := filepath.Join(set.outDir, b.Name)
-		stampFile := filepath.Join(set.outDir, "."+b.Name+".stamp")
-		if !opts.Force && isCurrent(out, stampFile, stamp) {
+		stamps[b.Name] = stamp
+		if !opts.Force && isCurrent(filepath.Join(set.outDir, b.Name), filepath.Join(set.outDir, "."+b.Name+".stamp"), stamp) {
 			fmt.Fprintf(opts.Progress, "%s (%d/%d) is current\n", b.Name, i+1, len(set.binaries))
 			continue
 		}
-		fmt.Fprintf(opts.Progress, "building %s (%d/%d)... ", b.Name, i+1, len(set.binaries))
-		t := time.Now()
+		stale = append(stale, b)
+	}
+	if len(stale) > 0 {
+		// One go build for all of them: the compiles they share run once,
+		// and one binary links while the next one's packages compile.
+		names := make([]string, len(stale))
+		pkgs := make([]string, len(stale))
+		for i, b := range stale {
+			names[i], pkgs[i] = b.Name, b.Package
+		}
+		fmt.Fprintf(opts.Progress, "building %s (%d of %d)... ", strings.Join(names, ", "), len(stale), len(set.binaries))
+		tmp, err := os.MkdirTemp(set.outDir, ".build-")
+		if err != nil {
+			return fmt.Errorf("create build dir: %w", err)
+		}
+		defer os.RemoveAll(tmp)
 		args := []string{"build", "-ldflags", set.ldflags}
 		if set.tags != "" {
 			args = append(args, "-tags", set.tags)
 		}
-		cmd := exec.CommandContext(ctx, "go", append(args, "-o", out+".tmp", b.Package)...)
+		cmd := exec.CommandContext(ctx, "go", append(append(args, "-o", tmp+string(filepath.Separator)), pkgs...)...)
 		cmd.Dir = moduleDir
 		var stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stderr, &stderr
+		t := time.Now()
 		if err := cmd.Run(); err != nil {
 			fmt.Fprintln(opts.Progress, "failed")
-			os.Remove(out + ".tmp")
-			return fmt.Errorf("build %s: %w\n%s", b.Name, err, stderr.String())
+			return fmt.Errorf("build %s: %w\n%s", strings.Join(names, ", "), err, stderr.String())
 		}
-		if err := os.Rename(out+".tmp", out); err != nil {
-			return fmt.Errorf("install %s: %w", b.Name, err)
-		}
-		if err := os.WriteFile(stampFile, []byte(stamp+"\n"), 0o644); err != nil {
-			return fmt.Errorf("write stamp of %s: %w", b.Name, err)
+		for _, b := range stale {
+			out := filepath.Join(set.outDir, b.Name)
+			if err := os.Rename(filepath.Join(tmp, goOutputName(b.Package)), out); err != nil {
+				return fmt.Errorf("install %s: %w", b.Name, err)
+			}
+			if err := os.WriteFile(filepath.Join(set.outDir, "."+b.Name+".stamp"), []byte(stamps[b.Name]+"\n"), 0o644); err != nil {
+				return fmt.Errorf("write stamp of %s: %w", b.Name, err)
+			}
 		}
 		fmt.Fprintf(opts.Progress, "done in %s\n", fmtDuration(time.Since(t)))
 	}
 	fmt.Fprintf(opts.Progress, "%s binaries in %s (%s)\n", set.name, set.outDir, fmtDuration(time.Since(start)))
 	return nil
+}
+
+// goOutputName is the file go build -o DIR/ writes a main package to: the
+// last element of its import path that is not a major version (v3).
+func goOutputName(pkg string) string {
+	elems := strings.Split(pkg, "/")
+	last := elems[len(elems)-1]
+	if len(elems) > 1 && len(last) > 1 && last[0] == 'v' && strings.Trim(last[1:], "0123456789") == "" {
+		return elems[len(elems)-2]
+	}
+	return last
 }
 
 func buildStamp(moduleDir, goVersion string, set toolset, b Binary) (string, error) {

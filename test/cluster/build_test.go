@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -102,5 +103,60 @@ func TestReleaseModulesPinTheirVersion(t *testing.T) {
 				t.Errorf("%s/go.mod has no tool %s", r.Module, b.Package)
 			}
 		}
+	}
+}
+
+// A set's stale binaries are built in one go build and installed under
+// their own names (a package path ending in a major version, as etcd's
+// does, included), each with its stamp; a second build finds them current
+// and builds nothing; a changed go.mod makes them stale again.
+func TestBuildSetBuildsStaleBinariesTogether(t *testing.T) {
+	root := t.TempDir()
+	mod := filepath.Join(root, "m")
+	files := map[string]string{
+		"go.mod":            "module example.com/tools\n\ngo 1.26\n",
+		"go.sum":            "",
+		"cmd/first/main.go": "package main\n\nfunc main() { println(\"first\") }\n",
+		"server/v3/main.go": "package main\n\nfunc main() { println(\"etcd\") }\n",
+	}
+	for name, content := range files {
+		p := filepath.Join(mod, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set := toolset{name: "tools", version: "v1", subdir: "m", outDir: filepath.Join(root, "bin"), ldflags: "-s -w",
+		binaries: []Binary{{"first", "example.com/tools/cmd/first"}, {"etcd", "example.com/tools/server/v3"}}}
+	build := func() string {
+		t.Helper()
+		var progress strings.Builder
+		if err := buildSet(t.Context(), BuildOptions{ModuleDir: root, Progress: &progress}, "go-test", set); err != nil {
+			t.Fatal(err)
+		}
+		return progress.String()
+	}
+	if out := build(); !strings.Contains(out, "building first, etcd (2 of 2)... done") {
+		t.Errorf("first build said %q, want both built in one go", out)
+	}
+	for _, b := range set.binaries {
+		out, err := exec.Command(filepath.Join(set.outDir, b.Name)).CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != map[string]string{"first": "first", "etcd": "etcd"}[b.Name] {
+			t.Errorf("%s: %q, %v", b.Name, out, err)
+		}
+	}
+	if entries, _ := os.ReadDir(set.outDir); len(entries) != 4 {
+		t.Errorf("%s holds %d entries, want the two binaries and their stamps", set.outDir, len(entries))
+	}
+	if out := build(); strings.Contains(out, "building") || strings.Count(out, "is current") != 2 {
+		t.Errorf("second build said %q, want both current", out)
+	}
+	if err := os.WriteFile(filepath.Join(mod, "go.mod"), []byte(files["go.mod"]+"\n// changed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out := build(); !strings.Contains(out, "building first, etcd (2 of 2)") {
+		t.Errorf("after go.mod changed the build said %q, want both built again", out)
 	}
 }
