@@ -265,7 +265,6 @@ func TestClaimEventWidened(t *testing.T) {
 func TestClaimEventReleased(t *testing.T) {
 	dumpOnFailure(t)
 	const settle = 60 * time.Second
-	restartController(t, fmt.Sprintf("--settle-delay=%s", settle))
 	t.Cleanup(func() { restartController(t) })
 	taint := corev1.Taint{Key: "e2e.gputopo.dev/released", Value: "true", Effect: corev1.TaintEffectNoSchedule}
 	for _, tc := range []struct {
@@ -291,6 +290,7 @@ func TestClaimEventReleased(t *testing.T) {
 // releasedOffFailedNode runs a case of TestClaimEventReleased: a two-pod
 // Job held in a leaf, fail makes the node of one pod's claim unusable.
 func releasedOffFailedNode(t *testing.T, job, reason string, says []string, settle time.Duration, fail func(*testing.T, string)) {
+	restartController(t, fmt.Sprintf("--settle-delay=%s", settle))
 	leaf := fakeLeaf(t)
 	createJob(t, job, 2, required(leaf))
 
@@ -368,8 +368,10 @@ func releasedOffFailedNode(t *testing.T, job, reason string, says []string, sett
 	if got := controllerMetric(t, releasedMetric); got != before+1 {
 		t.Errorf("%s went from %v to %v, want one more for the one pod released", releasedMetric, before, got)
 	}
-	// Once the gates open (after the settle delay), the Job is bound in
-	// its leaf, off the failed node.
+	// Once the gates open, the Job is bound in its leaf, off the failed
+	// node. Not another settle delay: a controller started without one
+	// takes the group as it finds it and opens its gates.
+	restartController(t)
 	framework.Eventually(t, settle+waitPlaced, job+" to be bound in "+leaf+" off "+failed, func() (bool, string) {
 		pods, err := jobPods(context.Background(), job)
 		if err != nil {
