@@ -317,21 +317,19 @@ func (o *Options) MPS(ctx context.Context, backend gpu.Backend) (*mps.Manager, e
 // mpsShmSize is --mps-shm-size as the tmpfs size option (bytes, or a
 // percentage).
 func (o *Options) mpsShmSize() (string, error) {
-	if o.MPSShmSize == "" || strings.HasSuffix(o.MPSShmSize, "%") {
-		return o.MPSShmSize, mpsShmError(mps.ValidShmSize(o.MPSShmSize), o.MPSShmSize)
+	size := o.MPSShmSize
+	bad := fmt.Errorf("--mps-shm-size=%q: want a quantity like 1Gi or 512Mi, a percentage of the node's memory like 50%%, or empty for a plain directory", size)
+	if size == "" || strings.HasSuffix(size, "%") {
+		if mps.ValidShmSize(size) != nil {
+			return "", bad
+		}
+		return size, nil
 	}
-	q, err := resource.ParseQuantity(o.MPSShmSize)
+	q, err := resource.ParseQuantity(size)
 	if err != nil || q.Sign() <= 0 {
-		return "", mpsShmError(errors.New("not a positive quantity"), o.MPSShmSize)
+		return "", bad
 	}
 	return strconv.FormatInt(q.Value(), 10), nil
-}
-
-func mpsShmError(err error, size string) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("--mps-shm-size=%q: want a quantity like 1Gi or 512Mi, a percentage of the node's memory like 50%%, or empty for a plain directory", size)
 }
 
 // Hook settles which nvidia-cdi-hook the specs run and returns the driver
