@@ -14,6 +14,7 @@ import (
 
 	"github.com/gputopo/gputopo/pkg/cdi"
 	"github.com/gputopo/gputopo/pkg/cdi/cditest"
+	"github.com/gputopo/gputopo/pkg/gpu/nvml/nvmltest"
 	cluster "github.com/gputopo/gputopo/test/cluster"
 	"github.com/gputopo/gputopo/test/e2e/framework"
 )
@@ -40,10 +41,6 @@ const driverReport = `lib=` + cditest.LibDir + `; ls $lib; echo @@links; ` +
 // --device on the node's containerd (a pod's CDI devices come only from a
 // DRA or device plugin, which would need NVML).
 func TestNVIDIADriverPathInRealContainer(t *testing.T) {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Fatalf("the fake driver's libraries are built with gcc: %v; install gcc", err)
-	}
 	hook, err := filepath.Abs(filepath.Join(os.Getenv("GPUTOPO_BIN"), cdi.HookName))
 	if err != nil {
 		t.Fatal(err)
@@ -59,19 +56,10 @@ func TestNVIDIADriverPathInRealContainer(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
 	cditest.LayDriverRoot(t, root, 1)
-	empty := filepath.Join(t.TempDir(), "empty.c")
-	if err := os.WriteFile(empty, []byte("int gputopo_fake_driver;\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	libDir := filepath.Join(root, cditest.LibDir)
-	for _, soname := range []string{"libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1"} {
-		out := filepath.Join(libDir, strings.TrimSuffix(soname, ".1")+"."+cditest.DriverVersion)
-		if b, err := exec.Command(gcc, "-shared", "-fPIC", "-Wl,-soname,"+soname, "-o", out, empty).CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v: %s", out, err, b)
-		}
-	}
+	buildDriverLibraries(t, root, nil)
 	// A driver install has no soname links until ldconfig runs; the hook
 	// must make them in the container.
+	libDir := filepath.Join(root, cditest.LibDir)
 	for _, l := range []string{"libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1"} {
 		if err := os.Remove(filepath.Join(libDir, l)); err != nil {
 			t.Fatal(err)
@@ -177,6 +165,33 @@ func TestNVIDIADriverPathInRealContainer(t *testing.T) {
 	for _, entry := range []string{"libcuda.so.1", cditest.LibDir + "/libcuda.so.1"} {
 		if slices.Contains(sections["ldcache"], entry+": 0") || !slices.ContainsFunc(sections["ldcache"], func(l string) bool { return strings.HasPrefix(l, entry+": ") }) {
 			t.Errorf("the container's /etc/ld.so.cache does not list %s: %v", entry, sections["ldcache"])
+		}
+	}
+}
+
+// buildDriverLibraries replaces the fake driver root's libraries with real
+// ELF shared objects that carry their SONAMEs, as the hooks and ldconfig
+// need. With nvml, libnvidia-ml is the NVML stand-in (nvmltest), answering
+// for the GPUs of standIn; otherwise an empty library.
+func buildDriverLibraries(t *testing.T, root string, standIn *nvmltest.Config) {
+	t.Helper()
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Fatalf("the fake driver's libraries are built with gcc: %v; install gcc", err)
+	}
+	empty := filepath.Join(t.TempDir(), "empty.c")
+	if err := os.WriteFile(empty, []byte("int gputopo_fake_driver;\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	libDir := filepath.Join(root, cditest.LibDir)
+	for _, soname := range []string{"libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1"} {
+		out := filepath.Join(libDir, strings.TrimSuffix(soname, ".1")+"."+cditest.DriverVersion)
+		if soname == "libnvidia-ml.so.1" && standIn != nil {
+			nvmltest.Build(t, out, soname, *standIn)
+			continue
+		}
+		if b, err := exec.Command(gcc, "-shared", "-fPIC", "-Wl,-soname,"+soname, "-o", out, empty).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v: %s", out, err, b)
 		}
 	}
 }
