@@ -14,6 +14,12 @@
 #     pod runs from the image, takes the leader Lease, is ready, and places
 #     a gated Job whose pods the plugin pod prepares: their containers run
 #     there and print the environment of their claims' CDI specs;
+#   - then, upgraded to the chart's default backend, nvml, over a fake
+#     driver root whose libnvidia-ml.so.1 is an NVML stand-in
+#     (hack/fakedriver), the plugin pod from the image publishes the GPUs
+#     NVML reports and prepares a pod whose container gets the driver's
+#     device nodes and libraries, linked and cached by the image's
+#     nvidia-cdi-hook;
 # and checks what a template cannot:
 #   - the API server accepts every object (schemas, CEL of the admission
 #     policies) and `helm install` / `helm uninstall` succeed,
@@ -513,6 +519,96 @@ expect_denied "verify-user removes gputopo.dev/status" "gputopo.dev/status is wr
 kubectl delete pod verify-held --force --grace-period=0 >/dev/null 2>&1 || true
 kubectl -n default delete rolebinding verify-user-edit >/dev/null
 curl -sf "http://127.0.0.1:$CONTROLLER_METRICS_PORT/metrics" | grep -E '^gputopo_controller_(decisions_total|pending_groups|leaf_gpu_utilization)' | sed 's/^/  /' || bad "controller metrics"
+
+step "the chart's default backend, nvml, from the image over a stand-in NVML on $RNODE"
+# No GPU here: the driver root is hack/fakedriver's, laid out like a real
+# install (versioned ELF libraries, nvidia-smi, firmware, device nodes) with
+# a libnvidia-ml.so.1 that answers for eight H100s behind an NVSwitch. The
+# plugin pod loads it with dlopen through the image's libc6, and generates
+# the claims' driver edits with the image's nvcdi and its nvidia-cdi-hook,
+# installed onto the node.
+DRV="$RDIR/nvidia-driver"
+mkdir -p "$DRV"
+if go run ./hack/fakedriver --root "$DRV" --gpus 8 >"$WORK/fakedriver.log" 2>&1; then
+  ok "hack/fakedriver laid out a driver root at $DRV"
+else
+  cat "$WORK/fakedriver.log"
+  bad "hack/fakedriver"
+  exit 1
+fi
+first_uuid=$(head -n1 "$WORK/fakedriver.log")
+if "$HELM" upgrade gputopo "$CHART" --namespace "$NS" -f "$WORK/values.yaml" --set backend=nvml \
+  --set nvml.driverRoot="$DRV" --set kubeletPlugin.gpuNodesOnly=false >"$WORK/upgrade.log" 2>&1; then
+  ok "helm upgrade to backend=nvml"
+else
+  cat "$WORK/upgrade.log"
+  bad "helm upgrade to backend=nvml"
+  exit 1
+fi
+# The plugin pods of the fake nodes never become available, which can hold
+# a rolling update back: replace $RNODE's pod by hand.
+kubectl -n "$NS" delete pod "$rpod" --wait --timeout=120s >/dev/null 2>&1 || true
+npod=""
+for _ in $(seq 120); do
+  npod=$(kubectl -n "$NS" get pods -l app.kubernetes.io/component=kubelet-plugin --field-selector spec.nodeName="$RNODE" \
+    -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.containers[0].args}{"\n"}{end}' 2>/dev/null | grep -e '--backend=nvml' | cut -d' ' -f1 | head -n1 || true)
+  [ -n "$npod" ] && break
+  sleep 1
+done
+[ -n "$npod" ] || { bad "no plugin pod with --backend=nvml on $RNODE"; exit 1; }
+runs_from_image "nvml plugin pod" "$npod"
+uuids=""
+for _ in $(seq 60); do
+  uuids=$(kubectl get resourceslices --field-selector spec.nodeName="$RNODE",spec.driver=gpu.gputopo.dev \
+    -o jsonpath='{range .items[*].spec.devices[*]}{.attributes.uuid.string}{" "}{end}')
+  grep -q -- "$first_uuid" <<<"$uuids" && break
+  sleep 1
+done
+if [ "$(wc -w <<<"$uuids")" -eq 8 ] && grep -q -- "$first_uuid" <<<"$uuids"; then
+  ok "the nvml plugin pod published the 8 GPUs NVML reports ($first_uuid, ...; nvlinkDomain $(kubectl get resourceslices --field-selector spec.nodeName="$RNODE" -o jsonpath='{.items[0].spec.devices[0].attributes.nvlinkDomain.string}'))"
+else
+  bad "slices of $RNODE after the switch to nvml: UUIDs '$uuids', want the stand-in's 8"
+  kubectl -n "$NS" logs "$npod" --tail=20 2>&1 | sed 's/^/  log: /'
+fi
+cat >"$WORK/nvml-pod.yaml" <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: verify-nvml}
+spec:
+  restartPolicy: Never
+  nodeSelector: {kubernetes.io/hostname: $RNODE}
+  tolerations: [{key: localcluster.gputopo.dev/runtime, operator: Exists, effect: NoSchedule}]
+  containers:
+  - name: show
+    image: localhost/gputopo/busybox:v1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "env | grep -E '^(NVIDIA|GPUTOPO)_' | sort; ls /dev/nvidia* /usr/lib/x86_64-linux-gnu; echo ldcache-libcuda=\$(grep -c libcuda.so.1 /etc/ld.so.cache)"]
+    resources: {claims: [{name: gpu}]}
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: gpu-1}]
+EOF
+kubectl create -f "$WORK/nvml-pod.yaml" >/dev/null
+if kubectl wait --for=jsonpath='{.status.phase}'=Succeeded --timeout=180s pod/verify-nvml >/dev/null 2>&1; then
+  out=$(kubectl logs verify-nvml 2>&1 || true)
+  if grep -qx 'NVIDIA_VISIBLE_DEVICES=void' <<<"$out" && grep -q '=GPU-fa4e' <<<"$out" && grep -q '^/dev/nvidia[0-9]' <<<"$out" &&
+    grep -qx 'libcuda.so.1' <<<"$out" && grep -q '^ldcache-libcuda=[1-9]' <<<"$out"; then
+    ok "verify-nvml ran with the nvml plugin's spec: $(grep -E '^/dev/nvidia[0-9]+$' <<<"$out" | tr '\n' ' ')$(grep '=GPU-fa4e' <<<"$out" | head -n1), libcuda.so.1 linked and in the ldconfig cache by the hooks"
+  else
+    bad "verify-nvml's container output: $out"
+  fi
+else
+  bad "verify-nvml did not succeed: $(kubectl get pod verify-nvml -o jsonpath='{.status.phase}{" "}{.status.conditions}')"
+  kubectl -n "$NS" logs "$npod" --tail=20 2>&1 | sed 's/^/  log: /'
+fi
+hook="$RDIR/kubelet/plugins/gpu.gputopo.dev/nvidia-cdi-hook"
+if [ -x "$hook" ]; then ok "the plugin pod installed the image's nvidia-cdi-hook at $hook"; else bad "no nvidia-cdi-hook installed at $hook"; fi
+kubectl delete pod verify-nvml --wait --timeout=120s >/dev/null 2>&1 || bad "delete pod verify-nvml"
+specs=""
+for _ in $(seq 120); do
+  specs=$(find "$RDIR/cdi" -name '*_*.json' -printf '%f ' 2>/dev/null)
+  [ -z "$specs" ] && break
+  sleep 1
+done
+if [ -z "$specs" ]; then ok "the nvml plugin pod removed verify-nvml's CDI spec"; else bad "claim CDI specs left in $RDIR/cdi: $specs"; fi
 
 step "helm uninstall"
 # The Job's pods first, while the plugin pod runs to unprepare their claims.

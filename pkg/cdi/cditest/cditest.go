@@ -36,9 +36,21 @@ func DriverRoot(t testing.TB, gpus int) string {
 }
 
 // LayDriverRoot lays out what DriverRoot describes in the existing
-// directory root.
+// directory root. Without CAP_MKNOD the test is skipped.
 func LayDriverRoot(t testing.TB, root string, gpus int) {
 	t.Helper()
+	err := Lay(root, gpus)
+	if errors.Is(err, unix.EPERM) {
+		t.Skip("creating character devices needs CAP_MKNOD; run as root to test driver edits")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Lay lays out what DriverRoot describes in the existing directory root,
+// for callers that are not tests.
+func Lay(root string, gpus int) error {
 	lib := LibDir[1:]
 	files := []string{
 		lib + "/libcuda.so." + DriverVersion,
@@ -53,10 +65,10 @@ func LayDriverRoot(t testing.TB, root string, gpus int) {
 	for _, f := range files {
 		p := filepath.Join(root, f)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if err := os.WriteFile(p, []byte("fake"), 0o755); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
 	for link, target := range map[string]string{
@@ -66,19 +78,22 @@ func LayDriverRoot(t testing.TB, root string, gpus int) {
 		lib + "/libnvidia-ptxjitcompiler.so.1": "libnvidia-ptxjitcompiler.so." + DriverVersion,
 	} {
 		if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
 	if err := os.MkdirAll(filepath.Join(root, "dev"), 0o755); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	nodes := map[string][2]uint32{"nvidiactl": {195, 255}, "nvidia-uvm": {511, 0}}
 	for i := range gpus {
 		nodes[fmt.Sprintf("nvidia%d", i)] = [2]uint32{195, uint32(i)}
 	}
 	for name, mm := range nodes {
-		MakeDeviceNode(t, root, name, mm[0], mm[1])
+		if err := mknod(root, name, mm[0], mm[1]); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // MakeDeviceNode creates the character device root/dev/name, as the
@@ -86,13 +101,21 @@ func LayDriverRoot(t testing.TB, root string, gpus int) {
 // skipped.
 func MakeDeviceNode(t testing.TB, root, name string, major, minor uint32) {
 	t.Helper()
-	err := unix.Mknod(filepath.Join(root, "dev", name), syscall.S_IFCHR|0o666, int(unix.Mkdev(major, minor)))
+	err := mknod(root, name, major, minor)
 	if errors.Is(err, unix.EPERM) {
 		t.Skip("creating character devices needs CAP_MKNOD; run as root to test driver edits")
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+func mknod(root, name string, major, minor uint32) error {
+	p := filepath.Join(root, "dev", name)
+	if err := unix.Mknod(p, syscall.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
+		return fmt.Errorf("create device node %s (c %d %d): %w", p, major, minor, err)
+	}
+	return nil
 }
 
 // NVML answers for the GPUs with the given UUIDs (GPU i has minor i) what

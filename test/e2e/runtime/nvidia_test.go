@@ -35,11 +35,11 @@ const driverReport = `lib=` + cditest.LibDir + `; ls $lib; echo @@links; ` +
 // libraries are mounted, the hooks made the soname and development links,
 // and the ldconfig cache they wrote lists libcuda.
 //
-// No GPU and no NVML here, so the suite's plugin (backend sim) cannot
-// generate these edits; the test generates them with the plugin's own
-// cdi.NewNVIDIA and a mock NVML, and starts the container with ctr
-// --device on the node's containerd (a pod's CDI devices come only from a
-// DRA or device plugin, which would need NVML).
+// The test generates the edits with the plugin's own cdi.NewNVIDIA and a
+// mock NVML, and starts the container with ctr --device on the node's
+// containerd, with the soname links removed from the driver root so that
+// only the hooks can make them. TestNVMLBackendRunsAPod takes the same
+// path through the plugin and a pod.
 func TestNVIDIADriverPathInRealContainer(t *testing.T) {
 	hook, err := filepath.Abs(filepath.Join(os.Getenv("GPUTOPO_BIN"), cdi.HookName))
 	if err != nil {
@@ -55,8 +55,10 @@ func TestNVIDIADriverPathInRealContainer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
-	cditest.LayDriverRoot(t, root, 1)
-	buildDriverLibraries(t, root, nil)
+	// Real ELF libraries carrying their SONAMEs, as the hooks need.
+	if err := nvmltest.FakeDriver(root, nvmltest.Config{GPUs: nvmltest.H100s(1)}); err != nil {
+		t.Fatal(err)
+	}
 	// A driver install has no soname links until ldconfig runs; the hook
 	// must make them in the container.
 	libDir := filepath.Join(root, cditest.LibDir)
@@ -165,33 +167,6 @@ func TestNVIDIADriverPathInRealContainer(t *testing.T) {
 	for _, entry := range []string{"libcuda.so.1", cditest.LibDir + "/libcuda.so.1"} {
 		if slices.Contains(sections["ldcache"], entry+": 0") || !slices.ContainsFunc(sections["ldcache"], func(l string) bool { return strings.HasPrefix(l, entry+": ") }) {
 			t.Errorf("the container's /etc/ld.so.cache does not list %s: %v", entry, sections["ldcache"])
-		}
-	}
-}
-
-// buildDriverLibraries replaces the fake driver root's libraries with real
-// ELF shared objects that carry their SONAMEs, as the hooks and ldconfig
-// need. With nvml, libnvidia-ml is the NVML stand-in (nvmltest), answering
-// for the GPUs of standIn; otherwise an empty library.
-func buildDriverLibraries(t *testing.T, root string, standIn *nvmltest.Config) {
-	t.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Fatalf("the fake driver's libraries are built with gcc: %v; install gcc", err)
-	}
-	empty := filepath.Join(t.TempDir(), "empty.c")
-	if err := os.WriteFile(empty, []byte("int gputopo_fake_driver;\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	libDir := filepath.Join(root, cditest.LibDir)
-	for _, soname := range []string{"libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1"} {
-		out := filepath.Join(libDir, strings.TrimSuffix(soname, ".1")+"."+cditest.DriverVersion)
-		if soname == "libnvidia-ml.so.1" && standIn != nil {
-			nvmltest.Build(t, out, soname, *standIn)
-			continue
-		}
-		if b, err := exec.Command(gcc, "-shared", "-fPIC", "-Wl,-soname,"+soname, "-o", out, empty).CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v: %s", out, err, b)
 		}
 	}
 }

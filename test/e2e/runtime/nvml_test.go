@@ -45,8 +45,9 @@ func TestNVMLBackendRunsAPod(t *testing.T) {
 	if err := os.Chmod(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cditest.LayDriverRoot(t, root, len(standIn.GPUs))
-	buildDriverLibraries(t, root, &standIn)
+	if err := nvmltest.FakeDriver(root, standIn); err != nil {
+		t.Fatal(err)
+	}
 
 	_, pluginDir := lc.PluginDirs(node)
 	unprepared := func() (bool, string) {

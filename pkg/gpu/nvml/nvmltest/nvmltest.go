@@ -18,6 +18,8 @@ import (
 	"testing"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gputopo/gputopo/pkg/cdi/cditest"
 )
 
 //go:embed csrc/fakenvml.c
@@ -68,25 +70,36 @@ var (
 )
 
 // Build compiles the library into path with the given soname (usually
-// libnvidia-ml.so.1), with gcc and the nvml.h that go-nvml ships (found with
-// `go list`). A test without gcc fails saying so.
+// libnvidia-ml.so.1), as Write does; a test without gcc fails saying so.
 func Build(t testing.TB, path, soname string, cfg Config) {
 	t.Helper()
+	if err := Write(path, soname, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Write compiles the library into path with the given soname, with gcc and
+// the nvml.h that go-nvml ships (found with `go list`, so it runs inside a
+// module that requires go-nvml).
+func Write(path, soname string, cfg Config) error {
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
-		t.Fatalf("the NVML stand-in is built with gcc: %v; install gcc", err)
+		return fmt.Errorf("the NVML stand-in is built with gcc: %w; install gcc", err)
 	}
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/NVIDIA/go-nvml").Output()
 	if err != nil {
-		t.Fatalf("find go-nvml's nvml.h (go list -m github.com/NVIDIA/go-nvml): %v", err)
+		return fmt.Errorf("find go-nvml's nvml.h (go list -m github.com/NVIDIA/go-nvml, run inside a module that requires it): %w", err)
 	}
 	include := filepath.Join(strings.TrimSpace(string(out)), "pkg", "nvml")
 	goSource, err := os.ReadFile(filepath.Join(include, "nvml.go"))
 	if err != nil {
-		t.Fatalf("read the functions go-nvml calls: %v", err)
+		return fmt.Errorf("read the functions go-nvml calls: %w", err)
 	}
-
-	dir := t.TempDir()
+	dir, err := os.MkdirTemp("", "fakenvml-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
 	files := map[string]string{
 		"fakenvml.c":       source,
 		"fakenvml_gpus.h":  gpusHeader(cfg),
@@ -94,18 +107,61 @@ func Build(t testing.TB, path, soname string, cfg Config) {
 	}
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
+		return err
 	}
+	// Replace, never write through: path may be a file a process has mapped.
+	os.Remove(path)
 	cmd := exec.Command(gcc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-DNVML_NO_UNVERSIONED_FUNC_DEFS=1",
 		"-I", include, "-I", dir, "-Wl,-soname,"+soname, "-o", path,
 		filepath.Join(dir, "fakenvml.c"), filepath.Join(dir, "fakenvml_stubs.c"))
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build the NVML stand-in: %v: %s", err, b)
+		return fmt.Errorf("build the NVML stand-in: %w: %s", err, b)
 	}
+	return nil
+}
+
+// FakeDriver lays out a driver installation in the existing directory root
+// as cditest.Lay does (versioned libraries with their soname links,
+// binaries, firmware, the persistenced socket, device nodes: it needs
+// CAP_MKNOD), with real ELF libraries in it: libnvidia-ml is the stand-in,
+// answering for cfg's GPUs, libcuda and libnvidia-ptxjitcompiler empty
+// libraries that carry their SONAMEs, as the CDI hooks and ldconfig need.
+// The driver version is cditest.DriverVersion's, whatever cfg says.
+func FakeDriver(root string, cfg Config) error {
+	cfg.DriverVersion = cditest.DriverVersion
+	gpus := 0
+	for _, g := range cfg.GPUs {
+		gpus = max(gpus, g.Minor+1)
+	}
+	if err := cditest.Lay(root, gpus); err != nil {
+		return err
+	}
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		return fmt.Errorf("the fake driver's libraries are built with gcc: %w; install gcc", err)
+	}
+	dir, err := os.MkdirTemp("", "fakedriver-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	empty := filepath.Join(dir, "empty.c")
+	if err := os.WriteFile(empty, []byte("int gputopo_fake_driver;\n"), 0o644); err != nil {
+		return err
+	}
+	libDir := filepath.Join(root, cditest.LibDir)
+	for _, soname := range []string{"libcuda.so.1", "libnvidia-ptxjitcompiler.so.1"} {
+		out := filepath.Join(libDir, strings.TrimSuffix(soname, ".1")+"."+cditest.DriverVersion)
+		os.Remove(out)
+		if b, err := exec.Command(gcc, "-shared", "-fPIC", "-Wl,-soname,"+soname, "-o", out, empty).CombinedOutput(); err != nil {
+			return fmt.Errorf("build %s: %w: %s", out, err, b)
+		}
+	}
+	return Write(filepath.Join(libDir, "libnvidia-ml.so."+cditest.DriverVersion), "libnvidia-ml.so.1", cfg)
 }
 
 // stubs returns C functions, returning NVML_ERROR_NOT_SUPPORTED (3), for
