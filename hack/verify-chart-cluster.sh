@@ -485,6 +485,12 @@ if [ -z "$specs" ]; then ok "the plugin pod removed the claims' CDI specs from $
 events=$(kubectl get events --field-selector involvedObject.name=verify-image,source=gputopo-controller -o jsonpath='{.items[*].reason}' 2>/dev/null)
 if [ -n "$events" ]; then ok "the controller recorded events on Job verify-image: $events"; else echo "note: no controller events on Job verify-image"; fi
 kubectl -n "$NS" logs "$cpod" >"$WORK/controller.log" 2>&1 || true
+# The controller reads its container's memory limit from its cgroup and
+# gives the Go runtime 90 % of it.
+limit=$(kubectl -n "$NS" get pod "$cpod" -o jsonpath='{.spec.containers[0].resources.limits.memory}')
+want=$(( $(numfmt --from=iec-i "$limit") * 9 / 10 ))
+got=$(grep 'Go runtime memory limit' "$WORK/controller.log" | grep -o 'bytes=[0-9]*' | head -n1)
+if [ "$got" = "bytes=$want" ]; then ok "the controller set Go's memory limit to 90 % of its container's $limit: $want bytes"; else bad "Go memory limit of the controller: '$got', want bytes=$want (90 % of $limit)"; fi
 if grep -Eiq 'forbidden' "$WORK/controller.log"; then bad "controller log: $(grep -i forbidden "$WORK/controller.log" | head -n 3)"; else ok "no forbidden in the controller pod's log"; fi
 
 step "controller-written annotations: only the controller's ServiceAccount writes them"

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/spf13/pflag"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/leaderelection"
@@ -40,6 +41,7 @@ func run() error {
 	defer flush()
 	ctx, stop := command.Context()
 	defer stop()
+	command.SetMemoryLimit(ctx, memlimit.FromCgroup)
 	client, err := command.Client(opts.Kubeconfig, command.ClientOptions{QPS: opts.KubeAPIQPS, Burst: opts.KubeAPIBurst, NoCompression: !opts.KubeAPICompression})
 	if err != nil {
 		return err
