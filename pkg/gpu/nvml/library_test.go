@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/gputopo/gputopo/pkg/gpu"
 	"github.com/gputopo/gputopo/pkg/gpu/nvml/nvmltest"
@@ -17,10 +18,11 @@ import (
 func TestDiscoverThroughALoadedLibrary(t *testing.T) {
 	gpus := nvmltest.H100s(2)
 	gpus[1].MemoryBytes = 94 << 30
-	lib := filepath.Join(t.TempDir(), "libnvidia-ml.so.1")
-	nvmltest.Build(t, lib, "libnvidia-ml.so.1", nvmltest.Config{DriverVersion: "570.86.15", CUDAVersion: 12080, GPUs: gpus})
+	dir := t.TempDir()
+	lib, eventsFile := filepath.Join(dir, "libnvidia-ml.so.1"), filepath.Join(dir, "event")
+	nvmltest.Build(t, lib, "libnvidia-ml.so.1", nvmltest.Config{DriverVersion: "570.86.15", CUDAVersion: 12080, GPUs: gpus, EventsFile: eventsFile})
 
-	b, err := New(WithLibraryPath(lib))
+	b, err := New(WithLibraryPath(lib), WithEventWaitTimeout(200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,5 +67,46 @@ func TestDiscoverThroughALoadedLibrary(t *testing.T) {
 	}
 	if _, err := b.ComputeMode("GPU-not-here"); err == nil {
 		t.Error("the compute mode of a GPU NVML does not know was read without error")
+	}
+
+	// Health through NVML's event set: an Xid on GPU 1, then an Xid the
+	// default configuration ignores (13) and a double-bit ECC error on GPU 0.
+	ctx, cancel := context.WithCancel(context.Background())
+	events := make(chan gpu.HealthEvent, 8)
+	done := make(chan error, 1)
+	go func() { done <- b.WatchHealth(ctx, events) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	next := func() gpu.HealthEvent {
+		t.Helper()
+		select {
+		case ev := <-events:
+			return ev
+		case <-time.After(30 * time.Second):
+			t.Fatal("no health event within 30 s")
+			return gpu.HealthEvent{}
+		}
+	}
+	if ev := next(); ev.Watch != gpu.WatchActive {
+		t.Fatalf("first health event %+v, want the watch active", ev)
+	}
+	inject := func(index int, xid uint64) {
+		t.Helper()
+		if err := nvmltest.InjectEvent(eventsFile, index, xid, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inject(1, 79)
+	if ev := next(); ev.UUID != gpus[1].UUID || ev.Healthy || ev.Reason != "XID-79" {
+		t.Errorf("after Xid 79 on GPU 1: %+v, want GPU 1 unhealthy with XID-79", ev)
+	}
+	inject(0, 13)
+	inject(0, 0)
+	if ev := next(); ev.UUID != gpus[0].UUID || ev.Healthy || ev.Reason != "ECC-DBE" {
+		t.Errorf("after Xid 13 (ignored) and a double-bit ECC error on GPU 0: %+v, want GPU 0 unhealthy with ECC-DBE", ev)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/gputopo/gputopo/pkg/cdi"
 	"github.com/gputopo/gputopo/pkg/cdi/cditest"
 	"github.com/gputopo/gputopo/pkg/gpu/nvml/nvmltest"
+	"github.com/gputopo/gputopo/pkg/topology"
 	"github.com/gputopo/gputopo/test/e2e/framework"
 )
 
@@ -34,14 +35,16 @@ const nvmlReport = `env; echo @@dev; for d in /dev/nvidia*; do stat -c '%n|%F|%t
 // (nvcdi's driver edits, the shipped nvidia-cdi-hook installed on the node),
 // has both GPUs' device nodes, the driver libraries with the links the
 // hooks made and an ldconfig cache listing libcuda, and the GPUs' UUIDs.
-// When the pod goes, the claim is unprepared and its spec removed.
+// When the pod goes, the claim is unprepared and its spec removed; an Xid
+// that NVML's event set delivers for GPU 1 taints that device.
 func TestNVMLBackendRunsAPod(t *testing.T) {
-	standIn := nvmltest.Config{DriverVersion: cditest.DriverVersion, CUDAVersion: 12040, GPUs: nvmltest.H100s(2)}
 	// Under the node's directory, which containerd's mount namespace sees.
 	root, err := os.MkdirTemp(lc.NodeDir(node), "nvml-driver-")
 	if err != nil {
 		t.Fatal(err)
 	}
+	eventsFile := filepath.Join(root, "nvml-event")
+	standIn := nvmltest.Config{DriverVersion: cditest.DriverVersion, CUDAVersion: 12040, GPUs: nvmltest.H100s(2), EventsFile: eventsFile}
 	if err := os.Chmod(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +172,26 @@ func TestNVMLBackendRunsAPod(t *testing.T) {
 	})
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Errorf("spec %s of the unprepared claim: %v, want it gone", path, err)
+	}
+
+	// Health through NVML's event set: an Xid on GPU 1 taints its device.
+	if err := nvmltest.InjectEvent(eventsFile, 1, 79, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, time.Minute, "gpu-1 tainted for Xid 79", func() (bool, string) {
+		var taints []string
+		for name, d := range sliceDevices(t) {
+			for _, taint := range d.Taints {
+				taints = append(taints, name+": "+taint.Key+"="+taint.Value)
+				if name == "gpu-1" && taint.Key == topology.TaintUnhealthy && taint.Value == "XID-79" {
+					return true, ""
+				}
+			}
+		}
+		return false, fmt.Sprintf("taints %v", taints)
+	})
+	if taints := sliceDevices(t)["gpu-0"].Taints; len(taints) != 0 {
+		t.Errorf("gpu-0 is tainted %v though only GPU 1 had an Xid", taints)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -43,6 +44,12 @@ type Config struct {
 	// CUDAVersion is the CUDA driver version as NVML gives it (12040 for 12.4).
 	CUDAVersion int
 	GPUs        []GPU
+	// EventsFile, when set, injects health events: a file written there
+	// holding "<index> <xid>" is delivered by the next event wait (within
+	// 50 ms) as an Xid critical error of that GPU, or with Xid 0 as a
+	// double-bit ECC error, and removed. Write it whole (rename it into
+	// place).
+	EventsFile string
 }
 
 // H100s describes n H100 SXM GPUs (80 GiB, 18 NVLink lanes to the node's
@@ -192,6 +199,7 @@ func gpusHeader(cfg Config) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "#define FAKE_DRIVER_VERSION %s\n", strconv.Quote(cfg.DriverVersion))
 	fmt.Fprintf(&b, "#define FAKE_CUDA_VERSION %d\n", cfg.CUDAVersion)
+	fmt.Fprintf(&b, "#define FAKE_EVENTS_FILE %s\n", strconv.Quote(cfg.EventsFile))
 	fmt.Fprintf(&b, "#define FAKE_GPU_COUNT %d\n", len(cfg.GPUs))
 	b.WriteString("static const struct fake_gpu fake_gpus[] = {\n")
 	for _, g := range cfg.GPUs {
@@ -204,4 +212,26 @@ func gpusHeader(cfg Config) string {
 	}
 	b.WriteString("};\n")
 	return b.String()
+}
+
+// InjectEvent writes the event "<index> <xid>" to a library's EventsFile
+// and waits until an event wait has taken it: an Xid critical error of GPU
+// index, or with xid 0 a double-bit ECC error. It fails when no wait takes
+// it within timeout (nothing watches the GPUs' health).
+func InjectEvent(eventsFile string, index int, xid uint64, timeout time.Duration) error {
+	tmp := eventsFile + ".tmp"
+	if err := os.WriteFile(tmp, fmt.Appendf(nil, "%d %d\n", index, xid), 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, eventsFile); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(timeout); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(eventsFile); os.IsNotExist(err) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no NVML event wait took event %d %d from %s within %v", index, xid, eventsFile, timeout)
+		}
+	}
 }

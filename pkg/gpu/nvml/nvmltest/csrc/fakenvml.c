@@ -9,13 +9,15 @@
  * GPU's handle (by index, UUID and PCI bus ID), UUID, name, index, minor,
  * architecture, compute capability, memory, PCI info and MIG mode
  * (disabled); NVLink lanes to an NVSwitch; compute modes, kept per GPU;
- * event sets whose waits time out (healthy GPUs). Every other function go-nvml
+ * event sets whose waits time out, or deliver an Xid error written to a
+ * file (nvmltest.Config.EventsFile). Every other function go-nvml
  * calls is a stub, generated beside this file, that returns
  * NVML_ERROR_NOT_SUPPORTED.
  */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "nvml.h"
 
@@ -30,7 +32,7 @@ struct fake_gpu {
 	unsigned int nvlinks;
 };
 
-/* FAKE_DRIVER_VERSION, FAKE_CUDA_VERSION, FAKE_GPU_COUNT and fake_gpus[]. */
+/* FAKE_DRIVER_VERSION, FAKE_CUDA_VERSION, FAKE_EVENTS_FILE, FAKE_GPU_COUNT and fake_gpus[]. */
 #include "fakenvml_gpus.h"
 
 struct nvmlDevice_st {
@@ -392,14 +394,48 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, 
 	return set.handle == NULL ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
 }
 
-/* No GPU ever fails here: every wait ends in its timeout. */
+/*
+ * A wait ends in its timeout unless FAKE_EVENTS_FILE names a file that
+ * appears meanwhile (looked for every 50 ms): its first line, "<index>
+ * <xid>", is delivered as an Xid critical error of that GPU (an Xid of 0 as
+ * a double-bit ECC error) and the file removed.
+ */
+static int take_event(nvmlEventData_t *data)
+{
+	unsigned int index = 0;
+	unsigned long long xid = 0;
+	int n;
+	FILE *f;
+
+	if (FAKE_EVENTS_FILE[0] == 0 || (f = fopen(FAKE_EVENTS_FILE, "r")) == NULL)
+		return 0;
+	n = fscanf(f, "%u %llu", &index, &xid);
+	fclose(f);
+	unlink(FAKE_EVENTS_FILE);
+	if (n != 2 || index >= FAKE_GPU_COUNT || data == NULL)
+		return 0;
+	memset(data, 0, sizeof(*data));
+	data->device = handle_of(index);
+	data->eventType = xid ? nvmlEventTypeXidCriticalError : nvmlEventTypeDoubleBitEccError;
+	data->eventData = xid;
+	data->gpuInstanceId = 0xFFFFFFFF;
+	data->computeInstanceId = 0xFFFFFFFF;
+	return 1;
+}
+
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
-	struct timespec ts = {timeoutms / 1000, (long)(timeoutms % 1000) * 1000000L};
+	struct timespec tick = {0, 50 * 1000000L};
+	unsigned int waited = 0;
 	(void)set;
-	(void)data;
-	nanosleep(&ts, NULL);
-	return NVML_ERROR_TIMEOUT;
+	for (;;) {
+		if (take_event(data))
+			return NVML_SUCCESS;
+		if (waited >= timeoutms)
+			return NVML_ERROR_TIMEOUT;
+		nanosleep(&tick, NULL);
+		waited += 50;
+	}
 }
 
 nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
