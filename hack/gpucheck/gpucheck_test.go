@@ -10,7 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/gputopo/gputopo/pkg/gpu"
+	"github.com/gputopo/gputopo/pkg/gpu/nvml/nvmltest"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
 	"github.com/gputopo/gputopo/pkg/kubeletplugin"
 	"github.com/gputopo/gputopo/pkg/slices"
@@ -358,14 +361,14 @@ esac
 		}
 	}
 	m.write(t, "proc/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\n")
-	run := func(cmd *exec.Cmd, driver string) (string, error) {
-		cmd.Env = append(os.Environ(),
+	run := func(cmd *exec.Cmd, driver string, env ...string) (string, error) {
+		cmd.Env = append(append(os.Environ(),
 			"PATH="+filepath.Join(m.dir, "bin")+string(os.PathListSeparator)+os.Getenv("PATH"),
 			"GPUCHECK_PLUGIN_ARGS=--backend=sim --profile=dgx-h100",
 			"GPUCHECK_SYSFS="+m.sysfs,
 			"GPUCHECK_NODE="+testNode,
 			"GPUCHECK_DRIVER_PROC="+driver,
-		)
+		), env...)
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}
@@ -388,5 +391,47 @@ esac
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(out, "gpu-check: no NVIDIA driver found on this machine") {
 		t.Errorf("no driver: %v\n%s", err, out)
+	}
+
+	// The bundle's step 3, which only a GPU machine reaches otherwise: the
+	// nvml backend over a fake driver root whose libnvidia-ml.so.1 is the
+	// NVML stand-in, answering for the machine's GPUs, and a container
+	// started with the bundle's runc and the spec of a claim for gpu-0,
+	// running the driver root's nvidia-smi (a stand-in listing the GPUs
+	// whose device nodes it sees). NUMA and PCIe roots come from this
+	// machine's /sys for the nvml backend, so step 1 may disagree with the
+	// simulated tree; only steps 2 and 3 are judged here.
+	if os.Geteuid() != 0 {
+		t.Skip("starting a container with runc needs root")
+	}
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("the NVML stand-in is built with gcc")
+	}
+	root := filepath.Join(m.dir, "driver")
+	cfg := nvmltest.Config{CUDAVersion: 12040}
+	var list strings.Builder
+	for _, d := range m.inv.Devices {
+		cfg.GPUs = append(cfg.GPUs, nvmltest.GPU{
+			UUID: d.UUID, Name: d.ProductName, BusID: d.PCIBusID, Minor: d.Minor, MemoryBytes: uint64(d.MemoryBytes),
+			Architecture: gonvml.DEVICE_ARCH_HOPPER, ComputeCapability: [2]int{9, 0}, NVLinks: 18,
+		})
+		fmt.Fprintf(&list, "[ -e /dev/nvidia%d ] && { echo \"GPU $i: %s (UUID: %s)\"; i=$((i+1)); }\n", d.Minor, d.ProductName, d.UUID)
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := nvmltest.FakeDriver(root, cfg); err != nil {
+		t.Fatal(err)
+	}
+	smi := filepath.Join(root, "usr/bin/nvidia-smi")
+	if err := os.WriteFile(smi, []byte("#!/bin/sh\n# nvidia-smi -L as the container sees its GPUs\ni=0\n"+list.String()+"exit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fake(m.smiQuery()) // nvidia-smi on the host agrees again
+	cmd := exec.Command(bash, filepath.Join(m.dir, "out/bundle/run.sh"), filepath.Join(m.dir, "container"))
+	out, err = run(cmd, filepath.Join(m.dir, "proc/version"), "GPUCHECK_PLUGIN_ARGS=--backend=nvml", "NVIDIA_DRIVER_ROOT="+root)
+	want := fmt.Sprintf("ok: the container sees exactly the claim's GPU (gpu-0, %s)", m.inv.Devices[0].UUID)
+	if !strings.Contains(out, want) {
+		t.Errorf("the bundle's container over the fake driver: %v; want %q in:\n%s", err, want, out)
 	}
 }
