@@ -26,8 +26,8 @@ import (
 // it is the milliGPU an expected pod finds stranded); the pod goes to the
 // node and GPU that raise it least. Places within fragTolerance of the
 // least rise count as equal: the workload is an estimate, and among
-// places that close the planner packs (the leaf with the fewest free
-// nodes, then the node with the least left). Strategy consolidated packs
+// places that close the planner packs (the node with the least left,
+// then the leaf with the fewest free nodes). Strategy consolidated packs
 // instead (the fullest node and GPU that fit), distributed spreads (the
 // emptiest). The allocator has the last word on every choice.
 
@@ -37,7 +37,8 @@ import (
 // than what the workload estimate can tell apart; packing among near
 // equals leaves fuller nodes full and emptier ones whole. On the Alibaba
 // trace this is worth about half a point of allocation at 130 % demand
-// (docs/benchmarks.md); 10 to 30 give about the same.
+// (docs/benchmarks.md); with the fullest node packed first, 10 and 40
+// gave less than 20 on the traces that chose it (gpushare80, cpu200).
 const fragTolerance = 20
 
 // WorkloadClass is one kind of pod of the expected workload.
@@ -366,22 +367,28 @@ type choice struct {
 	// gpuLeft is what the share leaves of its GPU: the fuller the better,
 	// but for strategy distributed.
 	gpuLeft int
-	// leafFree counts the completely free nodes of the node's leaf: a pod
-	// goes to the leaf with the fewest, keeping whole leaves free for
-	// multi-node jobs (but for strategy distributed).
+	// leafFree counts the completely free nodes of the node's leaf: of
+	// nodes with as much left, a pod goes to the leaf with the fewest,
+	// keeping whole leaves free for multi-node jobs (but for strategy
+	// distributed).
 	leafFree int
 }
 
-// better orders choices: lower score, then the leaf with fewer free
-// nodes, then less left on the node, then the GPU the strategy prefers.
+// better orders choices: lower score, then less left on the node, then
+// the leaf with fewer free nodes, then the GPU the strategy prefers.
+// The fullest node comes before the leaf: filling a node that is already
+// in use never takes a free node from any leaf, and when only free nodes
+// (or nodes as full) are left the leaf with the fewest free nodes gives
+// one up. (For strategies consolidated and distributed the score is
+// what is left, so the order of the two does not matter to them.)
 func (c choice) better(o choice, spread bool) bool {
 	switch {
 	case c.score != o.score:
 		return c.score < o.score
-	case c.leafFree != o.leafFree && !spread:
-		return c.leafFree < o.leafFree
 	case c.left != o.left:
 		return c.left < o.left
+	case c.leafFree != o.leafFree && !spread:
+		return c.leafFree < o.leafFree
 	case spread:
 		return c.gpuLeft > o.gpuLeft
 	}

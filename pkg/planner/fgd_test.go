@@ -419,3 +419,37 @@ func TestScoreMemoPlansLikeScoringEveryNode(t *testing.T) {
 		}
 	}
 }
+
+// Among places of near-equal fragmentation a pod goes to the fullest
+// node, wherever its leaf; only when it must break a free node does it
+// take one of the leaf with the fewest free nodes, keeping whole leaves
+// free for multi-node jobs.
+func TestNearEqualPacksFullestNodeThenLeaf(t *testing.T) {
+	halves := planner.Workload{{GPUs: 1, MilliGPU: 500, Weight: 1}}
+	p := planner.New(newEvaluator(t), planner.WithWorkload(halves))
+	tests := map[string]struct {
+		full map[string]int // GPUs held whole, by node
+		want string
+	}{
+		// leaf-0 has one free node, leaf-1 two; l1n0 is the fullest.
+		"the fullest node, not the leaf with fewer free nodes": {map[string]int{"l0n0": 4, "l1n0": 7}, "l1n0/gpu-7"},
+		// Only free nodes have room: leaf-0's last one, not leaf-1's three.
+		"a free node of the leaf with the fewest": {map[string]int{"l0n0": 8}, "l0n1/gpu-0"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			state := devicefit.NewState()
+			for node, n := range tc.full {
+				for g := range n {
+					state.AddShare(devicefit.Share{Device: gpuID(node, g), ShareID: fmt.Sprintf("%s-%d", node, g),
+						Consumed: map[resourceapi.QualifiedName]resource.Quantity{topology.CapacityMilliGPU: resource.MustParse("1000")}})
+				}
+			}
+			c := sharedClusterOf(t, makeCluster().Leaf("spine-0", 0, "dgx-h100", 2).Leaf("spine-0", 1, "dgx-h100", 3))
+			got := planAll(t, p, planner.NewSnapshotFromState(c, state), shareJob(t, "h", 500))
+			if diff := cmp.Diff(where{tc.want}, got); diff != "" {
+				t.Errorf("placements (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
