@@ -231,6 +231,18 @@ runs_from_image() {
     bad "$what runs $image ($image_id), want $IMAGE (config $config_digest, manifest $manifest_digest)"
   fi
 }
+# claim_specs_left: the claims' CDI spec files left in $RNODE's cdi/ once
+# they are gone or after two minutes (the kubelet asks the plugin to
+# unprepare a claim once its pod has terminated).
+claim_specs_left() {
+  local specs=""
+  for _ in $(seq 120); do
+    specs=$(find "$RDIR/cdi" -name '*_*.json' -printf '%f ' 2>/dev/null)
+    [ -z "$specs" ] && break
+    sleep 1
+  done
+  echo "$specs"
+}
 rpod=$(pod_on kubelet-plugin "$RNODE")
 [ -n "$rpod" ] || { bad "no plugin pod was scheduled to $RNODE"; exit 1; }
 runs_from_image "plugin pod" "$rpod"
@@ -475,12 +487,7 @@ for p in $(kubectl get pods -l batch.kubernetes.io/job-name=verify-image -o name
 done
 # Once the pods have terminated, the kubelet asks the plugin pod to
 # unprepare their claims: it removes their CDI specs from the node's cdi/.
-specs=""
-for _ in $(seq 120); do
-  specs=$(find "$RDIR/cdi" -name '*_*.json' -printf '%f ' 2>/dev/null)
-  [ -z "$specs" ] && break
-  sleep 1
-done
+specs=$(claim_specs_left)
 if [ -z "$specs" ]; then ok "the plugin pod removed the claims' CDI specs from $RNODE's cdi/ (left: $(find "$RDIR/cdi" -type f -printf '%f ' 2>/dev/null))"; else bad "claim CDI specs left in $RDIR/cdi: $specs"; fi
 events=$(kubectl get events --field-selector involvedObject.name=verify-image,source=gputopo-controller -o jsonpath='{.items[*].reason}' 2>/dev/null)
 if [ -n "$events" ]; then ok "the controller recorded events on Job verify-image: $events"; else echo "note: no controller events on Job verify-image"; fi
@@ -608,12 +615,7 @@ fi
 hook="$RDIR/kubelet/plugins/gpu.gputopo.dev/nvidia-cdi-hook"
 if [ -x "$hook" ]; then ok "the plugin pod installed the image's nvidia-cdi-hook at $hook"; else bad "no nvidia-cdi-hook installed at $hook"; fi
 kubectl delete pod verify-nvml --wait --timeout=120s >/dev/null 2>&1 || bad "delete pod verify-nvml"
-specs=""
-for _ in $(seq 120); do
-  specs=$(find "$RDIR/cdi" -name '*_*.json' -printf '%f ' 2>/dev/null)
-  [ -z "$specs" ] && break
-  sleep 1
-done
+specs=$(claim_specs_left)
 if [ -z "$specs" ]; then ok "the nvml plugin pod removed verify-nvml's CDI spec"; else bad "claim CDI specs left in $RDIR/cdi: $specs"; fi
 
 step "helm uninstall"

@@ -74,13 +74,7 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 	// Claims of earlier tests, on their way out, may hold the shared GPU
 	// (a whole-GPU claim on it counts as a share of all of it): start
 	// from none.
-	framework.Eventually(t, 2*time.Minute, "earlier claims on "+node+" unprepared", func() (bool, string) {
-		cp, err := framework.LoadCheckpoint(lc, node)
-		if err != nil {
-			return false, err.Error()
-		}
-		return len(cp.Claims) == 0, fmt.Sprintf("%d claims prepared", len(cp.Claims))
-	})
+	framework.Eventually(t, 2*time.Minute, "earlier claims on "+node+" unprepared", noClaimPrepared)
 	if err := lc.StopPlugin(node); err != nil {
 		t.Fatal(err)
 	}
@@ -271,4 +265,14 @@ func running(pid string) bool {
 	}
 	i := strings.LastIndexByte(string(stat), ')')
 	return i >= 0 && i+2 < len(stat) && stat[i+2] != 'Z'
+}
+
+// noClaimPrepared says whether the node's plugin holds no prepared claim,
+// for framework.Eventually.
+func noClaimPrepared() (bool, string) {
+	cp, err := framework.LoadCheckpoint(lc, node)
+	if err != nil {
+		return false, err.Error()
+	}
+	return len(cp.Claims) == 0, fmt.Sprintf("%d claims prepared", len(cp.Claims))
 }

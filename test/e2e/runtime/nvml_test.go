@@ -53,17 +53,10 @@ func TestNVMLBackendRunsAPod(t *testing.T) {
 	}
 
 	_, pluginDir := lc.PluginDirs(node)
-	unprepared := func() (bool, string) {
-		cp, err := framework.LoadCheckpoint(lc, node)
-		if err != nil {
-			return false, err.Error()
-		}
-		return len(cp.Claims) == 0, fmt.Sprintf("%d claims prepared", len(cp.Claims))
-	}
 	t.Cleanup(func() {
 		// The pods' cleanups ran first (registered later): the nvml plugin
 		// unprepares their claims before the simulated one comes back.
-		framework.Eventually(t, 2*time.Minute, "the nvml plugin's claims unprepared", unprepared)
+		framework.Eventually(t, 2*time.Minute, "the nvml plugin's claims unprepared", noClaimPrepared)
 		if err := lc.StopPlugin(node); err != nil {
 			t.Error(err)
 		}
@@ -76,7 +69,7 @@ func TestNVMLBackendRunsAPod(t *testing.T) {
 		})
 		os.RemoveAll(root)
 	})
-	framework.Eventually(t, 2*time.Minute, "earlier claims on "+node+" unprepared", unprepared)
+	framework.Eventually(t, 2*time.Minute, "earlier claims on "+node+" unprepared", noClaimPrepared)
 	if err := lc.StopPlugin(node); err != nil {
 		t.Fatal(err)
 	}

@@ -89,10 +89,6 @@ func Build(t testing.TB, path, soname string, cfg Config) {
 // the nvml.h that go-nvml ships (found with `go list`, so it runs inside a
 // module that requires go-nvml).
 func Write(path, soname string, cfg Config) error {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		return fmt.Errorf("the NVML stand-in is built with gcc: %w; install gcc", err)
-	}
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/NVIDIA/go-nvml").Output()
 	if err != nil {
 		return fmt.Errorf("find go-nvml's nvml.h (go list -m github.com/NVIDIA/go-nvml, run inside a module that requires it): %w", err)
@@ -120,13 +116,25 @@ func Write(path, soname string, cfg Config) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	// Replace, never write through: path may be a file a process has mapped.
-	os.Remove(path)
-	cmd := exec.Command(gcc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-DNVML_NO_UNVERSIONED_FUNC_DEFS=1",
-		"-I", include, "-I", dir, "-Wl,-soname,"+soname, "-o", path,
-		filepath.Join(dir, "fakenvml.c"), filepath.Join(dir, "fakenvml_stubs.c"))
+	if err := sharedLibrary(path, soname, "-O1", "-Wall", "-Werror", "-DNVML_NO_UNVERSIONED_FUNC_DEFS=1",
+		"-I", include, "-I", dir, filepath.Join(dir, "fakenvml.c"), filepath.Join(dir, "fakenvml_stubs.c")); err != nil {
+		return fmt.Errorf("build the NVML stand-in: %w", err)
+	}
+	return nil
+}
+
+// sharedLibrary builds the shared library out, with its SONAME, from gcc's
+// other arguments (sources and flags). It replaces out rather than write
+// through it: out may be a file a process has mapped.
+func sharedLibrary(out, soname string, args ...string) error {
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		return fmt.Errorf("the fake driver's libraries are built with gcc: %w; install gcc", err)
+	}
+	os.Remove(out)
+	cmd := exec.Command(gcc, append([]string{"-shared", "-fPIC", "-Wl,-soname," + soname, "-o", out}, args...)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build the NVML stand-in: %w: %s", err, b)
+		return fmt.Errorf("%s: %w: %s", out, err, b)
 	}
 	return nil
 }
@@ -147,10 +155,6 @@ func FakeDriver(root string, cfg Config) error {
 	if err := cditest.Lay(root, gpus); err != nil {
 		return err
 	}
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		return fmt.Errorf("the fake driver's libraries are built with gcc: %w; install gcc", err)
-	}
 	dir, err := os.MkdirTemp("", "fakedriver-")
 	if err != nil {
 		return err
@@ -163,9 +167,8 @@ func FakeDriver(root string, cfg Config) error {
 	libDir := filepath.Join(root, cditest.LibDir)
 	for _, soname := range []string{"libcuda.so.1", "libnvidia-ptxjitcompiler.so.1"} {
 		out := filepath.Join(libDir, strings.TrimSuffix(soname, ".1")+"."+cditest.DriverVersion)
-		os.Remove(out)
-		if b, err := exec.Command(gcc, "-shared", "-fPIC", "-Wl,-soname,"+soname, "-o", out, empty).CombinedOutput(); err != nil {
-			return fmt.Errorf("build %s: %w: %s", out, err, b)
+		if err := sharedLibrary(out, soname, empty); err != nil {
+			return fmt.Errorf("build %w", err)
 		}
 	}
 	return Write(filepath.Join(libDir, "libnvidia-ml.so."+cditest.DriverVersion), "libnvidia-ml.so.1", cfg)
