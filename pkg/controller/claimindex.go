@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/structured"
@@ -27,8 +28,10 @@ type claimIndex struct {
 	// held is the set of byDevice's keys, kept alongside so a plan's
 	// snapshot reads it without a copy.
 	held devicefit.Allocated
-	// sharing lists the claims that hold shares.
-	sharing map[types.UID]bool
+	// sharing lists the claims that hold shares; sharedBy lists, per
+	// shared device, the claims that hold shares of it.
+	sharing  map[types.UID]bool
+	sharedBy map[structured.DeviceID][]types.UID
 	// changed lists the devices that entered or left held since the
 	// last drain; overflow is set when there were too many to keep.
 	changed  []structured.DeviceID
@@ -67,7 +70,7 @@ type indexedClaim struct {
 }
 
 func newClaimIndex() *claimIndex {
-	return &claimIndex{byDevice: map[structured.DeviceID][]types.UID{}, claims: map[types.UID]indexedClaim{}, held: devicefit.Allocated{}, sharing: map[types.UID]bool{},
+	return &claimIndex{byDevice: map[structured.DeviceID][]types.UID{}, claims: map[types.UID]indexedClaim{}, held: devicefit.Allocated{}, sharing: map[types.UID]bool{}, sharedBy: map[structured.DeviceID][]types.UID{},
 		streamed: map[structured.DeviceID]int{}, sched: sets.New[structured.DeviceID]()}
 }
 
@@ -93,7 +96,10 @@ func parseVersion(rv string) uint64 {
 
 // update records the claim's allocation. An event older than what the
 // index already holds (the controller's own write arrived first) is
-// ignored. It returns the other claims that now share a device with it.
+// ignored. It returns the other claims that now share a device with it:
+// those that hold it too, and for a share, every other claim with a
+// share of the device, whose groups look again whether the shares
+// together fit the device (sharers).
 func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 	ix.mu.Lock()
 	v := parseVersion(claim.ResourceVersion)
@@ -112,12 +118,23 @@ func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 		ix.sharing[claim.UID] = true
 	}
 	var clash []types.UID
-	for _, d := range devs {
-		for _, other := range ix.byDevice[d] {
-			if !slices.Contains(clash, other) {
+	note := func(others []types.UID) {
+		for _, other := range others {
+			if other != claim.UID && !slices.Contains(clash, other) {
 				clash = append(clash, other)
 			}
 		}
+	}
+	for _, sh := range shares {
+		note(ix.byDevice[sh.Device])
+		note(ix.sharedBy[sh.Device])
+		if !slices.Contains(ix.sharedBy[sh.Device], claim.UID) {
+			ix.sharedBy[sh.Device] = append(ix.sharedBy[sh.Device], claim.UID)
+		}
+	}
+	for _, d := range devs {
+		note(ix.byDevice[d])
+		note(ix.sharedBy[d])
 		ix.byDevice[d] = append(ix.byDevice[d], claim.UID)
 		if !ix.held.Has(d) {
 			ix.held.Insert(d)
@@ -206,6 +223,13 @@ func (ix *claimIndex) removeLocked(uid types.UID) {
 			ix.byDevice[d] = holders
 		}
 	}
+	for _, sh := range old.shares {
+		if holders := slices.DeleteFunc(ix.sharedBy[sh.Device], func(u types.UID) bool { return u == uid }); len(holders) == 0 {
+			delete(ix.sharedBy, sh.Device)
+		} else {
+			ix.sharedBy[sh.Device] = holders
+		}
+	}
 	delete(ix.claims, uid)
 	delete(ix.sharing, uid)
 }
@@ -265,15 +289,77 @@ func (ix *claimIndex) sharesLocked() devicefit.State {
 }
 
 // sharers returns, for each device of the claim, the other claims that
-// hold it too, keyed by namespace/name.
-func (ix *claimIndex) sharers(uid types.UID) map[structured.DeviceID][]string {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
+// hold it too, keyed by namespace/name: a device held whole by two
+// claims, held whole and shared at once, or shared by claims that
+// together consume more of a capacity than capacity says the device
+// has (devices capacity does not know are not judged on capacity). The
+// scheduler never allocates past a device's capacity; two allocators
+// that did not see each other's shares can.
+func (ix *claimIndex) sharers(uid types.UID, capacity func(structured.DeviceID) (map[resourceapi.QualifiedName]resourceapi.DeviceCapacity, bool)) map[structured.DeviceID][]string {
+	type shared struct {
+		others   []string
+		consumed map[resourceapi.QualifiedName]resource.Quantity
+	}
 	out := map[structured.DeviceID][]string{}
-	for _, d := range ix.claims[uid].devices {
-		for _, other := range ix.byDevice[d] {
+	var check map[structured.DeviceID]*shared
+	ix.mu.Lock()
+	me := ix.claims[uid]
+	for _, d := range me.devices {
+		for _, other := range append(slices.Clone(ix.byDevice[d]), ix.sharedBy[d]...) {
 			if other != uid {
 				out[d] = append(out[d], ix.claims[other].key)
+			}
+		}
+	}
+	for _, sh := range me.shares {
+		if _, done := out[sh.Device]; done || check[sh.Device] != nil {
+			continue
+		}
+		var whole []string
+		for _, other := range ix.byDevice[sh.Device] {
+			whole = append(whole, ix.claims[other].key)
+		}
+		if len(whole) > 0 {
+			out[sh.Device] = whole
+			continue
+		}
+		s := &shared{consumed: map[resourceapi.QualifiedName]resource.Quantity{}}
+		for _, holder := range ix.sharedBy[sh.Device] {
+			if holder != uid {
+				s.others = append(s.others, ix.claims[holder].key)
+			}
+			for _, hs := range ix.claims[holder].shares {
+				if hs.Device != sh.Device {
+					continue
+				}
+				for name, q := range hs.Consumed {
+					sum := s.consumed[name]
+					sum.Add(q)
+					s.consumed[name] = sum
+				}
+			}
+		}
+		if len(s.others) > 0 {
+			if check == nil {
+				check = map[structured.DeviceID]*shared{}
+			}
+			check[sh.Device] = s
+		}
+	}
+	ix.mu.Unlock()
+	// The capacity is looked up without the index's lock.
+	for d, s := range check {
+		if capacity == nil {
+			break
+		}
+		has, ok := capacity(d)
+		if !ok {
+			continue
+		}
+		for name, sum := range s.consumed {
+			if c, ok := has[name]; ok && sum.Cmp(c.Value) > 0 {
+				out[d] = s.others
+				break
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -22,8 +23,14 @@ func shareClaim(name, device string, milli int64) *resourceapi.ResourceClaim {
 	return c
 }
 
-// Shares of one device are no clash; every plan sees what they consume
-// together, beside the devices held whole. Admin access holds nothing.
+// oneGPU is the capacity of every shared device: 1000 milliGPU.
+func oneGPU(structured.DeviceID) (map[resourceapi.QualifiedName]resourceapi.DeviceCapacity, bool) {
+	return map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{topology.CapacityMilliGPU: {Value: resource.MustParse("1000")}}, true
+}
+
+// Shares of one device within its capacity are no clash; every plan sees
+// what they consume together, beside the devices held whole. Admin access
+// holds nothing.
 func TestClaimIndexCountsShares(t *testing.T) {
 	ix := newClaimIndex()
 	monitor := foreignClaim("dcgm", "n0", "gpu-0", "gpu-1")
@@ -31,7 +38,8 @@ func TestClaimIndexCountsShares(t *testing.T) {
 		monitor.Status.Allocation.Devices.Results[i].AdminAccess = ptr.To(true)
 	}
 	for _, c := range []*resourceapi.ResourceClaim{shareClaim("a", "gpu-0", 250), shareClaim("b", "gpu-0", 500), foreignClaim("whole", "n0", "gpu-1"), monitor} {
-		if clash := ix.update(c); len(clash) > 0 {
+		ix.update(c)
+		if clash := ix.sharers(c.UID, oneGPU); len(clash) > 0 {
 			t.Errorf("claim %s clashes with %v", c.Name, clash)
 		}
 	}
@@ -59,5 +67,40 @@ func TestClaimIndexCountsShares(t *testing.T) {
 	ix.remove("claim-b")
 	if diff := cmp.Diff(view{Whole: []string{"gpu-1"}, Shares: 1, Milli: 250}, look()); diff != "" {
 		t.Errorf("allocated after a share is gone (-want +got):\n%s", diff)
+	}
+}
+
+// Shares that together consume more than their device has clash, as a
+// share beside a device held whole does; the claims' groups are synced
+// whenever another claim takes a share of a device they share. Capacity
+// the index cannot look up is not judged.
+func TestClaimIndexShareClashes(t *testing.T) {
+	ix := newClaimIndex()
+	ix.update(shareClaim("a", "gpu-0", 250))
+	ix.update(shareClaim("b", "gpu-0", 500))
+	if got := ix.update(shareClaim("c", "gpu-0", 500)); !cmp.Equal(got, []types.UID{"claim-a", "claim-b"}) {
+		t.Errorf("a new share of gpu-0 syncs %v, want claim-a and claim-b", got)
+	}
+	gpu0 := devicefit.DeviceID(topology.DriverName, "n0", "gpu-0")
+	for uid, want := range map[types.UID][]string{"claim-a": {"default/b", "default/c"}, "claim-c": {"default/a", "default/b"}} {
+		if got := ix.sharers(uid, oneGPU)[gpu0]; !cmp.Equal(got, want) {
+			t.Errorf("%s shares gpu-0 past its capacity with %v, want %v", uid, got, want)
+		}
+	}
+	if got := ix.sharers("claim-a", nil); len(got) > 0 {
+		t.Errorf("without capacities, shares clash: %v", got)
+	}
+	ix.remove("claim-c")
+	if got := ix.sharers("claim-a", oneGPU); len(got) > 0 {
+		t.Errorf("after the third share went, the two left (750 of 1000) clash: %v", got)
+	}
+	if got := ix.update(foreignClaim("whole", "n0", "gpu-0")); len(got) != 2 {
+		t.Errorf("gpu-0 held whole beside two shares syncs %v, want both sharers", got)
+	}
+	if got := ix.sharers("claim-a", nil)[gpu0]; !cmp.Equal(got, []string{"default/whole"}) {
+		t.Errorf("a share beside the device held whole clashes with %v, want default/whole", got)
+	}
+	if got := ix.sharers("claim-whole", nil)[gpu0]; len(got) != 2 {
+		t.Errorf("the device held whole clashes with %v, want both sharers", got)
 	}
 }

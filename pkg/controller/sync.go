@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -313,7 +314,7 @@ func (c *Controller) factsOf(ctx context.Context, m *member) facts {
 		f.releasable = c.canRelease(m)
 	}
 	for _, cl := range m.claims {
-		for dev, holders := range c.index.sharers(cl.UID) {
+		for dev, holders := range c.index.sharers(cl.UID, c.deviceCapacity) {
 			f.clash = fmt.Sprintf("device %s of claim %s is also allocated to %s", dev, cl.Name, strings.Join(holders, ", "))
 			for _, h := range holders {
 				f.others = append(f.others, c.consumers(h)...)
@@ -324,6 +325,17 @@ func (c *Controller) factsOf(ctx context.Context, m *member) facts {
 		f.nodeGone = c.nodeGone(ctx, m.node)
 	}
 	return f
+}
+
+// deviceCapacity is what a device of the newest tree offers to shares.
+func (c *Controller) deviceCapacity(id structured.DeviceID) (map[resourceapi.QualifiedName]resourceapi.DeviceCapacity, bool) {
+	c.mu.Lock()
+	cl := c.cluster
+	c.mu.Unlock()
+	if cl == nil {
+		return nil, false
+	}
+	return cl.Capacity(id)
 }
 
 // consumers returns the pods the claim namespace/name is reserved for.

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/gputopo/gputopo/pkg/topology"
@@ -254,4 +255,25 @@ func (c *Cluster) foldOverlay() {
 		}
 	}
 	c.devIndex, c.devOver = idx, nil
+}
+
+// Capacity returns what a node-local device of the tree offers to the
+// claims that share it (its published capacity), and whether the tree
+// knows the device.
+func (c *Cluster) Capacity(id structured.DeviceID) (map[resourceapi.QualifiedName]resourceapi.DeviceCapacity, bool) {
+	r, ok := c.dev(id)
+	if !ok {
+		return nil, false
+	}
+	for _, s := range c.nodes[r.node].slices {
+		if s.Spec.Driver != id.Driver.String() || s.Spec.Pool.Name != id.Pool.String() {
+			continue
+		}
+		for i := range s.Spec.Devices {
+			if d := &s.Spec.Devices[i]; d.Name == id.Device.String() {
+				return d.Capacity, true
+			}
+		}
+	}
+	return nil, false
 }
