@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"cmp"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -32,6 +34,8 @@ type claimIndex struct {
 	// shared device, the claims that hold shares of it.
 	sharing  map[types.UID]bool
 	sharedBy map[structured.DeviceID][]types.UID
+	// shareCount counts the claims whose shares the index took in.
+	shareCount uint64
 	// changed lists the devices that entered or left held since the
 	// last drain; overflow is set when there were too many to keep.
 	changed  []structured.DeviceID
@@ -67,6 +71,17 @@ type indexedClaim struct {
 	version uint64 // resourceVersion, 0 when unknown
 	devices []structured.DeviceID
 	shares  []devicefit.Share
+	// sharedAt is the resourceVersion of the first version of the claim
+	// the index saw with these shares: the order in which the API server
+	// took the shares of a device, as the claim events come in that order.
+	// seenAt orders claims of the same (or no) version as the index saw
+	// their shares.
+	sharedAt, seenAt uint64
+}
+
+// sameShares reports whether two lists hold the same shares.
+func sameShares(a, b []devicefit.Share) bool {
+	return slices.EqualFunc(a, b, func(x, y devicefit.Share) bool { return x.Device == y.Device && x.ShareID == y.ShareID })
 }
 
 func newClaimIndex() *claimIndex {
@@ -97,13 +112,14 @@ func parseVersion(rv string) uint64 {
 // update records the claim's allocation. An event older than what the
 // index already holds (the controller's own write arrived first) is
 // ignored. It returns the other claims that now share a device with it:
-// those that hold it too, and for a share, every other claim with a
-// share of the device, whose groups look again whether the shares
-// together fit the device (sharers).
+// those that hold it too, and, when the claim's shares are new, every
+// other claim with a share of the same device, whose groups look again
+// whether the shares together fit the device (sharers).
 func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 	ix.mu.Lock()
 	v := parseVersion(claim.ResourceVersion)
-	if old, ok := ix.claims[claim.UID]; ok && v != 0 && old.version >= v {
+	old, had := ix.claims[claim.UID]
+	if had && v != 0 && old.version >= v {
 		ix.mu.Unlock()
 		return nil // older, or the same version: the controller's own write
 	}
@@ -113,7 +129,15 @@ func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 	if a := claim.Status.Allocation; a != nil {
 		shares = devicefit.Shares(*a)
 	}
-	ix.claims[claim.UID] = indexedClaim{key: claim.Namespace + "/" + claim.Name, version: v, devices: devs, shares: shares}
+	sharedAt, newShares := v, len(shares) > 0
+	var seenAt uint64
+	if had && sameShares(old.shares, shares) {
+		sharedAt, seenAt, newShares = old.sharedAt, old.seenAt, false
+	} else if newShares {
+		ix.shareCount++
+		seenAt = ix.shareCount
+	}
+	ix.claims[claim.UID] = indexedClaim{key: claim.Namespace + "/" + claim.Name, version: v, devices: devs, shares: shares, sharedAt: sharedAt, seenAt: seenAt}
 	if len(shares) > 0 {
 		ix.sharing[claim.UID] = true
 	}
@@ -126,8 +150,10 @@ func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 		}
 	}
 	for _, sh := range shares {
-		note(ix.byDevice[sh.Device])
-		note(ix.sharedBy[sh.Device])
+		if newShares {
+			note(ix.byDevice[sh.Device])
+			note(ix.sharedBy[sh.Device])
+		}
 		if !slices.Contains(ix.sharedBy[sh.Device], claim.UID) {
 			ix.sharedBy[sh.Device] = append(ix.sharedBy[sh.Device], claim.UID)
 		}
@@ -288,78 +314,142 @@ func (ix *claimIndex) sharesLocked() devicefit.State {
 	return st
 }
 
-// sharers returns, for each device of the claim, the other claims that
-// hold it too, keyed by namespace/name: a device held whole by two
-// claims, held whole and shared at once, or shared by claims that
-// together consume more of a capacity than capacity says the device
-// has (devices capacity does not know are not judged on capacity). The
-// scheduler never allocates past a device's capacity; two allocators
-// that did not see each other's shares can.
-func (ix *claimIndex) sharers(uid types.UID, capacity func(structured.DeviceID) (map[resourceapi.QualifiedName]resourceapi.DeviceCapacity, bool)) map[structured.DeviceID][]string {
-	type shared struct {
-		others   []string
+// deviceClash is one device of a claim that other claims hold too: with
+// lists the claims (namespace/name) the claim's pod and theirs settle it
+// between; over, for shares, says what the shares consume past the
+// device's capacity.
+type deviceClash struct {
+	with []string
+	over string
+}
+
+// sharers returns the devices of the claim that other claims hold too: a
+// device held whole by two claims, held whole and shared at once, or
+// shared by claims that together consume more of a capacity than
+// capacity says the device has (devices capacity does not know, or a
+// nil capacity, are not judged on capacity). The scheduler never
+// allocates past a device's capacity; two allocators that did not see
+// each other's shares can. Of such shares, in the order the API server
+// took them, those that fit come first and the rest are over: a share
+// that fits clashes with the shares over, one over with those that fit,
+// so a pod that runs makes only those give way that must.
+func (ix *claimIndex) sharers(uid types.UID, capacity func(structured.DeviceID) (map[resourceapi.QualifiedName]resourceapi.DeviceCapacity, bool)) map[structured.DeviceID]deviceClash {
+	type holder struct {
+		uid      types.UID
+		key      string
+		at, seen uint64
 		consumed map[resourceapi.QualifiedName]resource.Quantity
 	}
-	out := map[structured.DeviceID][]string{}
-	var check map[structured.DeviceID]*shared
+	out := map[structured.DeviceID]deviceClash{}
+	var check map[structured.DeviceID][]holder
 	ix.mu.Lock()
 	me := ix.claims[uid]
-	for _, d := range me.devices {
-		for _, other := range append(slices.Clone(ix.byDevice[d]), ix.sharedBy[d]...) {
-			if other != uid {
-				out[d] = append(out[d], ix.claims[other].key)
+	keys := func(uids []types.UID) []string {
+		var ks []string
+		for _, u := range uids {
+			if u != uid && !slices.Contains(ks, ix.claims[u].key) {
+				ks = append(ks, ix.claims[u].key)
 			}
+		}
+		return ks
+	}
+	for _, d := range me.devices {
+		if with := keys(append(slices.Clone(ix.byDevice[d]), ix.sharedBy[d]...)); len(with) > 0 {
+			out[d] = deviceClash{with: with}
 		}
 	}
 	for _, sh := range me.shares {
 		if _, done := out[sh.Device]; done || check[sh.Device] != nil {
 			continue
 		}
-		var whole []string
-		for _, other := range ix.byDevice[sh.Device] {
-			whole = append(whole, ix.claims[other].key)
-		}
-		if len(whole) > 0 {
-			out[sh.Device] = whole
+		if with := keys(ix.byDevice[sh.Device]); len(with) > 0 {
+			out[sh.Device] = deviceClash{with: with}
 			continue
 		}
-		s := &shared{consumed: map[resourceapi.QualifiedName]resource.Quantity{}}
-		for _, holder := range ix.sharedBy[sh.Device] {
-			if holder != uid {
-				s.others = append(s.others, ix.claims[holder].key)
-			}
-			for _, hs := range ix.claims[holder].shares {
-				if hs.Device != sh.Device {
+		if len(ix.sharedBy[sh.Device]) < 2 || capacity == nil {
+			continue
+		}
+		var hs []holder
+		for _, u := range ix.sharedBy[sh.Device] {
+			c := ix.claims[u]
+			h := holder{uid: u, key: c.key, at: c.sharedAt, seen: c.seenAt, consumed: map[resourceapi.QualifiedName]resource.Quantity{}}
+			for _, s := range c.shares {
+				if s.Device != sh.Device {
 					continue
 				}
-				for name, q := range hs.Consumed {
-					sum := s.consumed[name]
+				for name, q := range s.Consumed {
+					sum := h.consumed[name]
 					sum.Add(q)
-					s.consumed[name] = sum
+					h.consumed[name] = sum
 				}
 			}
+			hs = append(hs, h)
 		}
-		if len(s.others) > 0 {
-			if check == nil {
-				check = map[structured.DeviceID]*shared{}
-			}
-			check[sh.Device] = s
+		if check == nil {
+			check = map[structured.DeviceID][]holder{}
 		}
+		check[sh.Device] = hs
 	}
 	ix.mu.Unlock()
 	// The capacity is looked up without the index's lock.
-	for d, s := range check {
-		if capacity == nil {
-			break
-		}
+	for d, hs := range check {
 		has, ok := capacity(d)
 		if !ok {
 			continue
 		}
-		for name, sum := range s.consumed {
-			if c, ok := has[name]; ok && sum.Cmp(c.Value) > 0 {
-				out[d] = s.others
-				break
+		slices.SortFunc(hs, func(a, b holder) int {
+			if a.at != b.at {
+				return cmp.Compare(a.at, b.at)
+			}
+			return cmp.Compare(a.seen, b.seen)
+		})
+		sum := map[resourceapi.QualifiedName]resource.Quantity{}
+		var fit, over []string
+		past, meOver, detail := false, false, ""
+		for _, h := range hs {
+			for name, q := range h.consumed {
+				s := sum[name]
+				s.Add(q)
+				sum[name] = s
+				if c, ok := has[name]; ok && s.Cmp(c.Value) > 0 && !past {
+					past, detail = true, fmt.Sprintf("%s %s of %s", name, s.String(), c.Value.String())
+				}
+			}
+			switch {
+			case h.uid == uid:
+				meOver = past
+			case past:
+				over = append(over, h.key)
+			default:
+				fit = append(fit, h.key)
+			}
+		}
+		if !meOver && len(over) == 0 {
+			continue
+		}
+		with := over
+		if meOver {
+			with = fit
+		}
+		if len(with) == 0 {
+			continue // over on its own: no other claim to settle it with
+		}
+		out[d] = deviceClash{with: with, over: detail}
+	}
+	return out
+}
+
+// wholeSharers returns, for each device the claim holds whole, the
+// other claims that hold it whole too: the devices kube-scheduler may
+// count free once one of them gives it back (fence.go).
+func (ix *claimIndex) wholeSharers(uid types.UID) map[structured.DeviceID][]string {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	out := map[structured.DeviceID][]string{}
+	for _, d := range ix.claims[uid].devices {
+		for _, other := range ix.byDevice[d] {
+			if other != uid {
+				out[d] = append(out[d], ix.claims[other].key)
 			}
 		}
 	}

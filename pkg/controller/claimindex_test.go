@@ -69,38 +69,3 @@ func TestClaimIndexCountsShares(t *testing.T) {
 		t.Errorf("allocated after a share is gone (-want +got):\n%s", diff)
 	}
 }
-
-// Shares that together consume more than their device has clash, as a
-// share beside a device held whole does; the claims' groups are synced
-// whenever another claim takes a share of a device they share. Capacity
-// the index cannot look up is not judged.
-func TestClaimIndexShareClashes(t *testing.T) {
-	ix := newClaimIndex()
-	ix.update(shareClaim("a", "gpu-0", 250))
-	ix.update(shareClaim("b", "gpu-0", 500))
-	if got := ix.update(shareClaim("c", "gpu-0", 500)); !cmp.Equal(got, []types.UID{"claim-a", "claim-b"}) {
-		t.Errorf("a new share of gpu-0 syncs %v, want claim-a and claim-b", got)
-	}
-	gpu0 := devicefit.DeviceID(topology.DriverName, "n0", "gpu-0")
-	for uid, want := range map[types.UID][]string{"claim-a": {"default/b", "default/c"}, "claim-c": {"default/a", "default/b"}} {
-		if got := ix.sharers(uid, oneGPU)[gpu0]; !cmp.Equal(got, want) {
-			t.Errorf("%s shares gpu-0 past its capacity with %v, want %v", uid, got, want)
-		}
-	}
-	if got := ix.sharers("claim-a", nil); len(got) > 0 {
-		t.Errorf("without capacities, shares clash: %v", got)
-	}
-	ix.remove("claim-c")
-	if got := ix.sharers("claim-a", oneGPU); len(got) > 0 {
-		t.Errorf("after the third share went, the two left (750 of 1000) clash: %v", got)
-	}
-	if got := ix.update(foreignClaim("whole", "n0", "gpu-0")); len(got) != 2 {
-		t.Errorf("gpu-0 held whole beside two shares syncs %v, want both sharers", got)
-	}
-	if got := ix.sharers("claim-a", nil)[gpu0]; !cmp.Equal(got, []string{"default/whole"}) {
-		t.Errorf("a share beside the device held whole clashes with %v, want default/whole", got)
-	}
-	if got := ix.sharers("claim-whole", nil)[gpu0]; len(got) != 2 {
-		t.Errorf("the device held whole clashes with %v, want both sharers", got)
-	}
-}

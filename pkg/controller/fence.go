@@ -232,9 +232,9 @@ func (f *fencer) create(ctx context.Context, d structured.DeviceID, waitSeen boo
 // beforeGivingBack fences the devices of claim that other claims hold too,
 // before the controller gives the claim back.
 func (f *fencer) beforeGivingBack(ctx context.Context, claim *resourceapi.ResourceClaim) error {
-	// Shares that outgrew their device go blind for no one: the
-	// scheduler takes a share it forgets out of what it counts.
-	for d := range f.index.sharers(claim.UID, nil) {
+	// Only devices held whole go blind: kube-scheduler keeps shares
+	// apart, and takes a share it forgets out of what it counts.
+	for d := range f.index.wholeSharers(claim.UID) {
 		if _, err := f.rules.Get(fenceName(d)); err == nil {
 			continue
 		}

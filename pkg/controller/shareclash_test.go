@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -111,4 +112,123 @@ func TestShareClashBeforeGatesOpenIsReplanned(t *testing.T) {
 
 func milliGPU(m int64) map[resourceapi.QualifiedName]resource.Quantity {
 	return map[resourceapi.QualifiedName]resource.Quantity{topology.CapacityMilliGPU: *resource.NewQuantity(m, resource.DecimalSI)}
+}
+
+// versioned sets the claim's resourceVersion.
+func versioned(c *resourceapi.ResourceClaim, rv string) *resourceapi.ResourceClaim {
+	c.ResourceVersion = rv
+	return c
+}
+
+// Shares that together consume more than their device has clash. In the
+// order the API server took them, the shares that fit clash with those
+// over, and those over with those that fit; a share that fits is never
+// set against another that fits. The claims' groups are synced when
+// another claim takes a new share of a device they share, not on every
+// event of it. Capacity the index cannot look up is not judged.
+func TestClaimIndexShareClashes(t *testing.T) {
+	gpu0 := devicefit.DeviceID(topology.DriverName, "n0", "gpu-0")
+	with := func(ix *claimIndex, uid types.UID) []string { return ix.sharers(uid, oneGPU)[gpu0].with }
+
+	ix := newClaimIndex()
+	ix.update(versioned(shareClaim("a", "gpu-0", 250), "1"))
+	ix.update(versioned(shareClaim("b", "gpu-0", 500), "2"))
+	if got := ix.update(versioned(shareClaim("c", "gpu-0", 500), "3")); !cmp.Equal(got, []types.UID{"claim-a", "claim-b"}) {
+		t.Errorf("a new share of gpu-0 syncs %v, want claim-a and claim-b", got)
+	}
+	if got := ix.update(versioned(shareClaim("c", "gpu-0", 500), "4")); len(got) > 0 {
+		t.Errorf("another event of the same share syncs %v, want none", got)
+	}
+	for uid, want := range map[types.UID][]string{"claim-a": {"default/c"}, "claim-b": {"default/c"}, "claim-c": {"default/a", "default/b"}} {
+		if got := with(ix, uid); !cmp.Equal(got, want) {
+			t.Errorf("%s clashes on gpu-0 with %v, want %v", uid, got, want)
+		}
+	}
+	if got := ix.sharers("claim-c", oneGPU)[gpu0].over; got != "milliGPU 1250 of 1k" {
+		t.Errorf("the clash says %q, want what the shares consume of the capacity", got)
+	}
+	if got := ix.sharers("claim-a", nil); len(got) > 0 {
+		t.Errorf("without capacities, shares clash: %v", got)
+	}
+	ix.remove("claim-c")
+	if got := ix.sharers("claim-a", oneGPU); len(got) > 0 {
+		t.Errorf("after the third share went, the two left (750 of 1000) clash: %v", got)
+	}
+
+	// The order is the API server's, not the names': a share taken last
+	// is the one over, whatever its name.
+	ix = newClaimIndex()
+	ix.update(versioned(shareClaim("z-running", "gpu-0", 500), "5"))
+	ix.update(versioned(shareClaim("y-innocent", "gpu-0", 250), "6"))
+	ix.update(versioned(shareClaim("a-racer", "gpu-0", 500), "7"))
+	if got := with(ix, "claim-z-running"); !cmp.Equal(got, []string{"default/a-racer"}) {
+		t.Errorf("the first share clashes with %v, want only the share over, default/a-racer", got)
+	}
+	if got := with(ix, "claim-a-racer"); !cmp.Equal(got, []string{"default/z-running", "default/y-innocent"}) {
+		t.Errorf("the share over clashes with %v, want the two that fit", got)
+	}
+
+	// A share beside the device held whole clashes whatever the capacity;
+	// the fence, which keeps count of devices held whole only, sees none.
+	if got := ix.update(versioned(foreignClaim("whole", "n0", "gpu-0"), "8")); len(got) != 3 {
+		t.Errorf("gpu-0 held whole beside three shares syncs %v, want the three sharers", got)
+	}
+	if got := ix.sharers("claim-y-innocent", nil)[gpu0].with; !cmp.Equal(got, []string{"default/whole"}) {
+		t.Errorf("a share beside the device held whole clashes with %v, want default/whole", got)
+	}
+	if got := ix.sharers("claim-whole", nil)[gpu0].with; len(got) != 3 {
+		t.Errorf("the device held whole clashes with %v, want the three sharers", got)
+	}
+	if got := ix.wholeSharers("claim-whole"); len(got) > 0 {
+		t.Errorf("the fence sees %v held whole by two claims; only one holds it whole", got)
+	}
+}
+
+// sharePod creates a pod of a ReplicaSet, bound to node and not started,
+// whose claim the scheduler allocated as a share of device consuming
+// milli milliGPU.
+func (h *harness) sharePod(name, node string, device structured.DeviceID, milli int64) {
+	h.t.Helper()
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name),
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs-" + name, UID: types.UID("rs-" + name), Controller: ptr.To(true)}}},
+		Spec: v1.PodSpec{NodeName: node, Containers: []v1.Container{{Name: "c", Image: "img"}}}}
+	h.create(p)
+	cl := foreignClaim(name, node, device.Device.String())
+	r := &cl.Status.Allocation.Devices.Results[0]
+	r.ShareID = ptr.To(types.UID("share-" + name))
+	r.ConsumedCapacity = milliGPU(milli)
+	cl.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: p.Name, UID: p.UID}}
+	h.create(cl)
+	h.settle()
+}
+
+// A Job's pod that runs on a share keeps it; of the shares the scheduler
+// added after it, the one that took the device past its capacity gives
+// way (its pod, not started, is deleted for its ReplicaSet to replace),
+// and the one that fitted stays.
+func TestShareClashWithARunningPodOnlyTheShareOverGivesWay(t *testing.T) {
+	h := newHarness(t, append(sharingNode(t, "s0"), job("q", 1))...)
+	h.addPod(jobPod("q", 0, "gpu-share-quarter", nil))
+	h.settle()
+	h.allocate("default/job/q")
+	h.place("default/job/q")
+	h.bind("q-0")
+	p := h.pod("q-0")
+	p.Status.Phase = v1.PodRunning
+	if _, err := h.client.CoreV1().Pods("default").UpdateStatus(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dev := h.sharedDevice("q-0")
+	h.sharePod("fits", "s0", dev, 250)
+	h.sharePod("over", "s0", dev, 1000)
+	h.sync("default/job/q")
+	if h.gone("q-0") {
+		t.Error("the running pod was deleted")
+	}
+	if !h.gone("over") {
+		t.Error("the pod whose share took the device past its capacity was not deleted")
+	}
+	if h.gone("fits") {
+		t.Error("the pod whose share fitted beside the running one was deleted")
+	}
 }

@@ -314,10 +314,18 @@ func (c *Controller) factsOf(ctx context.Context, m *member) facts {
 		f.releasable = c.canRelease(m)
 	}
 	for _, cl := range m.claims {
-		for dev, holders := range c.index.sharers(cl.UID, c.deviceCapacity) {
-			f.clash = fmt.Sprintf("device %s of claim %s is also allocated to %s", dev, cl.Name, strings.Join(holders, ", "))
-			for _, h := range holders {
-				f.others = append(f.others, c.consumers(h)...)
+		for dev, dc := range c.index.sharers(cl.UID, c.deviceCapacity) {
+			if dc.over != "" {
+				f.clash = fmt.Sprintf("the shares of device %s, of claim %s and of %s, consume more than it has (%s)", dev, cl.Name, strings.Join(dc.with, ", "), dc.over)
+			} else {
+				f.clash = fmt.Sprintf("device %s of claim %s is also allocated to %s", dev, cl.Name, strings.Join(dc.with, ", "))
+			}
+			for _, h := range dc.with {
+				for _, p := range c.consumers(h) {
+					if !slices.Contains(f.others, p) {
+						f.others = append(f.others, p)
+					}
+				}
 			}
 		}
 	}
@@ -327,12 +335,11 @@ func (c *Controller) factsOf(ctx context.Context, m *member) facts {
 	return f
 }
 
-// deviceCapacity is what a device of the newest tree offers to shares.
+// deviceCapacity is what a device of the tree, brought up to date,
+// offers to shares.
 func (c *Controller) deviceCapacity(id structured.DeviceID) (map[resourceapi.QualifiedName]resourceapi.DeviceCapacity, bool) {
-	c.mu.Lock()
-	cl := c.cluster
-	c.mu.Unlock()
-	if cl == nil {
+	cl, err := c.snapshotCluster()
+	if err != nil || cl == nil {
 		return nil, false
 	}
 	return cl.Capacity(id)
