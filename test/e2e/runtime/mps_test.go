@@ -212,14 +212,17 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 	if quit := all[len(all)-2]; quit.Kind != mpstest.Command || quit.Command != mps.CmdQuit || quit.VisibleDevices != uuid || quit.PipeDir != pipe {
 		t.Errorf("before the daemon ended the stand-in recorded %+v; want quit sent to %s's daemon", quit, uuid)
 	}
-	if _, err := os.Stat(filepath.Join(root, uuid)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("MPS directory of %s after the last share: %v; want it removed", uuid, err)
-	}
+	// After the daemon ends the plugin puts the compute mode back, then
+	// unmounts the tmpfs and removes the directory, in that order.
+	framework.Eventually(t, time.Minute, "MPS directory of "+uuid+" removed", func() (bool, string) {
+		_, err := os.Stat(filepath.Join(root, uuid))
+		return errors.Is(err, os.ErrNotExist), fmt.Sprintf("stat: %v", err)
+	})
 	if mounts, err := os.ReadFile("/proc/self/mountinfo"); err != nil || strings.Contains(string(mounts), " "+shm+" ") {
-		t.Errorf("the MPS tmpfs %s is still mounted after the last share (%v)", shm, err)
+		t.Errorf("the MPS tmpfs %s is still mounted after its directory went (%v)", shm, err)
 	}
 	if got := readMode(t, modeFile); got != gpu.ComputeModeDefault {
-		t.Errorf("compute mode of %s after its MPS daemon stopped: %q, want %s back", shared, got, gpu.ComputeModeDefault)
+		t.Errorf("compute mode of %s after its MPS directory went: %q, want %s back", shared, got, gpu.ComputeModeDefault)
 	}
 }
 
