@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"encoding/json"
 	"sync"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -42,6 +43,11 @@ type interner struct {
 	prevInts  map[int64]*int64
 	yes, no   *bool
 	rotations int
+	// caps and prevCaps hold one copy of each distinct capacity map, by
+	// its JSON form: every GPU of a model publishes the same capacity
+	// (its memory, and milliGPU when shared), so their devices share one
+	// map. They forget in generations like strs.
+	caps, prevCaps map[string]map[resourceapi.QualifiedName]resourceapi.DeviceCapacity
 }
 
 // internerLimit is how many distinct strings one generation holds: about
@@ -51,7 +57,8 @@ const internerLimit = 1 << 17
 
 func newInterner(limit int) *interner {
 	t, f := true, false
-	return &interner{limit: limit, strs: map[string]*string{}, ints: map[int64]*int64{}, yes: &t, no: &f}
+	return &interner{limit: limit, strs: map[string]*string{}, ints: map[int64]*int64{}, yes: &t, no: &f,
+		caps: map[string]map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{}}
 }
 
 // str returns the canonical pointer to s's value. Called with mu held.
@@ -136,17 +143,39 @@ func (in *interner) device(d *resourceapi.Device) {
 		d.Attributes = attrs
 	}
 	if d.Capacity != nil {
-		capacity := make(map[resourceapi.QualifiedName]resourceapi.DeviceCapacity, len(d.Capacity))
-		for k, c := range d.Capacity {
-			capacity[resourceapi.QualifiedName(*in.str(string(k)))] = c
-		}
-		d.Capacity = capacity
+		d.Capacity = in.capacity(d.Capacity)
 	}
 	for i := range d.ConsumesCounters {
 		cc := &d.ConsumesCounters[i]
 		cc.CounterSet = *in.str(cc.CounterSet)
 		cc.Counters = in.counters(cc.Counters)
 	}
+}
+
+// capacity returns the canonical map equal to m. Called with mu held.
+func (in *interner) capacity(m map[resourceapi.QualifiedName]resourceapi.DeviceCapacity) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
+	// encoding/json writes a map's keys sorted, and a Quantity in its
+	// canonical form, so equal maps have one key.
+	b, err := json.Marshal(m)
+	if err != nil {
+		return m
+	}
+	key := string(b)
+	if c, ok := in.caps[key]; ok {
+		return c
+	}
+	c, ok := in.prevCaps[key]
+	if !ok {
+		c = make(map[resourceapi.QualifiedName]resourceapi.DeviceCapacity, len(m))
+		for k, v := range m {
+			c[resourceapi.QualifiedName(*in.str(string(k)))] = v
+		}
+	}
+	if len(in.caps) >= in.limit {
+		in.prevCaps, in.caps = in.caps, make(map[string]map[resourceapi.QualifiedName]resourceapi.DeviceCapacity, len(in.caps))
+	}
+	in.caps[key] = c
+	return c
 }
 
 func (in *interner) counters(m map[string]resourceapi.Counter) map[string]resourceapi.Counter {
