@@ -16,7 +16,12 @@ import (
 
 // shareClaim holds milli thousandths of a shared GPU of node n0.
 func shareClaim(name, device string, milli int64) *resourceapi.ResourceClaim {
-	c := foreignClaim(name, "n0", device)
+	return shareClaimOn(name, "n0", device, milli)
+}
+
+// shareClaimOn holds milli thousandths of a shared GPU of node.
+func shareClaimOn(name, node, device string, milli int64) *resourceapi.ResourceClaim {
+	c := foreignClaim(name, node, device)
 	r := &c.Status.Allocation.Devices.Results[0]
 	r.ShareID = ptr.To(types.UID("share-" + name))
 	r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{topology.CapacityMilliGPU: *resource.NewQuantity(milli, resource.DecimalSI)}

@@ -42,20 +42,7 @@ func testObjects(t testing.TB) []any {
 		t.Fatal(err)
 	}
 	for i := range 4 {
-		name := fmt.Sprintf("n%d", i)
-		labels := map[string]string{topology.LabelTopographLeaf: fmt.Sprintf("leaf-%d", i/2), topology.LabelTopographSpine: "spine-0", v1.LabelHostname: "host-" + name}
-		objs = append(objs, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
-			Status: v1.NodeStatus{
-				Conditions:  []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}},
-				Allocatable: v1.ResourceList{v1.ResourcePods: resource.MustParse("110"), v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi")},
-			}})
-		res, err := slices.Build(p.Inventory(name), slices.Node{Name: name, Labels: labels}, slices.DefaultConfig(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, s := range slices.Objects(name, res) {
-			objs = append(objs, s)
-		}
+		objs = append(objs, gpuNode(t, p, fmt.Sprintf("n%d", i), fmt.Sprintf("leaf-%d", i/2), slices.DefaultConfig())...)
 	}
 	dc, err := specs.DeviceClass()
 	if err != nil {
@@ -69,6 +56,26 @@ func testObjects(t testing.TB) []any {
 		}
 		tmpl.Namespace = "default"
 		objs = append(objs, tmpl)
+	}
+	return objs
+}
+
+// gpuNode is a Ready node of profile p in leaf of spine-0, with the
+// slices its kubelet plugin publishes under cfg.
+func gpuNode(t testing.TB, p *sim.Profile, name, leaf string, cfg slices.Config) []any {
+	t.Helper()
+	labels := map[string]string{topology.LabelTopographLeaf: leaf, topology.LabelTopographSpine: "spine-0", v1.LabelHostname: "host-" + name}
+	objs := []any{&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		Status: v1.NodeStatus{
+			Conditions:  []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}},
+			Allocatable: v1.ResourceList{v1.ResourcePods: resource.MustParse("110"), v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi")},
+		}}}
+	res, err := slices.Build(p.Inventory(name), slices.Node{Name: name, Labels: labels}, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range slices.Objects(name, res) {
+		objs = append(objs, s)
 	}
 	return objs
 }

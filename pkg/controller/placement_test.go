@@ -184,11 +184,17 @@ func (h *harness) racer(node string, devices []string) *v1.Pod {
 	for _, d := range devices {
 		names = append(names, d[strings.LastIndex(d, "/")+1:])
 	}
-	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "racer", Namespace: "default", UID: "racer",
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs", UID: "rs", Controller: ptr.To(true)}}},
+	return h.foreignPod("racer", node, foreignClaim("racer", node, names...))
+}
+
+// foreignPod creates pod name of a ReplicaSet, bound to node and not
+// started, and its claim, allocated by the scheduler and reserved for it.
+func (h *harness) foreignPod(name, node string, cl *resourceapi.ResourceClaim) *v1.Pod {
+	h.t.Helper()
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name),
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs-" + name, UID: types.UID("rs-" + name), Controller: ptr.To(true)}}},
 		Spec: v1.PodSpec{NodeName: node, Containers: []v1.Container{{Name: "c", Image: "img"}}}}
 	h.create(p)
-	cl := foreignClaim("racer", node, names...)
 	cl.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: p.Name, UID: p.UID}}
 	h.create(cl)
 	h.settle()

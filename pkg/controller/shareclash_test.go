@@ -7,11 +7,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/structured"
-	"k8s.io/utils/ptr"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 	specs "github.com/gputopo/gputopo/demo/specs"
@@ -29,21 +27,9 @@ func sharingNode(t *testing.T, name string) []any {
 	if err != nil {
 		t.Fatal(err)
 	}
-	labels := map[string]string{topology.LabelTopographLeaf: "leaf-1", topology.LabelTopographSpine: "spine-0", v1.LabelHostname: "host-" + name}
-	objs := []any{&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
-		Status: v1.NodeStatus{
-			Conditions:  []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}},
-			Allocatable: v1.ResourceList{v1.ResourcePods: resource.MustParse("110"), v1.ResourceCPU: resource.MustParse("64"), v1.ResourceMemory: resource.MustParse("512Gi")},
-		}}}
 	cfg := slices.DefaultConfig()
 	cfg.Sharing = slices.Sharing{Indexes: []int{0, 1}}
-	res, err := slices.Build(p.Inventory(name), slices.Node{Name: name, Labels: labels}, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range slices.Objects(name, res) {
-		objs = append(objs, s)
-	}
+	objs := gpuNode(t, p, name, "leaf-1", cfg)
 	tmpl, err := specs.ClaimTemplate("gpu-share-quarter")
 	if err != nil {
 		t.Fatal(err)
@@ -85,11 +71,7 @@ func TestShareClashBeforeGatesOpenIsReplanned(t *testing.T) {
 			h.settle()
 			h.allocate("default/job/q")
 			dev := h.sharedDevice("q-0")
-			other := foreignClaim("racer", "s0", dev.Device.String())
-			r := &other.Status.Allocation.Devices.Results[0]
-			r.ShareID = ptr.To(types.UID("racer-share"))
-			r.ConsumedCapacity = milliGPU(tc.milli)
-			h.create(other)
+			h.create(shareClaimOn("racer", "s0", dev.Device.String(), tc.milli))
 			h.settle()
 			time.Sleep(h.c.cfg.SettleDelay)
 			h.place("default/job/q")
@@ -108,10 +90,6 @@ func TestShareClashBeforeGatesOpenIsReplanned(t *testing.T) {
 			}
 		})
 	}
-}
-
-func milliGPU(m int64) map[resourceapi.QualifiedName]resource.Quantity {
-	return map[resourceapi.QualifiedName]resource.Quantity{topology.CapacityMilliGPU: *resource.NewQuantity(m, resource.DecimalSI)}
 }
 
 // versioned sets the claim's resourceVersion.
@@ -184,24 +162,6 @@ func TestClaimIndexShareClashes(t *testing.T) {
 	}
 }
 
-// sharePod creates a pod of a ReplicaSet, bound to node and not started,
-// whose claim the scheduler allocated as a share of device consuming
-// milli milliGPU.
-func (h *harness) sharePod(name, node string, device structured.DeviceID, milli int64) {
-	h.t.Helper()
-	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name),
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs-" + name, UID: types.UID("rs-" + name), Controller: ptr.To(true)}}},
-		Spec: v1.PodSpec{NodeName: node, Containers: []v1.Container{{Name: "c", Image: "img"}}}}
-	h.create(p)
-	cl := foreignClaim(name, node, device.Device.String())
-	r := &cl.Status.Allocation.Devices.Results[0]
-	r.ShareID = ptr.To(types.UID("share-" + name))
-	r.ConsumedCapacity = milliGPU(milli)
-	cl.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: p.Name, UID: p.UID}}
-	h.create(cl)
-	h.settle()
-}
-
 // A Job's pod that runs on a share keeps it; of the shares the scheduler
 // added after it, the one that took the device past its capacity gives
 // way (its pod, not started, is deleted for its ReplicaSet to replace),
@@ -219,8 +179,8 @@ func TestShareClashWithARunningPodOnlyTheShareOverGivesWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	dev := h.sharedDevice("q-0")
-	h.sharePod("fits", "s0", dev, 250)
-	h.sharePod("over", "s0", dev, 1000)
+	h.foreignPod("fits", "s0", shareClaimOn("fits", "s0", dev.Device.String(), 250))
+	h.foreignPod("over", "s0", shareClaimOn("over", "s0", dev.Device.String(), 1000))
 	h.sync("default/job/q")
 	if h.gone("q-0") {
 		t.Error("the running pod was deleted")
