@@ -8,6 +8,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+
+	"github.com/gputopo/gputopo/pkg/planner"
+	"github.com/gputopo/gputopo/pkg/slicepack"
 )
 
 // The informers' caches are most of the controller's memory, and on a GPU
@@ -105,9 +108,17 @@ func (in *interner) strPtr(p *string) *string {
 	return in.str(*p)
 }
 
-// slice makes s share its names and values with the slices compacted
-// before it. Every field keeps its value.
+// slice packs the attributes of a node-local slice's devices
+// (slicepack: the planner unpacks the nodes it reads) and makes s share
+// its names and values with the slices compacted before it. Every field
+// keeps its value, unpacked.
 func (in *interner) slice(s *resourceapi.ResourceSlice) {
+	if _, local := planner.NodeLocal(s); local {
+		// A slice that cannot be packed stays as it came.
+		_ = slicepack.Pack(s)
+	} else {
+		slicepack.Strip(s)
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	spec := &s.Spec

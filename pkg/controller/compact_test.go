@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/pkg/planner"
+	"github.com/gputopo/gputopo/pkg/slicepack"
 )
 
 // decodeSlices returns slices as the informer receives them from the API
@@ -77,8 +78,10 @@ func richSlice() *resourceapi.ResourceSlice {
 
 // What the allocator, the tracker and the taint logic read of a slice
 // is all still there after the cache transform, equal to what the API
-// server sent; only the managed fields are gone. The names and values
-// the devices of different slices have in common are one copy.
+// server sent; only the managed fields are gone. A node-local slice holds
+// its devices' attributes packed, and unpacks to what was sent; one
+// local to no node keeps them in place, and the names and values the
+// devices of different slices have in common are one copy.
 func TestCacheTransformKeepsEverySliceField(t *testing.T) {
 	var in []*resourceapi.ResourceSlice
 	for _, o := range append(testObjects(t), richSlice()) {
@@ -86,20 +89,58 @@ func TestCacheTransformKeepsEverySliceField(t *testing.T) {
 			in = append(in, s)
 		}
 	}
+	// Two slices local to no node, and a third that arrives with the
+	// annotation packed attributes are kept in, which must not be read.
+	for i, name := range []string{"shared-a", "shared-b"} {
+		s := in[i].DeepCopy()
+		s.Name, s.Spec.NodeName, s.Spec.AllNodes, s.Spec.Pool.Name = name, nil, ptr.To(true), name
+		in = append(in, s)
+	}
+	forged := in[0].DeepCopy()
+	forged.Name, forged.Annotations = "forged", map[string]string{slicepack.Annotation: "not protobuf", "keep": "me"}
+	forged.Spec.NodeName, forged.Spec.AllNodes, forged.Spec.Pool.Name = nil, ptr.To(true), "forged"
+	in = append(in, forged)
 	want, got := decodeSlices(t, in), decodeSlices(t, in)
 	transform := cacheTransform(newInterner(internerLimit))
+	var packed int
 	for i := range got {
 		if _, err := transform(got[i]); err != nil {
 			t.Fatal(err)
 		}
 		want[i].ManagedFields = nil
+		if want[i].Name == "forged" {
+			want[i].Annotations = map[string]string{"keep": "me"}
+		}
+		_, local := planner.NodeLocal(got[i])
+		if slicepack.Packed(got[i]) != local {
+			t.Errorf("slice %s: packed %t, node-local %t: want node-local slices packed, no other", got[i].Name, slicepack.Packed(got[i]), local)
+		}
+		if local {
+			packed++
+			for _, d := range got[i].Spec.Devices {
+				if d.Attributes != nil {
+					t.Errorf("slice %s device %s: the cache holds its attribute map beside the packed one", got[i].Name, d.Name)
+				}
+			}
+		}
+		u, err := slicepack.Unpack(got[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[i] = u
+	}
+	if packed < 3 {
+		t.Fatalf("%d slices packed, want the node-local ones (at least 3)", packed)
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("the cached slices differ from the API server's (-want +got):\n%s", diff)
 	}
-	// Two nodes' first GPUs: every attribute name, and the values they
-	// share, at one address.
-	a, b := got[0].Spec.Devices[0], got[1].Spec.Devices[0]
+	// The two slices local to no node: their first GPUs' every
+	// attribute name, and the values they share, at one address.
+	a, b := got[len(got)-3].Spec.Devices[0], got[len(got)-2].Spec.Devices[0]
+	if len(a.Attributes) == 0 {
+		t.Fatal("the slices local to no node have no attributes to compare")
+	}
 	for k, va := range a.Attributes {
 		vb, ok := b.Attributes[k]
 		if !ok {
@@ -243,10 +284,10 @@ func cachedSliceHeap(tb testing.TB, nodes int, transform func(any) (any, error))
 	return float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(devices)
 }
 
-// The cache holds a device in less memory than the API server's objects
-// decoded as they come: the names and values devices share are shared.
-// Most of what is left is the attribute map itself, whose size the
-// resource.k8s.io/v1 types fix (docs/benchmarks.md, "Controller memory").
+// The cache holds a device in a fraction of the memory of the API
+// server's objects decoded as they come: a node-local slice's attributes
+// are packed (a map of 20 attributes is about 5 KB decoded, a few hundred
+// bytes packed), and the names and values devices share are shared.
 func TestCachedSliceHeapPerDevice(t *testing.T) {
 	// What other goroutines allocate meanwhile only adds to a
 	// measurement: the smaller of two is the closer.
@@ -256,12 +297,10 @@ func TestCachedSliceHeapPerDevice(t *testing.T) {
 	plain := least(dropManagedFields)
 	compact := least(cacheTransform(newInterner(internerLimit)))
 	t.Logf("live heap per cached device: %.0f B as decoded, %.0f B in the cache", plain, compact)
-	// 61–76 % in most runs, 92 % in a few (docs/benchmarks.md); 87 % with
-	// only names and values shared, 1.0 when nothing is shared. The
-	// measurement is noisy: TestInternerSharesCapacityMaps checks the
-	// sharing itself.
-	if compact > 0.93*plain {
-		t.Errorf("a cached device takes %.0f B, as decoded %.0f B: want at most 93 %%", compact, plain)
+	// About 13 % with the attributes packed (docs/benchmarks.md); 61–92 %
+	// with only names, values and capacities shared, 1.0 when nothing is.
+	if compact > 0.30*plain {
+		t.Errorf("a cached device takes %.0f B, as decoded %.0f B: want at most 30 %%", compact, plain)
 	}
 }
 

@@ -266,7 +266,9 @@ func (c *Cluster) addNode(in *NodeInfo, l *leaf, s *spine) (int, error) {
 		}
 		c.devIndex[id] = devRef{node: int32(n.idx), pos: int32(pos)}
 	}
-	c.sigs.add(n)
+	if err := c.sigs.add(n); err != nil {
+		return 0, err
+	}
 	c.byName[in.Name] = n.idx
 	c.nodes = append(c.nodes, n)
 	return n.idx, nil

@@ -654,7 +654,10 @@ func (st *state) confirm(c choice, pod Pod) ([]resourceapi.AllocationResult, err
 	if len(pod.Claims) == 0 {
 		return []resourceapi.AllocationResult{}, nil
 	}
-	slices := st.c.slicesFor(nd)
+	slices, err := st.c.slicesFor(nd)
+	if err != nil {
+		return nil, err
+	}
 	if c.gpu != "" {
 		slices = only(slices, c.gpu)
 	}

@@ -359,7 +359,11 @@ func (f *fitter) fit(n, sh int, extra bitset, t taken) (fitResult, error) {
 	r := fitResult{ok: true}
 	if len(s.claims) > 0 {
 		f.runs++
-		results, err := f.eval.AllocateOn(f.ctx, nd.obj, f.c.slicesFor(nd), f.state(n, used, t, nil), s.claims)
+		sls, err := f.c.slicesFor(nd)
+		if err != nil {
+			return fitResult{}, err
+		}
+		results, err := f.eval.AllocateOn(f.ctx, nd.obj, sls, f.state(n, used, t, nil), s.claims)
 		if err != nil {
 			if ctxErr := f.ctx.Err(); ctxErr != nil {
 				return fitResult{}, ctxErr
@@ -485,7 +489,11 @@ func (f *fitter) fitsEmpty(n, sh int) (bool, error) {
 		return false, err
 	}
 	f.runs++
-	results, err := f.eval.AllocateOn(f.ctx, nd.obj, f.c.slicesFor(nd), structured.AllocatedState{AllocatedDevices: devicefit.Allocated{}}, s.claims)
+	sls, err := f.c.slicesFor(nd)
+	if err != nil {
+		return false, err
+	}
+	results, err := f.eval.AllocateOn(f.ctx, nd.obj, sls, structured.AllocatedState{AllocatedDevices: devicefit.Allocated{}}, s.claims)
 	if err != nil {
 		if ctxErr := f.ctx.Err(); ctxErr != nil {
 			return false, ctxErr

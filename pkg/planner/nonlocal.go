@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
+	"github.com/gputopo/gputopo/pkg/slicepack"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
@@ -171,13 +172,29 @@ func (r reach) uses() bool { return r.broken || r.mask != nil }
 // and, where it can use any, every non-local one, as the scheduler gives
 // them all (a pool split over slices of different nodes needs all of
 // them to be complete).
-func (c *Cluster) slicesFor(nd *node) []*resourceapi.ResourceSlice {
-	if !nd.reach.uses() {
-		return nd.slices
+//
+// A node's slices may be packed (pkg/slicepack): what it returns is
+// unpacked, through a cache of the slices last unpacked.
+func (c *Cluster) slicesFor(nd *node) ([]*resourceapi.ResourceSlice, error) {
+	own, err := unpacked.UnpackAll(nd.slices)
+	if err != nil {
+		return nil, err
 	}
-	out := make([]*resourceapi.ResourceSlice, 0, len(nd.slices)+len(c.shared.slices))
-	return append(append(out, nd.slices...), c.shared.slices...)
+	if !nd.reach.uses() {
+		return own, nil
+	}
+	out := make([]*resourceapi.ResourceSlice, 0, len(own)+len(c.shared.slices))
+	return append(append(out, own...), c.shared.slices...), nil
 }
+
+// unpacked unpacks the slices the allocator and node signatures read. A
+// plan reads few nodes' slices (one allocator run answers for every node
+// of a signature), so a few hundred nodes' worth are kept.
+var unpacked = slicepack.NewCache(unpackedSlices)
+
+// unpackedSlices is how many unpacked slices the cache keeps: 512 slices
+// of an eight-GPU node with 20 attributes per GPU are about 20 MiB.
+const unpackedSlices = 512
 
 // sharedPos finds a non-local device's shared position.
 func (c *Cluster) sharedPos(id structured.DeviceID) (int, bool) {

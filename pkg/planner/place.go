@@ -199,7 +199,11 @@ func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, 
 						}
 					}
 				}
-				results, err = st.f.eval.AllocateOn(st.f.ctx, nd.obj, st.c.slicesFor(nd), st.f.state(n, st.f.base[n], taken{}, more), pod.Claims)
+				sls, err := st.c.slicesFor(nd)
+				if err != nil {
+					return nil, err
+				}
+				results, err = st.f.eval.AllocateOn(st.f.ctx, nd.obj, sls, st.f.state(n, st.f.base[n], taken{}, more), pod.Claims)
 				if err != nil {
 					if ctxErr := st.f.ctx.Err(); ctxErr != nil {
 						return nil, ctxErr

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gputopo/gputopo/pkg/slicepack"
 )
 
 // Node signatures let one allocator run answer for many nodes. Two nodes
@@ -120,11 +122,18 @@ func (s *signatures) id(b []byte) int32 {
 }
 
 // add computes n's signature; it runs in NewCluster, once per node.
-func (s *signatures) add(n *node) {
+func (s *signatures) add(n *node) error {
+	// Signatures are computed once per node, for every node of the
+	// tree: what they unpack is not kept.
+	var uncached *slicepack.Cache
+	full, err := uncached.UnpackAll(n.slices)
+	if err != nil {
+		return err
+	}
 	b := s.core[:0]
 	cacheable := true
 	var pools []string
-	for _, sl := range n.slices {
+	for _, sl := range full {
 		if k := sl.Spec.Driver + "\x00" + sl.Spec.Pool.Name; !slices.Contains(pools, k) {
 			pools = append(pools, k)
 		}
@@ -134,7 +143,7 @@ func (s *signatures) add(n *node) {
 		v.buf, v.offs, v.seen = v.buf[:0], v.offs[:0], false
 	}
 	pos := 0
-	for _, sl := range n.slices {
+	for _, sl := range full {
 		spec := &sl.Spec
 		if len(spec.SharedCounters) > 0 || spec.PartitionTypeAttribute != nil || len(spec.SkipNodeOperations) > 0 {
 			cacheable = false
@@ -206,6 +215,7 @@ func (s *signatures) add(n *node) {
 		pairs = append(pairs, [3]int32{int32(idx), s.id(v.buf), pat})
 	}
 	s.pending = append(s.pending, pairs)
+	return nil
 }
 
 func (s *signatures) sorted(m map[resourceapi.QualifiedName]resourceapi.DeviceCapacity) []resourceapi.QualifiedName {

@@ -114,6 +114,11 @@ const (
 	LabelFence            = "gputopo.dev/fence"
 	FenceRulePrefix       = "gputopo-fence-"
 	AnnotationFenceReason = "gputopo.dev/fence-reason"
+	// AnnotationPackedAttributes holds, in the controller's memory only,
+	// the device attributes of a cached ResourceSlice in protobuf form
+	// (pkg/slicepack). It is never written to the API server; one a slice
+	// arrives with is dropped.
+	AnnotationPackedAttributes = "gputopo.dev/packed-attributes"
 )
 
 // Node labels that mark a node with an NVIDIA GPU, written by NVIDIA's GPU
