@@ -1,11 +1,14 @@
 package controller
 
 import (
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/spf13/pflag"
 
 	"github.com/gputopo/gputopo/internal/readmetest"
+	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 // The README's table of the controller's flags has a row for every flag,
@@ -41,5 +44,25 @@ func TestReadmeDocumentsTheControllerFlags(t *testing.T) {
 	}
 	if checked < 12 {
 		t.Errorf("only %d documented defaults compared; the table's format may have changed", checked)
+	}
+}
+
+// The names the controller puts on objects of others' (DeviceTaintRules
+// it writes, slices in its cache) are rows of the README's reference.
+func TestReadmeDocumentsTheControllerNames(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if cells := strings.Split(line, "|"); len(cells) > 2 && strings.HasPrefix(line, "| `") {
+			rows[strings.Trim(strings.TrimSpace(cells[1]), "`")] = true
+		}
+	}
+	for _, name := range []string{topology.LabelFence, topology.AnnotationFenceReason, topology.AnnotationPackedAttributes} {
+		if !rows[name] {
+			t.Errorf("README.md has no reference table row for %s", name)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/gpu/sim"
 	"github.com/gputopo/gputopo/pkg/planner"
+	"github.com/gputopo/gputopo/pkg/slicepack"
 	"github.com/gputopo/gputopo/pkg/slices"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -197,6 +198,30 @@ func resources(pairs ...string) v1.ResourceList {
 		out[v1.ResourceName(pairs[i])] = resource.MustParse(pairs[i+1])
 	}
 	return out
+}
+
+// PackedObj is Obj with every slice packed, as the controller caches
+// them (pkg/slicepack).
+func (b *clusterBuilder) PackedObj(t testing.TB) *planner.Cluster {
+	t.Helper()
+	infos := b.Infos(t)
+	for i := range infos {
+		for j, s := range infos[i].Slices {
+			s = s.DeepCopy()
+			if err := slicepack.Pack(s); err != nil {
+				t.Fatal(err)
+			}
+			if !slicepack.Packed(s) {
+				t.Fatalf("slice %s was not packed", s.Name)
+			}
+			infos[i].Slices[j] = s
+		}
+	}
+	c, err := planner.NewCluster(infos, b.order)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func (b *clusterBuilder) Obj(t testing.TB) *planner.Cluster {

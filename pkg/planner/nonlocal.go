@@ -174,11 +174,15 @@ func (r reach) uses() bool { return r.broken || r.mask != nil }
 // them to be complete).
 //
 // A node's slices may be packed (pkg/slicepack): what it returns is
-// unpacked, through a cache of the slices last unpacked.
+// unpacked, as the tree keeps them for a node without a signature, or
+// through a cache of the slices last unpacked.
 func (c *Cluster) slicesFor(nd *node) ([]*resourceapi.ResourceSlice, error) {
-	own, err := unpacked.UnpackAll(nd.slices)
-	if err != nil {
-		return nil, err
+	own := nd.unpacked
+	if own == nil {
+		var err error
+		if own, err = unpacked.UnpackAll(nd.slices); err != nil {
+			return nil, err
+		}
 	}
 	if !nd.reach.uses() {
 		return own, nil

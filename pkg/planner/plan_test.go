@@ -168,18 +168,28 @@ func TestPlan(t *testing.T) {
 		},
 	}
 	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			c := tc.cluster.Obj(t)
-			alloc := devicefit.Allocated{}
-			if tc.allocated != nil {
-				alloc = tc.allocated.Obj()
+		// Every case again on slices packed as the controller caches
+		// them (pkg/slicepack): the plans must not change.
+		for _, packed := range []bool{false, true} {
+			if packed {
+				name += "/packed"
 			}
-			plan, err := newPlanner(t).Plan(context.Background(), planner.NewSnapshot(c, alloc), nil, tc.job(t))
-			checkPlan(t, plan, err, tc.want, tc.wantErr)
-			if tc.wantReason != "" && plan != nil && !hasReason(plan.Reasons, tc.wantReason) {
-				t.Errorf("no reason contains %q:\n%s", tc.wantReason, strings.Join(plan.Reasons, "\n"))
-			}
-		})
+			t.Run(name, func(t *testing.T) {
+				c := tc.cluster.Obj(t)
+				if packed {
+					c = tc.cluster.PackedObj(t)
+				}
+				alloc := devicefit.Allocated{}
+				if tc.allocated != nil {
+					alloc = tc.allocated.Obj()
+				}
+				plan, err := newPlanner(t).Plan(context.Background(), planner.NewSnapshot(c, alloc), nil, tc.job(t))
+				checkPlan(t, plan, err, tc.want, tc.wantErr)
+				if tc.wantReason != "" && plan != nil && !hasReason(plan.Reasons, tc.wantReason) {
+					t.Errorf("no reason contains %q:\n%s", tc.wantReason, strings.Join(plan.Reasons, "\n"))
+				}
+			})
+		}
 	}
 }
 

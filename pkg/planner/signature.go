@@ -121,14 +121,15 @@ func (s *signatures) id(b []byte) int32 {
 	return v
 }
 
-// add computes n's signature; it runs in NewCluster, once per node.
-func (s *signatures) add(n *node) error {
+// add computes n's signature; it runs in NewCluster, once per node. It
+// returns n's slices unpacked (n.slices itself when none is packed).
+func (s *signatures) add(n *node) ([]*resourceapi.ResourceSlice, error) {
 	// Signatures are computed once per node, for every node of the
 	// tree: what they unpack is not kept.
 	var uncached *slicepack.Cache
 	full, err := uncached.UnpackAll(n.slices)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	b := s.core[:0]
 	cacheable := true
@@ -215,7 +216,7 @@ func (s *signatures) add(n *node) error {
 		pairs = append(pairs, [3]int32{int32(idx), s.id(v.buf), pat})
 	}
 	s.pending = append(s.pending, pairs)
-	return nil
+	return full, nil
 }
 
 func (s *signatures) sorted(m map[resourceapi.QualifiedName]resourceapi.DeviceCapacity) []resourceapi.QualifiedName {

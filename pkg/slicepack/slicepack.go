@@ -18,7 +18,9 @@
 package slicepack
 
 import (
+	"crypto/rand"
 	"fmt"
+	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/utils/lru"
@@ -29,11 +31,23 @@ import (
 // Annotation holds a packed slice's device attributes.
 const Annotation = topology.AnnotationPackedAttributes
 
+// mark starts every value Pack writes: random, made when the process
+// starts, so a value the API server sent under the same name is never
+// taken for one.
+var mark = func() string {
+	return "gputopo-packed:" + rand.Text() + ":"
+}()
+
 // Pack moves the attributes of every device of s into Annotation, in
 // place. A slice without attributes stays as it is. An Annotation the
 // slice came with is dropped first, so that only what Pack wrote is ever
-// unpacked.
+// unpacked. Packing a slice Pack packed before changes nothing: informer
+// transforms must be idempotent (client-go's streaming list runs them
+// twice on every listed object).
 func Pack(s *resourceapi.ResourceSlice) error {
+	if Packed(s) {
+		return nil
+	}
 	Strip(s)
 	any := false
 	for i := range s.Spec.Devices {
@@ -57,7 +71,7 @@ func Pack(s *resourceapi.ResourceSlice) error {
 	for k, v := range s.Annotations {
 		ann[k] = v
 	}
-	ann[Annotation] = string(b)
+	ann[Annotation] = mark + string(b)
 	s.Annotations = ann
 	for i := range s.Spec.Devices {
 		s.Spec.Devices[i].Attributes = nil
@@ -82,22 +96,21 @@ func Strip(s *resourceapi.ResourceSlice) {
 	s.Annotations = ann
 }
 
-// Packed reports whether s holds its attributes in Annotation.
+// Packed reports whether s holds its attributes in Annotation, written
+// by Pack in this process.
 func Packed(s *resourceapi.ResourceSlice) bool {
-	_, ok := s.Annotations[Annotation]
-	return ok
+	return strings.HasPrefix(s.Annotations[Annotation], mark)
 }
 
 // Unpack returns s with its devices' attributes back in place: s itself
 // when it is not packed, otherwise a copy that shares everything but the
 // device list and its annotations with s, which stays unchanged.
 func Unpack(s *resourceapi.ResourceSlice) (*resourceapi.ResourceSlice, error) {
-	packed, ok := s.Annotations[Annotation]
-	if !ok {
+	if !Packed(s) {
 		return s, nil
 	}
 	var spec resourceapi.ResourceSliceSpec
-	if err := spec.Unmarshal([]byte(packed)); err != nil {
+	if err := spec.Unmarshal([]byte(strings.TrimPrefix(s.Annotations[Annotation], mark))); err != nil {
 		return nil, fmt.Errorf("unpack the attributes of ResourceSlice %s: %w", s.Name, err)
 	}
 	if len(spec.Devices) != len(s.Spec.Devices) {

@@ -56,6 +56,14 @@ func TestPackUnpackRoundTrip(t *testing.T) {
 		t.Errorf("Pack lost the slice's own annotation: %v", s.Annotations)
 	}
 	packedCopy := s.DeepCopy()
+	// Informer transforms run twice on listed objects: packing again
+	// changes nothing.
+	if err := Pack(s); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(packedCopy, s); diff != "" {
+		t.Errorf("packing a packed slice changed it (-once +twice):\n%s", diff)
+	}
 	u, err := Unpack(s)
 	if err != nil {
 		t.Fatal(err)
@@ -87,8 +95,17 @@ func TestPackRejectsWhatItDidNotWrite(t *testing.T) {
 		t.Errorf("Unpack of a slice that is not packed: %p, %v; want the slice itself", u, err)
 	}
 
+	foreign := gpuSlice("node-f")
+	foreign.Annotations[Annotation] = "gputopo-packed:guess:\x0a\x00"
+	if Packed(foreign) {
+		t.Error("a value Pack did not write counts as packed")
+	}
+	if u, err := Unpack(foreign); err != nil || u != foreign {
+		t.Errorf("Unpack of a slice with a foreign value: %p, %v; want the slice itself", u, err)
+	}
+
 	bad := gpuSlice("node-b")
-	bad.Annotations[Annotation] = "\xff\xff not protobuf"
+	bad.Annotations[Annotation] = mark + "\xff\xff not protobuf"
 	if _, err := Unpack(bad); err == nil || !strings.Contains(err.Error(), "node-b") {
 		t.Errorf("Unpack of a corrupt form: %v; want an error naming the slice", err)
 	}
