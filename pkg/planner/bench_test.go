@@ -10,9 +10,11 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/planner"
+	"github.com/gputopo/gputopo/pkg/slicepack"
 )
 
 // bigCluster is 10 spines × 50 leaves × 8 dgx-h100 nodes: 4,000 nodes and
@@ -172,6 +174,30 @@ func BenchmarkNewCluster4000Nodes(b *testing.B) {
 	infos, _ := bigCluster()
 	for b.Loop() {
 		if _, err := planner.NewCluster(infos, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkNewCluster4000NodesPacked is BenchmarkNewCluster4000Nodes on
+// slices packed as the controller caches them (pkg/slicepack): every
+// node's signature unpacks its slices.
+func BenchmarkNewCluster4000NodesPacked(b *testing.B) {
+	infos, _ := bigCluster()
+	packed := make([]planner.NodeInfo, len(infos))
+	for i, in := range infos {
+		packed[i] = in
+		packed[i].Slices = make([]*resourceapi.ResourceSlice, len(in.Slices))
+		for j, s := range in.Slices {
+			s = s.DeepCopy()
+			if err := slicepack.Pack(s); err != nil {
+				b.Fatal(err)
+			}
+			packed[i].Slices[j] = s
+		}
+	}
+	for b.Loop() {
+		if _, err := planner.NewCluster(packed, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

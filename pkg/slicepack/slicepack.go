@@ -59,19 +59,12 @@ func Pack(s *resourceapi.ResourceSlice) error {
 	if !any {
 		return nil
 	}
-	spec := resourceapi.ResourceSliceSpec{Devices: make([]resourceapi.Device, len(s.Spec.Devices))}
-	for i := range s.Spec.Devices {
-		spec.Devices[i] = resourceapi.Device{Name: s.Spec.Devices[i].Name, Attributes: s.Spec.Devices[i].Attributes}
-	}
-	b, err := spec.Marshal()
-	if err != nil {
-		return fmt.Errorf("pack the attributes of ResourceSlice %s: %w", s.Name, err)
-	}
+	b := encode([]byte(mark), s.Spec.Devices)
 	ann := make(map[string]string, len(s.Annotations)+1)
 	for k, v := range s.Annotations {
 		ann[k] = v
 	}
-	ann[Annotation] = mark + string(b)
+	ann[Annotation] = string(b)
 	s.Annotations = ann
 	for i := range s.Spec.Devices {
 		s.Spec.Devices[i].Attributes = nil
@@ -109,21 +102,21 @@ func Unpack(s *resourceapi.ResourceSlice) (*resourceapi.ResourceSlice, error) {
 	if !Packed(s) {
 		return s, nil
 	}
-	var spec resourceapi.ResourceSliceSpec
-	if err := spec.Unmarshal([]byte(strings.TrimPrefix(s.Annotations[Annotation], mark))); err != nil {
+	devs, err := decode(strings.TrimPrefix(s.Annotations[Annotation], mark))
+	if err != nil {
 		return nil, fmt.Errorf("unpack the attributes of ResourceSlice %s: %w", s.Name, err)
 	}
-	if len(spec.Devices) != len(s.Spec.Devices) {
-		return nil, fmt.Errorf("unpack the attributes of ResourceSlice %s: %d devices packed, the slice has %d", s.Name, len(spec.Devices), len(s.Spec.Devices))
+	if len(devs) != len(s.Spec.Devices) {
+		return nil, fmt.Errorf("unpack the attributes of ResourceSlice %s: %d devices packed, the slice has %d", s.Name, len(devs), len(s.Spec.Devices))
 	}
 	out := *s
 	out.Spec.Devices = make([]resourceapi.Device, len(s.Spec.Devices))
 	for i := range s.Spec.Devices {
 		d := s.Spec.Devices[i]
-		if spec.Devices[i].Name != d.Name {
-			return nil, fmt.Errorf("unpack the attributes of ResourceSlice %s: device %d is %s, packed as %s", s.Name, i, d.Name, spec.Devices[i].Name)
+		if devs[i].name != d.Name {
+			return nil, fmt.Errorf("unpack the attributes of ResourceSlice %s: device %d is %s, packed as %s", s.Name, i, d.Name, devs[i].name)
 		}
-		d.Attributes = spec.Devices[i].Attributes
+		d.Attributes = devs[i].attrs
 		out.Spec.Devices[i] = d
 	}
 	Strip(&out)

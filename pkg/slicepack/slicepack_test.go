@@ -1,6 +1,7 @@
 package slicepack
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
@@ -176,5 +177,40 @@ func TestNilCacheKeepsNothing(t *testing.T) {
 	two, _ := c.Unpack(s)
 	if one == two || one.Spec.Devices[0].Attributes == nil {
 		t.Error("a nil cache kept an unpacked slice, or did not unpack")
+	}
+}
+
+// The packed form writes each of DeviceAttribute's value fields; a field
+// added to the API must be added to it too.
+func TestEveryAttributeFieldIsPacked(t *testing.T) {
+	known := []string{"IntValue", "BoolValue", "StringValue", "VersionValue", "IntValues", "BoolValues", "StringValues", "VersionValues"}
+	typ := reflect.TypeOf(resourceapi.DeviceAttribute{})
+	var fields []string
+	for i := range typ.NumField() {
+		fields = append(fields, typ.Field(i).Name)
+	}
+	if diff := cmp.Diff(known, fields); diff != "" {
+		t.Errorf("resourceapi.DeviceAttribute's fields changed; teach codec.go the new ones (-packed +API):\n%s", diff)
+	}
+}
+
+// A packed form cut short anywhere, or with a byte changed, is an error
+// or some attributes, never a panic or a huge allocation.
+func TestDamagedFormNeverPanics(t *testing.T) {
+	s := gpuSlice("node-a")
+	if err := Pack(s); err != nil {
+		t.Fatal(err)
+	}
+	form := s.Annotations[Annotation]
+	for cut := len(mark); cut < len(form); cut++ {
+		d := s.DeepCopy()
+		d.Annotations[Annotation] = form[:cut]
+		if _, err := Unpack(d); err == nil {
+			t.Errorf("a form cut at byte %d of %d unpacked without error", cut, len(form))
+		}
+		flipped := []byte(form)
+		flipped[cut] ^= 0xff
+		d.Annotations[Annotation] = string(flipped)
+		_, _ = Unpack(d)
 	}
 }
