@@ -2,8 +2,9 @@
 // node's devices. A decoded device attribute map is most of what a cached
 // GPU costs (in resource.k8s.io/v1 of Kubernetes 1.37 a DeviceAttribute
 // is 128 bytes, so a map of 20 attributes is a table of about 5 KB),
-// while its protobuf form is a few hundred bytes. Pack moves the
-// attributes of a slice's devices into one annotation in that form;
+// while the values themselves are a few hundred bytes. Pack moves the
+// attributes of a slice's devices into one annotation, serialized
+// (codec.go);
 // Unpack gives back a slice equal to the one packed. The devices keep
 // every other field (names, capacity, taints, counters), so what reads
 // only those (the resourceslice tracker applying DeviceTaintRules, which

@@ -106,7 +106,7 @@ func TestPackRejectsWhatItDidNotWrite(t *testing.T) {
 	}
 
 	bad := gpuSlice("node-b")
-	bad.Annotations[Annotation] = mark + "\xff\xff not protobuf"
+	bad.Annotations[Annotation] = mark + "\xff\xff not a packed form"
 	if _, err := Unpack(bad); err == nil || !strings.Contains(err.Error(), "node-b") {
 		t.Errorf("Unpack of a corrupt form: %v; want an error naming the slice", err)
 	}

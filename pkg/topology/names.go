@@ -115,7 +115,7 @@ const (
 	FenceRulePrefix       = "gputopo-fence-"
 	AnnotationFenceReason = "gputopo.dev/fence-reason"
 	// AnnotationPackedAttributes holds, in the controller's memory only,
-	// the device attributes of a cached ResourceSlice in protobuf form
+	// the device attributes of a cached ResourceSlice, serialized
 	// (pkg/slicepack). It is never written to the API server; one a slice
 	// arrives with is dropped.
 	AnnotationPackedAttributes = "gputopo.dev/packed-attributes"
