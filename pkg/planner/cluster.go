@@ -82,17 +82,12 @@ type Cluster struct {
 }
 
 type node struct {
-	idx    int
-	name   string
-	leaf   *leaf
-	spine  *spine
-	obj    *v1.Node
-	slices []*resourceapi.ResourceSlice
-	// unpacked is slices unpacked (pkg/slicepack), kept only for a node
-	// whose signature shares no allocator answers (sig.core < 0): every
-	// plan runs the allocator on it, which would otherwise unpack it
-	// every time once more such nodes than the cache holds are read.
-	unpacked    []*resourceapi.ResourceSlice
+	idx         int
+	name        string
+	leaf        *leaf
+	spine       *spine
+	obj         *v1.Node
+	slices      []*resourceapi.ResourceSlice
 	schedulable bool
 	devs        []structured.DeviceID // position → device
 	all         bitset                // every device, any driver
@@ -257,11 +252,6 @@ func NewCluster(infos []NodeInfo, leafOrder map[string][]string, shared ...*reso
 	return c, nil
 }
 
-// sameSlices reports whether a and b are the same slices, in order.
-func sameSlices(a, b []*resourceapi.ResourceSlice) bool {
-	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
-}
-
 func (c *Cluster) addNode(in *NodeInfo, l *leaf, s *spine) (int, error) {
 	n, err := c.newNode(in, l, s, len(c.nodes))
 	if err != nil {
@@ -276,12 +266,8 @@ func (c *Cluster) addNode(in *NodeInfo, l *leaf, s *spine) (int, error) {
 		}
 		c.devIndex[id] = devRef{node: int32(n.idx), pos: int32(pos)}
 	}
-	full, err := c.sigs.add(n)
-	if err != nil {
+	if err := c.sigs.add(n); err != nil {
 		return 0, err
-	}
-	if n.sig.core < 0 && !sameSlices(full, n.slices) {
-		n.unpacked = full
 	}
 	c.byName[in.Name] = n.idx
 	c.nodes = append(c.nodes, n)

@@ -174,15 +174,15 @@ func (r reach) uses() bool { return r.broken || r.mask != nil }
 // them to be complete).
 //
 // A node's slices may be packed (pkg/slicepack): what it returns is
-// unpacked, as the tree keeps them for a node without a signature, or
-// through a cache of the slices last unpacked.
+// unpacked, through a cache of the slices last unpacked. The tree keeps
+// none unpacked, so that its memory stays that of the packed slices
+// whatever the nodes are; a node without a signature (shared GPUs,
+// counters) is read by every plan, and past the cache's size unpacked
+// every time (BenchmarkUnpackDGXH100).
 func (c *Cluster) slicesFor(nd *node) ([]*resourceapi.ResourceSlice, error) {
-	own := nd.unpacked
-	if own == nil {
-		var err error
-		if own, err = unpacked.UnpackAll(nd.slices); err != nil {
-			return nil, err
-		}
+	own, err := unpacked.UnpackAll(nd.slices)
+	if err != nil {
+		return nil, err
 	}
 	if !nd.reach.uses() {
 		return own, nil

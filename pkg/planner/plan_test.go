@@ -73,6 +73,15 @@ func TestPlan(t *testing.T) {
 			job:       func(t testing.TB) planner.Job { return makeJob(t, "j").Pods(2, "gpu-8-node").Obj() },
 			want:      &placed{Domain: leaf("leaf-2"), Assignments: assign("l2n2", "l2n3")},
 		},
+		// Nodes alike but for their leaf attribute, which the claim
+		// selects on: an answer for one leaf is no answer for another,
+		// though the partly used leaf-2 is the best fit otherwise.
+		"a leaf chosen in CEL is the leaf the pods get": {
+			cluster:   fourLeaves(),
+			allocated: allocated().Nodes("l2n0"),
+			job:       func(t testing.TB) planner.Job { return makeJob(t, "j").Pods(3, "gpu-4-leaf").Obj() },
+			want:      &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n0", "l0n1", "l0n2")},
+		},
 		"one pod goes to the fullest node that fits": {
 			cluster:   fourLeaves(),
 			allocated: allocated().GPUs("l3n1", 0, 1, 2, 3).GPUs("l1n2", 0, 1, 2, 3, 4, 5),

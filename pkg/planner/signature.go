@@ -121,15 +121,14 @@ func (s *signatures) id(b []byte) int32 {
 	return v
 }
 
-// add computes n's signature; it runs in NewCluster, once per node. It
-// returns n's slices unpacked (n.slices itself when none is packed).
-func (s *signatures) add(n *node) ([]*resourceapi.ResourceSlice, error) {
+// add computes n's signature; it runs in NewCluster, once per node.
+func (s *signatures) add(n *node) error {
 	// Signatures are computed once per node, for every node of the
 	// tree: what they unpack is not kept.
 	var uncached *slicepack.Cache
 	full, err := uncached.UnpackAll(n.slices)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	b := s.core[:0]
 	cacheable := true
@@ -216,7 +215,7 @@ func (s *signatures) add(n *node) ([]*resourceapi.ResourceSlice, error) {
 		pairs = append(pairs, [3]int32{int32(idx), s.id(v.buf), pat})
 	}
 	s.pending = append(s.pending, pairs)
-	return full, nil
+	return nil
 }
 
 func (s *signatures) sorted(m map[resourceapi.QualifiedName]resourceapi.DeviceCapacity) []resourceapi.QualifiedName {

@@ -117,6 +117,9 @@ func (d *decoder) uvarint() uint64 {
 		}
 		c := d.s[0]
 		d.s = d.s[1:]
+		if shift == 63 && c > 1 {
+			break // past 64 bits
+		}
 		v |= uint64(c&0x7f) << shift
 		if c < 0x80 {
 			return v

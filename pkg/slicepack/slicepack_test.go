@@ -1,6 +1,7 @@
 package slicepack
 
 import (
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -21,6 +22,12 @@ func gpuSlice(name string) *resourceapi.ResourceSlice {
 				"model": {StringValue: ptr.To("H100")}, "driverVersion": {VersionValue: ptr.To("550.54.15")},
 				"peers": {IntValues: []int64{1, 2}}, "blocks": {StringValues: []string{"a", "b"}},
 				"flags": {BoolValues: []bool{true, false}}, "versions": {VersionValues: []string{"1.0.0"}},
+				"min": {IntValue: ptr.To(int64(math.MinInt64))}, "max": {IntValue: ptr.To(int64(math.MaxInt64))},
+				"negative": {IntValues: []int64{-1, -300, math.MinInt64}}, "off": {BoolValue: ptr.To(false)},
+				"noInts": {IntValues: []int64{}}, "noStrings": {StringValues: []string{}},
+				"nothing": {}, "": {StringValue: ptr.To("")},
+				"everything": {IntValue: ptr.To(-i), BoolValue: ptr.To(true), StringValue: ptr.To("s"), VersionValue: ptr.To("1.2.3"),
+					IntValues: []int64{i}, BoolValues: []bool{}, StringValues: []string{"x", ""}, VersionValues: []string{"2.0.0"}},
 			},
 			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: resource.MustParse("80Gi")}},
 			Taints:   []resourceapi.DeviceTaint{{Key: "k", Effect: resourceapi.DeviceTaintEffectNoSchedule}},
