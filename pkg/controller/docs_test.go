@@ -1,8 +1,6 @@
 package controller
 
 import (
-	"os"
-	"strings"
 	"testing"
 
 	"github.com/spf13/pflag"
@@ -50,15 +48,9 @@ func TestReadmeDocumentsTheControllerFlags(t *testing.T) {
 // The names the controller puts on objects of others' (DeviceTaintRules
 // it writes, slices in its cache) are rows of the README's reference.
 func TestReadmeDocumentsTheControllerNames(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+	rows, err := readmetest.ReferenceNames("../../README.md")
 	if err != nil {
 		t.Fatal(err)
-	}
-	rows := map[string]bool{}
-	for _, line := range strings.Split(string(b), "\n") {
-		if cells := strings.Split(line, "|"); len(cells) > 2 && strings.HasPrefix(line, "| `") {
-			rows[strings.Trim(strings.TrimSpace(cells[1]), "`")] = true
-		}
 	}
 	for _, name := range []string{topology.LabelFence, topology.AnnotationFenceReason, topology.AnnotationPackedAttributes} {
 		if !rows[name] {
