@@ -10,11 +10,9 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
 	"github.com/gputopo/gputopo/pkg/planner"
-	"github.com/gputopo/gputopo/pkg/slicepack"
 )
 
 // bigCluster is 10 spines × 50 leaves × 8 dgx-h100 nodes: 4,000 nodes and
@@ -184,18 +182,7 @@ func BenchmarkNewCluster4000Nodes(b *testing.B) {
 // node's signature unpacks its slices.
 func BenchmarkNewCluster4000NodesPacked(b *testing.B) {
 	infos, _ := bigCluster()
-	packed := make([]planner.NodeInfo, len(infos))
-	for i, in := range infos {
-		packed[i] = in
-		packed[i].Slices = make([]*resourceapi.ResourceSlice, len(in.Slices))
-		for j, s := range in.Slices {
-			s = s.DeepCopy()
-			if err := slicepack.Pack(s); err != nil {
-				b.Fatal(err)
-			}
-			packed[i].Slices[j] = s
-		}
-	}
+	packed := packInfos(b, infos)
 	for b.Loop() {
 		if _, err := planner.NewCluster(packed, nil); err != nil {
 			b.Fatal(err)

@@ -204,9 +204,21 @@ func resources(pairs ...string) v1.ResourceList {
 // them (pkg/slicepack).
 func (b *clusterBuilder) PackedObj(t testing.TB) *planner.Cluster {
 	t.Helper()
-	infos := b.Infos(t)
-	for i := range infos {
-		for j, s := range infos[i].Slices {
+	c, err := planner.NewCluster(packInfos(t, b.Infos(t)), b.order)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// packInfos returns infos with copies of their slices, each packed.
+func packInfos(t testing.TB, infos []planner.NodeInfo) []planner.NodeInfo {
+	t.Helper()
+	out := make([]planner.NodeInfo, len(infos))
+	for i, in := range infos {
+		out[i] = in
+		out[i].Slices = make([]*resourceapi.ResourceSlice, len(in.Slices))
+		for j, s := range in.Slices {
 			s = s.DeepCopy()
 			if err := slicepack.Pack(s); err != nil {
 				t.Fatal(err)
@@ -214,14 +226,10 @@ func (b *clusterBuilder) PackedObj(t testing.TB) *planner.Cluster {
 			if !slicepack.Packed(s) {
 				t.Fatalf("slice %s was not packed", s.Name)
 			}
-			infos[i].Slices[j] = s
+			out[i].Slices[j] = s
 		}
 	}
-	c, err := planner.NewCluster(infos, b.order)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return out
 }
 
 func (b *clusterBuilder) Obj(t testing.TB) *planner.Cluster {

@@ -191,13 +191,14 @@ func (c *Cluster) slicesFor(nd *node) ([]*resourceapi.ResourceSlice, error) {
 	return append(append(out, own...), c.shared.slices...), nil
 }
 
-// unpacked unpacks the slices the allocator and node signatures read. A
-// plan reads few nodes' slices (one allocator run answers for every node
-// of a signature), so a few hundred nodes' worth are kept.
+// unpacked unpacks the slices the allocator reads. A plan reads few
+// nodes' slices (one allocator run answers for every node of a
+// signature), so a few hundred nodes' worth are kept.
 var unpacked = slicepack.NewCache(unpackedSlices)
 
-// unpackedSlices is how many unpacked slices the cache keeps: 512 slices
-// of an eight-GPU node with 20 attributes per GPU are about 20 MiB.
+// unpackedSlices is how many unpacked slices the cache keeps: an
+// eight-GPU node's slice with 20 attributes per GPU takes about 49 KB
+// unpacked (BenchmarkUnpackDGXH100), so 512 are about 24 MiB.
 const unpackedSlices = 512
 
 // sharedPos finds a non-local device's shared position.

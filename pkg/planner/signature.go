@@ -123,10 +123,9 @@ func (s *signatures) id(b []byte) int32 {
 
 // add computes n's signature; it runs in NewCluster, once per node.
 func (s *signatures) add(n *node) error {
-	// Signatures are computed once per node, for every node of the
-	// tree: what they unpack is not kept.
-	var uncached *slicepack.Cache
-	full, err := uncached.UnpackAll(n.slices)
+	// Signatures are computed for every node of the tree at each full
+	// build: what they unpack is not kept.
+	full, err := slicepack.UnpackAll(n.slices)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ package slicepack
 import (
 	"crypto/rand"
 	"fmt"
+	"slices"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -50,14 +51,7 @@ func Pack(s *resourceapi.ResourceSlice) error {
 		return nil
 	}
 	Strip(s)
-	any := false
-	for i := range s.Spec.Devices {
-		if len(s.Spec.Devices[i].Attributes) > 0 {
-			any = true
-			break
-		}
-	}
-	if !any {
+	if !slices.ContainsFunc(s.Spec.Devices, func(d resourceapi.Device) bool { return len(d.Attributes) > 0 }) {
 		return nil
 	}
 	b := encode([]byte(mark), s.Spec.Devices)
@@ -153,6 +147,13 @@ func (c *Cache) Unpack(s *resourceapi.ResourceSlice) (*resourceapi.ResourceSlice
 	}
 	c.lru.Add(s, out)
 	return out, nil
+}
+
+// UnpackAll unpacks each of in without keeping anything: for reads that
+// touch every node once. It returns in itself when none is packed.
+func UnpackAll(in []*resourceapi.ResourceSlice) ([]*resourceapi.ResourceSlice, error) {
+	var none *Cache
+	return none.UnpackAll(in)
 }
 
 // UnpackAll unpacks each of in through the cache. It returns in itself
