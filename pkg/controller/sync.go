@@ -457,7 +457,8 @@ func (c *Controller) do(ctx context.Context, g *group, a action) error {
 // the writes.
 func (c *Controller) place(ctx context.Context, o *observation, d decision, start time.Time) (result, error) {
 	g, req, key := d.g, o.req, d.g.key
-	plan, treeTime, err := c.planGroup(ctx, g, req)
+	entered := time.Now()
+	plan, pt, err := c.planGroup(ctx, g, req)
 	var unsched *planner.Unschedulable
 	if errors.As(err, &unsched) && !d.fresh && len(g.held) > 0 {
 		// The group's domain cannot hold its new pods around those that
@@ -471,12 +472,23 @@ func (c *Controller) place(ctx context.Context, o *observation, d decision, star
 		}
 		if len(acts) > 0 {
 			g = moved
-			var again time.Duration
+			var again planTimes
 			plan, again, err = c.planGroup(ctx, g, req)
-			treeTime += again
+			pt.add(again)
 		}
 	}
-	c.cfg.Metrics.PlanDuration.WithLabelValues(PodsBucket(max(g.size, g.members()))).Observe((time.Since(start) - treeTime).Seconds())
+	took := time.Since(start) - pt.tree
+	size := PodsBucket(max(g.size, g.members()))
+	c.cfg.Metrics.PlanDuration.WithLabelValues(size).Observe(took.Seconds())
+	if pt.cpuKnown {
+		c.cfg.Metrics.PlanCPU.WithLabelValues(size).Observe(pt.cpu.Seconds())
+	}
+	if took >= slowPlan {
+		// Where the time went: a wall clock far above the CPU time is
+		// a plan that waited for a core.
+		klog.FromContext(ctx).V(2).Info("Slow plan", "group", key, "pods", len(g.toPlace), "took", took, "cpu", pt.cpu,
+			"observe", entered.Sub(start), "lockWait", pt.wait, "snapshot", pt.snapshot, "planner", pt.plan, "treeUpdate", pt.tree)
+	}
 	var broken *planner.BrokenClaimError
 	var invalid *planner.InvalidJobError
 	switch {
@@ -534,7 +546,8 @@ func (c *Controller) place(ctx context.Context, o *observation, d decision, star
 // planGroup plans the group's pods that need a place on the tree and
 // snapshot as they are now. It also returns how long bringing the tree up
 // to date took, which is not the plan's time.
-func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Request) (*planner.Plan, time.Duration, error) {
+func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Request) (*planner.Plan, planTimes, error) {
+	var pt planTimes
 	job := planner.Job{
 		Key:               g.key,
 		Placement:         planner.Placement(req.Placement),
@@ -559,16 +572,25 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 	for _, u := range units {
 		job.Pods = append(job.Pods, u.pod())
 	}
+	t0 := time.Now()
 	_, treeTime, err := c.updateTree()
 	if err != nil {
-		return nil, 0, err
+		return nil, pt, err
 	}
+	pt.tree = treeTime
+	cpuTime := startCPUClock()
+	t1 := time.Now()
+	pt.wait = t1.Sub(t0) - treeTime
 	c.mu.Lock()
+	t2 := time.Now()
+	pt.wait += t2.Sub(t1)
 	// The newest tree: one patched since updateTree returned is as good,
 	// and the snapshot tracker follows the newest.
 	snap := c.planSnapshot(c.cluster)
 	c.mu.Unlock()
 	reserved := c.reservation(ctx)
+	t3 := time.Now()
+	pt.snapshot = t3.Sub(t2)
 	for pod, node := range job.Pinned {
 		if !snap.Cluster().Has(node) {
 			delete(job.Pinned, pod) // its node is gone; recover() deals with the pod
@@ -611,7 +633,34 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 		}
 		g.units = units
 	}
-	return plan, treeTime, err
+	pt.plan = time.Since(t3)
+	pt.cpu, pt.cpuKnown = cpuTime()
+	return plan, pt, err
+}
+
+// slowPlan is the plan time over which the controller logs (at -v=2)
+// where the time went.
+const slowPlan = 50 * time.Millisecond
+
+// planTimes splits a plan's wall-clock time for the slow-plan log.
+type planTimes struct {
+	tree     time.Duration // bringing the tree up to date
+	wait     time.Duration // waiting for the controller's lock
+	snapshot time.Duration // the snapshot and the reservation
+	plan     time.Duration // the planner
+	// cpu is the CPU time of the snapshot, reservation and planner: what
+	// the wall-clock time would be with a core to itself.
+	cpu      time.Duration
+	cpuKnown bool
+}
+
+func (p *planTimes) add(o planTimes) {
+	p.tree += o.tree
+	p.wait += o.wait
+	p.snapshot += o.snapshot
+	p.plan += o.plan
+	p.cpu += o.cpu
+	p.cpuKnown = p.cpuKnown && o.cpuKnown
 }
 
 // writeParallelism bounds the API writes a group's claims and gates take
