@@ -480,13 +480,8 @@ func (c *Controller) place(ctx context.Context, o *observation, d decision, star
 	took := time.Since(start) - pt.tree
 	size := PodsBucket(max(g.size, g.members()))
 	c.cfg.Metrics.PlanDuration.WithLabelValues(size).Observe(took.Seconds())
-	if pt.cpuKnown {
-		c.cfg.Metrics.PlanCPU.WithLabelValues(size).Observe(pt.cpu.Seconds())
-	}
 	if took >= slowPlan {
-		// Where the time went: a wall clock far above the CPU time is
-		// a plan that waited for a core.
-		klog.FromContext(ctx).V(2).Info("Slow plan", "group", key, "pods", len(g.toPlace), "took", took, "cpu", pt.cpu,
+		klog.FromContext(ctx).V(2).Info("Slow plan", "group", key, "pods", len(g.toPlace), "took", took,
 			"observe", entered.Sub(start), "lockWait", pt.wait, "snapshot", pt.snapshot, "planner", pt.plan, "treeUpdate", pt.tree)
 	}
 	var broken *planner.BrokenClaimError
@@ -544,8 +539,8 @@ func (c *Controller) place(ctx context.Context, o *observation, d decision, star
 }
 
 // planGroup plans the group's pods that need a place on the tree and
-// snapshot as they are now. It also returns how long bringing the tree up
-// to date took, which is not the plan's time.
+// snapshot as they are now. It also returns where its time went; bringing
+// the tree up to date is not the plan's time.
 func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Request) (*planner.Plan, planTimes, error) {
 	var pt planTimes
 	job := planner.Job{
@@ -578,7 +573,6 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 		return nil, pt, err
 	}
 	pt.tree = treeTime
-	cpuTime := startCPUClock()
 	t1 := time.Now()
 	pt.wait = t1.Sub(t0) - treeTime
 	c.mu.Lock()
@@ -634,7 +628,6 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 		g.units = units
 	}
 	pt.plan = time.Since(t3)
-	pt.cpu, pt.cpuKnown = cpuTime()
 	return plan, pt, err
 }
 
@@ -648,10 +641,6 @@ type planTimes struct {
 	wait     time.Duration // waiting for the controller's lock
 	snapshot time.Duration // the snapshot and the reservation
 	plan     time.Duration // the planner
-	// cpu is the CPU time of the snapshot, reservation and planner: what
-	// the wall-clock time would be with a core to itself.
-	cpu      time.Duration
-	cpuKnown bool
 }
 
 func (p *planTimes) add(o planTimes) {
@@ -659,8 +648,6 @@ func (p *planTimes) add(o planTimes) {
 	p.wait += o.wait
 	p.snapshot += o.snapshot
 	p.plan += o.plan
-	p.cpu += o.cpu
-	p.cpuKnown = p.cpuKnown && o.cpuKnown
 }
 
 // writeParallelism bounds the API writes a group's claims and gates take
