@@ -5,6 +5,7 @@ import (
 	"fmt"
 	goruntime "runtime"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -159,4 +160,42 @@ func controllerHeap(tb testing.TB, spines, leaves, nodes int) (uint64, int) {
 	goruntime.ReadMemStats(&after)
 	goruntime.KeepAlive(h)
 	return after.HeapAlloc - before.HeapAlloc, devices
+}
+
+// TestPlanTimesSplitTheWallClock: the slow-plan log's phases lie within
+// the plan's wall clock, the planner's phase is never empty, and the tree
+// is timed only when it is brought up to date (the first plan builds it,
+// a second plan with nothing changed finds it current).
+func TestPlanTimesSplitTheWallClock(t *testing.T) {
+	h := busyHarness(t, 1, 2, 4)
+	h.create(job("j", 2))
+	for i := range 2 {
+		h.addPod(jobPod("j", i, "gpu-8-node", nil))
+	}
+	h.settle()
+	for round := range 2 {
+		g, err := h.c.loadGroup("default/job/j")
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, err := placement.Parse(g.anyPod().Annotations)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, pt, err := h.c.planGroup(h.ctx, g, req)
+		wall := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum := pt.tree + pt.wait + pt.snapshot + pt.plan; sum > wall {
+			t.Errorf("round %d: phases %+v add up to %v, more than the %v the plan took", round, pt, sum, wall)
+		}
+		if pt.plan <= 0 || pt.wait < 0 || pt.snapshot < 0 {
+			t.Errorf("round %d: phases %+v: want a planner phase and no negative one", round, pt)
+		}
+		if built := pt.tree > 0; built != (round == 0) {
+			t.Errorf("round %d: tree update took %v; want time only when the first plan builds the tree", round, pt.tree)
+		}
+	}
 }
