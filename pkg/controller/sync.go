@@ -457,7 +457,7 @@ func (c *Controller) do(ctx context.Context, g *group, a action) error {
 // the writes.
 func (c *Controller) place(ctx context.Context, o *observation, d decision, start time.Time) (result, error) {
 	g, req, key := d.g, o.req, d.g.key
-	entered := time.Now()
+	entered := time.Now() // after reading the group and the decision's other actions
 	plan, pt, err := c.planGroup(ctx, g, req)
 	var unsched *planner.Unschedulable
 	if errors.As(err, &unsched) && !d.fresh && len(g.held) > 0 {
@@ -482,7 +482,7 @@ func (c *Controller) place(ctx context.Context, o *observation, d decision, star
 	c.cfg.Metrics.PlanDuration.WithLabelValues(size).Observe(took.Seconds())
 	if took >= slowPlan {
 		klog.FromContext(ctx).V(2).Info("Slow plan", "group", key, "pods", len(g.toPlace), "took", took,
-			"observe", entered.Sub(start), "lockWait", pt.wait, "snapshot", pt.snapshot, "planner", pt.plan, "treeUpdate", pt.tree)
+			"readAndAct", entered.Sub(start), "lockWait", pt.wait, "snapshot", pt.snapshot, "planner", pt.plan, "treeUpdate", pt.tree)
 	}
 	var broken *planner.BrokenClaimError
 	var invalid *planner.InvalidJobError
