@@ -106,7 +106,7 @@ func (st *state) capOf(c *candidate, s int) (pods, room int, err error) {
 // capacities answer exactly; for mixed shapes they bound the answer, and
 // a placement attempt is made only when the bound allows the whole job.
 func (st *state) evaluate(c *candidate) (*outcome, error) {
-	if o, ok := st.outcomes[c.key]; ok {
+	if o, ok := st.outcomes[c.key()]; ok {
 		return o, nil
 	}
 	o := &outcome{}
@@ -120,7 +120,7 @@ func (st *state) evaluate(c *candidate) (*outcome, error) {
 	}
 	// Nodes that share non-local devices may each count the same ones.
 	o.exact = len(st.f.shapes) == 1 && st.f.nlUsable.count() == 0
-	st.outcomes[c.key] = o
+	st.outcomes[c.key()] = o
 	return o, nil
 }
 

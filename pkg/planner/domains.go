@@ -10,7 +10,7 @@ import (
 // node filters of.
 type candidate struct {
 	dom     Domain
-	key     string
+	name    string   // dom.String(), once key was asked for it
 	leaves  []*leaf  // leaves it covers
 	loose   []int    // its nodes outside those leaves
 	spines  []*spine // spines it covers, for preferences
@@ -21,6 +21,15 @@ type candidate struct {
 	ub      int // at most this many pods fit now, by counting devices
 	ubEmpty int // at most this many pods would fit on empty nodes
 	honours bool
+}
+
+// key names the candidate, for ordering equals and memoizing outcomes;
+// most candidates of a plan are only counted, so it is made on demand.
+func (c *candidate) key() string {
+	if c.name == "" {
+		c.name = c.dom.String()
+	}
+	return c.name
 }
 
 func (c *candidate) nodes() []int {
@@ -106,7 +115,7 @@ func (st *state) computeCounts() {
 
 // newCandidate sums the counts of the leaves and loose nodes.
 func (st *state) newCandidate(dom Domain, leaves []*leaf, loose []int) *candidate {
-	c := &candidate{dom: dom, key: dom.String(), leaves: leaves, loose: loose}
+	c := &candidate{dom: dom, leaves: leaves, loose: loose}
 	var a agg
 	for _, l := range leaves {
 		a.add(st.leafAgg[l.idx])
@@ -288,7 +297,7 @@ func (st *state) widerLevels(levels []level, fixed *candidate) []level {
 		out = append(out, level{label: lv.label, named: lv.named, cands: func() []*candidate {
 			var keep []*candidate
 			for _, c := range lv.cands() {
-				if c.key != fixed.key && len(c.nodes()) > size && st.holdsPinned(c) {
+				if c.key() != fixed.key() && len(c.nodes()) > size && st.holdsPinned(c) {
 					keep = append(keep, c)
 				}
 			}

@@ -99,7 +99,7 @@ func (st *state) failLevel(lv level, cands []*candidate, full bool) (levelFailur
 		if x.c.free != y.c.free {
 			return x.c.free < y.c.free
 		}
-		return topology.NaturalLess(x.c.key, y.c.key)
+		return topology.NaturalLess(x.c.key(), y.c.key())
 	})
 	room := 0
 	for _, sc := range order {
@@ -127,7 +127,7 @@ func (st *state) prefMiss(fl levelFailure, mine []*candidate) string {
 		if fl.bestPods == 0 {
 			return fmt.Sprintf("preferred %s cannot hold %s: no node there has room for a pod (%s)", p, pods(st.n), st.podDesc())
 		}
-		o := st.outcomes[mine[0].key]
+		o := st.outcomes[mine[0].key()]
 		return fmt.Sprintf("preferred %s cannot hold %s: only %d fit, on %s with room for a pod (%s)", p, pods(st.n), fl.bestPods, plural(o.room, "node"), st.podDesc())
 	}
 	return fmt.Sprintf("no %s in or around preferred %s can hold %s (%s)", fl.label, p, pods(st.n), st.podDesc())

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -422,9 +423,14 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 	m := newFragModel(w, &st.c.res)
 	spread := job.Strategy == StrategyDistributed
 	sh := st.podShape[0]
-	var choices []choice // the best of each node
+	bufp := choicePool.Get().(*[]choice)
+	choices := (*bufp)[:0] // the best of each node
+	defer func() {
+		*bufp = choices[:0]
+		choicePool.Put(bufp)
+	}()
 	var buf []slot
-	freeNodes := map[*leaf]int{}
+	freeNodes := make([]int, len(st.c.leaves)) // by leaf
 	scores := map[scoreKey]memoScore{}
 	open := 0 // nodes the pod may use, whatever their GPUs
 	for n, nd := range st.c.nodes {
@@ -434,7 +440,7 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 		open++
 		buf = st.slots(n, buf)
 		if allFree(buf) && nd.leaf != nil {
-			freeNodes[nd.leaf]++
+			freeNodes[nd.leaf.idx]++
 		}
 		blocked, matched, keyed := m.blocked(nd.obj)
 		key, memo := st.scoreKey(n, buf, d, matched)
@@ -458,7 +464,7 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 	}
 	for i := range choices {
 		if l := st.c.nodes[choices[i].node].leaf; l != nil {
-			choices[i].leafFree = freeNodes[l]
+			choices[i].leafFree = freeNodes[l.idx]
 		}
 	}
 	if job.Strategy != StrategyConsolidated && !spread {
@@ -469,17 +475,8 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 		// allocator on every node to say the same.
 		return nil, true, &Unschedulable{Job: job.Key, Reason: fmt.Sprintf("no node has room for %s: %s the pod may use have too little free", st.demandDesc(d), plural(open, "node")), Filtered: st.filtered(nil)}
 	}
-	slices.SortStableFunc(choices, func(a, b choice) int {
-		if a.better(b, spread) {
-			return -1
-		}
-		if b.better(a, spread) {
-			return 1
-		}
-		return 0
-	})
 	const tries = 16
-	for _, c := range choices[:min(len(choices), tries)] {
+	for _, c := range bestChoices(choices, tries, spread) {
 		results, err := st.confirm(c, pod)
 		if err != nil {
 			return nil, true, err
@@ -489,6 +486,32 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 		}
 	}
 	return nil, false, nil
+}
+
+// choicePool keeps the buffers planOnePod lists every node's choice in:
+// one per plan would be the largest allocation of a one-pod plan.
+var choicePool = sync.Pool{New: func() any { return new([]choice) }}
+
+// bestChoices returns the k best choices in the order better gives, ties
+// in the order of choices (as a stable sort would put them), without
+// sorting them all.
+func bestChoices(choices []choice, k int, spread bool) []choice {
+	top := make([]choice, 0, k)
+	for _, c := range choices {
+		i := len(top)
+		for i > 0 && c.better(top[i-1], spread) {
+			i--
+		}
+		if i == k {
+			continue
+		}
+		if len(top) < k {
+			top = append(top, choice{})
+		}
+		copy(top[i+1:], top[i:len(top)-1])
+		top[i] = c
+	}
+	return top
 }
 
 // nearEqual gives every choice within fragTolerance of the least rise in
@@ -534,15 +557,18 @@ func (st *state) rest(n int) (before, after []int64) {
 // scoreKey is everything score reads of a node for whole GPUs: what is
 // free of each GPU, which are shared, and what is left of its allocatable.
 // Nodes with equal keys get equal choices, so a plan scores each key once.
+//
+// Its fields leave no padding, so the map hashes and compares it as one
+// block of memory.
 type scoreKey struct {
-	slots  uint8
-	free   [16]int16
-	shared uint16
-	res    uint8 // resources in rest; noRest: the node's are not checked
-	rest   [4]int64
+	rest [4]int64
 	// matched has a bit per distinct node affinity of the workload the
 	// node matches: what decides the classes it rules out.
 	matched uint64
+	free    [16]int16
+	shared  uint32
+	slots   uint16
+	res     uint16 // resources in rest; noRest: the node's are not checked
 }
 
 const noRest = 0xff
@@ -564,7 +590,7 @@ func (st *state) scoreKey(n int, slots []slot, d podDemand, matched uint64) (sco
 	if !scoreMemo || (d.gpus > 0 && d.milli < topology.MilliPerGPU) || len(slots) > 16 || len(nd.alloc) > 4 {
 		return scoreKey{}, false
 	}
-	k := scoreKey{slots: uint8(len(slots)), res: noRest, matched: matched}
+	k := scoreKey{slots: uint16(len(slots)), res: noRest, matched: matched}
 	for i, sl := range slots {
 		k.free[i] = int16(sl.free)
 		if sl.shared {
@@ -572,7 +598,7 @@ func (st *state) scoreKey(n int, slots []slot, d podDemand, matched uint64) (sco
 		}
 	}
 	if nd.alloc != nil {
-		k.res = uint8(len(nd.alloc))
+		k.res = uint16(len(nd.alloc))
 		for i, a := range nd.alloc {
 			k.rest[i] = a - at(st.resBase[n], i)
 		}

@@ -326,7 +326,7 @@ func (st *state) pick(cands []*candidate, lv level) (*Plan, error) {
 		if feasible[a].free != feasible[b].free {
 			return feasible[a].free < feasible[b].free
 		}
-		return topology.NaturalLess(feasible[a].key, feasible[b].key)
+		return topology.NaturalLess(feasible[a].key(), feasible[b].key())
 	})
 	// The first domain in best-fit order where every pod gets its claims'
 	// first choices; with preference ladders, the domain with the best

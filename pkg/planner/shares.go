@@ -95,9 +95,9 @@ func (s *Snapshot) sharesOf(shares []*nodeShares, n int32) *nodeShares {
 // but the job's own is counted, copying only the nodes reservations touch:
 // by node, and of the non-local devices.
 func (s *Snapshot) sharesWithReservations(res *Reservations, except string) ([]*nodeShares, *nodeShares) {
-	shares := slices.Clone(s.shares)
+	shares := s.shares // cloned when a reservation first touches a node
 	shared := s.sharedShares
-	copied := map[int32]bool{}
+	var copied map[int32]bool
 	sharedCopied := false
 	res.eachJob(except, func(r Reservation) {
 		for _, held := range r.Shares {
@@ -112,6 +112,10 @@ func (s *Snapshot) sharesWithReservations(res *Reservations, except string) ([]*
 						shared.add(sh)
 					}
 					continue
+				}
+				if copied == nil {
+					copied = map[int32]bool{}
+					shares = slices.Clone(shares)
 				}
 				if !copied[ref.node] {
 					copied[ref.node] = true

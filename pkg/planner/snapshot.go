@@ -67,9 +67,9 @@ func (s *Snapshot) mark(id structured.DeviceID) {
 // the job's own is counted, copying only the nodes reservations touch:
 // the nodes' own devices by node, and the non-local ones.
 func (s *Snapshot) withReservations(res *Reservations, except string) ([]bitset, bitset) {
-	used := slices.Clone(s.used)
+	used := s.used // cloned when a reservation first touches a node
 	shared := s.sharedUsed
-	copied := map[int32]bool{}
+	var copied map[int32]bool
 	sharedCopied := false
 	res.each(except, func(id structured.DeviceID) {
 		ref, ok := s.cluster.dev(id)
@@ -82,6 +82,10 @@ func (s *Snapshot) withReservations(res *Reservations, except string) ([]bitset,
 				shared.set(p)
 			}
 			return
+		}
+		if copied == nil {
+			copied = map[int32]bool{}
+			used = slices.Clone(used)
 		}
 		if !copied[ref.node] {
 			copied[ref.node] = true
@@ -96,13 +100,17 @@ func (s *Snapshot) withReservations(res *Reservations, except string) ([]bitset,
 // every reservation but the job's own is counted, copying only the nodes
 // reservations touch.
 func (s *Snapshot) resourcesInUse(res *Reservations, except string) [][]int64 {
-	used := slices.Clone(s.usedRes)
-	copied := map[int]bool{}
+	used := s.usedRes // cloned when a reservation first touches a node
+	var copied map[int]bool
 	res.eachJob(except, func(r Reservation) {
 		for node, l := range r.Requests {
 			i, ok := s.cluster.byName[node]
 			if !ok || s.cluster.nodes[i].alloc == nil {
 				continue
+			}
+			if copied == nil {
+				copied = map[int]bool{}
+				used = slices.Clone(used)
 			}
 			if !copied[i] {
 				copied[i] = true
