@@ -32,6 +32,12 @@ func BenchmarkPlan16PodJob5000Nodes(b *testing.B) {
 	benchmarkPlan(b, 16, "gpu-8-node")
 }
 
+// BenchmarkPlan2PodJob5000Nodes is the same for plan_duration_seconds{pods="2-4"}:
+// a Job of two whole nodes, the burst's most common multi-node shape.
+func BenchmarkPlan2PodJob5000Nodes(b *testing.B) {
+	benchmarkPlan(b, 2, "gpu-8-node")
+}
+
 // BenchmarkPlan1PodJob5000Nodes is the same for plan_duration_seconds{pods="1"}:
 // a one-pod Job of one GPU, which the planner places on the node that
 // fragments the cluster least.

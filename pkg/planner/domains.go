@@ -61,6 +61,7 @@ type level struct {
 func (st *state) computeCounts() {
 	c := st.c
 	st.nodeAgg = make([]agg, len(c.nodes))
+	st.roomy = make([]bool, len(c.nodes))
 	for i, nd := range c.nodes {
 		if !st.usable[i] {
 			continue
@@ -82,6 +83,7 @@ func (st *state) computeCounts() {
 			room += st.room(s, i, nil, sh.pods)
 			roomEmpty += st.roomEmpty(s, i, sh.pods)
 		}
+		st.roomy[i] = room > 0
 		used := st.f.base[i]
 		// Non-local devices count for every node that can use them: the
 		// counts stay upper bounds.

@@ -423,9 +423,13 @@ func (st *state) filtered(scope []int) []FilteredNodes {
 		if nd := st.c.nodes[n]; nd.gone || (st.minNeed > 0 && len(nd.devs) == 0 && nd.reach.mask == nil) {
 			continue
 		}
-		usable := false
-		for s := range st.f.shapes {
-			usable = usable || (st.filters[s].why[n] == "" && st.room(s, n, nil, 1) > 0)
+		var usable bool
+		if st.roomy != nil { // the counts found it already
+			usable = st.roomy[n]
+		} else {
+			for s := range st.f.shapes {
+				usable = usable || (st.filters[s].why[n] == "" && st.room(s, n, nil, 1) > 0)
+			}
 		}
 		if usable {
 			continue

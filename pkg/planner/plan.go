@@ -51,7 +51,10 @@ type state struct {
 	workload Workload
 	filters  []nodeFilters // by shape
 	usable   []bool        // by node: some pod of the job passes its filters
-	resBase  [][]int64     // by node: allocatable in use before the plan
+	// roomy is, once the counts are made, by node: some pod of the job
+	// passes its filters and finds room for its requests.
+	roomy    []bool
+	resBase  [][]int64 // by node: allocatable in use before the plan
 	ruledOut []FilteredNodes
 	// split says, per level label, a candidate of that size that
 	// Job.TopologyKeys left out (topologykey.go).
