@@ -58,6 +58,10 @@ type Options struct {
 	// against the FGD artifact's target workload (see fgdWorkload)
 	// instead of every shape of the arrived jobs.
 	FGDWorkload bool
+	// FGDArrivals builds a static Alibaba trace's arrivals as the FGD
+	// artifact's runs do (see FGDArrivals: its generator, shuffle and
+	// tuning, no cut) instead of StaticArrivals; Inflate is then moot.
+	FGDArrivals bool
 	// LimitFactor declares every job of a timed trace a run-time limit
 	// of its trace duration times this factor (a user's overestimate,
 	// at least 1); 0 declares none. With limits the queue backfills as
@@ -160,7 +164,7 @@ type TraceInfo struct {
 func PaperSetting(tr *Trace, c *Cluster, opt Options) bool {
 	gpuNodesOnly := !slices.ContainsFunc(c.Nodes, func(n SimNode) bool { return n.GPUs == 0 })
 	return tr.Format == FormatAlibaba && !tr.Timed && c.Sharing && gpuNodesOnly && opt.Seed != 0 &&
-		opt.GPUModels && opt.FGDWorkload && opt.CPUPodsOptIn
+		opt.GPUModels && opt.FGDWorkload && opt.FGDArrivals && opt.CPUPodsOptIn
 }
 
 // Run replays the source through gputopo's planner, the default
@@ -192,7 +196,12 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 		jobs := tr.Jobs
 		sampled := 0
 		if !tr.Timed {
-			a, err := StaticArrivals(tr, c.GPUs, opt.Demand, seed, opt.Inflate)
+			var a Arrivals
+			if opt.FGDArrivals && tr.Format == FormatAlibaba {
+				a, err = FGDArrivals(tr, c.GPUs, opt.Demand, seed)
+			} else {
+				a, err = StaticArrivals(tr, c.GPUs, opt.Demand, seed, opt.Inflate)
+			}
 			if err != nil {
 				return nil, err
 			}
