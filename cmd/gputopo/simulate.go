@@ -65,10 +65,13 @@ covering 95 % of its pods, pods without GPUs and GPU models included, CPU
 counted but not memory), and the artifact's arrivals: its random number
 generator seeded with --seed, its shuffle, and its tuning to --demand
 (pods sampled after the shuffled trace, or removed from it), every tuned
-pod arriving. --fair=false replays every node of the list, ignores
-gpu_spec, measures fragmentation against every shape of the arrived pods
-and builds arrivals with the replay's own sampling, shuffle and cut. The FGD paper's published ratios are shown
-only where the setup is the artifact's: an Alibaba pod list, --fair,
+pod arriving; the allocation is also measured as the artifact measures
+it (after every pod, averaged over the pods whose arrived demand rounds
+to --demand's percent), the figure set beside the paper's.
+--fair=false replays every node of the list, ignores gpu_spec, measures
+fragmentation against every shape of the arrived pods and builds
+arrivals with the replay's own sampling, shuffle and cut. The FGD
+paper's published ratios are shown only where the setup is the artifact's: an Alibaba pod list, --fair,
 --sharing, a --seed above 0 (the artifact shuffles), pods without GPUs
 opted in, and fgd-expected-results beside the trace's directory.`,
 		Example: examples(inv,

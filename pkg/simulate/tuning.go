@@ -37,7 +37,8 @@ import (
 //
 // The artifact measures the allocation ratio after each pod and reports
 // the mean over the pods whose arrived demand rounds to the target's
-// percent; the replay measures once, after the last pod.
+// percent; replays of these arrivals measure it so too
+// (Metrics.ArtifactAllocation), besides the ratio after the last pod.
 func FGDArrivals(tr *Trace, clusterGPUs int, demand float64, seed uint64) (Arrivals, error) {
 	if len(tr.Jobs) == 0 {
 		return Arrivals{}, fmt.Errorf("trace %s has no jobs", tr.Source)
