@@ -62,7 +62,7 @@ func TestPaperSetting(t *testing.T) {
 	withCPU := &Cluster{Sharing: true, Nodes: []SimNode{{GPUs: 8}, {GPUs: 0}}}
 	unshared := &Cluster{Nodes: gpu.Nodes}
 	alibaba, jobs := &Trace{Format: FormatAlibaba}, &Trace{Format: FormatJobs}
-	fair := Options{Seed: 42, GPUModels: true, FGDWorkload: true, CPUPodsOptIn: true}
+	fair := Options{Seed: 42, GPUModels: true, FGDWorkload: true, FGDArrivals: true, CPUPodsOptIn: true}
 	with := func(f func(*Options)) Options { o := fair; f(&o); return o }
 	for name, tc := range map[string]struct {
 		tr   *Trace
@@ -70,14 +70,15 @@ func TestPaperSetting(t *testing.T) {
 		opt  Options
 		want bool
 	}{
-		"the artifact's setup":     {alibaba, gpu, fair, true},
-		"a job trace":              {jobs, gpu, fair, false},
-		"nodes without GPUs":       {alibaba, withCPU, fair, false},
-		"no sharing":               {alibaba, unshared, fair, false},
-		"trace order":              {alibaba, gpu, with(func(o *Options) { o.Seed = 0 }), false},
-		"GPU models ignored":       {alibaba, gpu, with(func(o *Options) { o.GPUModels = false }), false},
-		"another target workload":  {alibaba, gpu, with(func(o *Options) { o.FGDWorkload = false }), false},
-		"CPU pods left to default": {alibaba, gpu, with(func(o *Options) { o.CPUPodsOptIn = false }), false},
+		"the artifact's setup":      {alibaba, gpu, fair, true},
+		"a job trace":               {jobs, gpu, fair, false},
+		"nodes without GPUs":        {alibaba, withCPU, fair, false},
+		"no sharing":                {alibaba, unshared, fair, false},
+		"trace order":               {alibaba, gpu, with(func(o *Options) { o.Seed = 0 }), false},
+		"GPU models ignored":        {alibaba, gpu, with(func(o *Options) { o.GPUModels = false }), false},
+		"another target workload":   {alibaba, gpu, with(func(o *Options) { o.FGDWorkload = false }), false},
+		"the replay's own arrivals": {alibaba, gpu, with(func(o *Options) { o.FGDArrivals = false }), false},
+		"CPU pods left to default":  {alibaba, gpu, with(func(o *Options) { o.CPUPodsOptIn = false }), false},
 	} {
 		if got := PaperSetting(tc.tr, tc.c, tc.opt); got != tc.want {
 			t.Errorf("%s: PaperSetting = %v, want %v", name, got, tc.want)

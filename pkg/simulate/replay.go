@@ -38,6 +38,12 @@ type Metrics struct {
 	// MilliAllocationRatio counts what placed pods asked for, a share of
 	// a GPU as a share, over the cluster's GPUs: the FGD paper's measure.
 	MilliAllocationRatio float64 `json:"milliAllocationRatio"`
+	// ArtifactAllocation is the FGD artifact's own measure of a static
+	// replay's milli-GPU allocation, set in its setting (--fair, a
+	// demand): the ratio after each arrival, averaged over the arrivals
+	// whose arrived demand rounds to the demand's percent (see
+	// artifactAllocation). 0 where not measured.
+	ArtifactAllocation float64 `json:"artifactAllocation,omitempty"`
 	// Utilization is the milli-GPU allocation ratio averaged over time
 	// while jobs arrive (timed traces); at the end for static traces.
 	Utilization float64 `json:"utilization"`
@@ -85,6 +91,9 @@ type Metrics struct {
 	waits     []float64 // s, one per placed job
 	jcts      []float64 // s, one per placed job
 	multiJCTs []float64 // s, one per placed multi-node job
+	// arrivals: what had arrived and what was allocated, in milli-GPUs,
+	// before the first arrival and after each (static traces).
+	arrivals []allocSample
 }
 
 // Sample is the mean of a measure over one stretch of a timed replay.
@@ -255,6 +264,11 @@ func (r *run) runTime(j Job, nodes []int) time.Duration {
 }
 
 func (r *run) static() error {
+	// The artifact logs one line before the first pod and one after
+	// each, placed or not, with or without GPUs.
+	var arrived int64
+	r.m.arrivals = make([]allocSample, 0, len(r.jobs)+1)
+	r.m.arrivals = append(r.m.arrivals, allocSample{})
 	for i, j := range r.jobs {
 		ok, err := r.try(i, j.Arrival)
 		if err != nil {
@@ -263,6 +277,8 @@ func (r *run) static() error {
 		if !ok && j.GPUsPerPod > 0 {
 			r.m.Refused++
 		}
+		arrived += j.milli()
+		r.m.arrivals = append(r.m.arrivals, allocSample{arrived: arrived, used: r.milli})
 	}
 	u := r.p.usage()
 	r.m.AllocatedGPUs = float64(u.Used)

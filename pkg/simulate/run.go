@@ -58,6 +58,10 @@ type Options struct {
 	// against the FGD artifact's target workload (see fgdWorkload)
 	// instead of every shape of the arrived jobs.
 	FGDWorkload bool
+	// FGDArrivals builds a static Alibaba trace's arrivals as the FGD
+	// artifact's runs do (see FGDArrivals: its generator, shuffle and
+	// tuning, no cut) instead of StaticArrivals; Inflate is then moot.
+	FGDArrivals bool
 	// LimitFactor declares every job of a timed trace a run-time limit
 	// of its trace duration times this factor (a user's overestimate,
 	// at least 1); 0 declares none. With limits the queue backfills as
@@ -117,11 +121,14 @@ type SeedResult struct {
 // traces, the mean job completion time.
 type SeedMeasure struct {
 	Allocation float64 `json:"allocation"`
-	MeanJCTS   float64 `json:"meanJCTS,omitempty"`
+	// ArtifactAllocation is the FGD artifact's measure, where set (see
+	// Metrics.ArtifactAllocation).
+	ArtifactAllocation float64 `json:"artifactAllocation,omitempty"`
+	MeanJCTS           float64 `json:"meanJCTS,omitempty"`
 }
 
 func seedMeasure(m Metrics) SeedMeasure {
-	return SeedMeasure{Allocation: m.MilliAllocationRatio, MeanJCTS: m.MeanJCTS}
+	return SeedMeasure{Allocation: m.MilliAllocationRatio, ArtifactAllocation: m.ArtifactAllocation, MeanJCTS: m.MeanJCTS}
 }
 
 // ClusterInfo describes the simulated cluster.
@@ -160,7 +167,14 @@ type TraceInfo struct {
 func PaperSetting(tr *Trace, c *Cluster, opt Options) bool {
 	gpuNodesOnly := !slices.ContainsFunc(c.Nodes, func(n SimNode) bool { return n.GPUs == 0 })
 	return tr.Format == FormatAlibaba && !tr.Timed && c.Sharing && gpuNodesOnly && opt.Seed != 0 &&
-		opt.GPUModels && opt.FGDWorkload && opt.CPUPodsOptIn
+		opt.GPUModels && opt.FGDWorkload && opt.FGDArrivals && opt.CPUPodsOptIn
+}
+
+// artifactMeasure says whether a replay of tr is measured as the FGD
+// artifact measures its runs too (see artifactAllocation): a static
+// Alibaba pod list with the artifact's arrivals, tuned to a demand.
+func artifactMeasure(tr *Trace, opt Options) bool {
+	return tr.Format == FormatAlibaba && !tr.Timed && opt.FGDArrivals && opt.Demand > 0
 }
 
 // Run replays the source through gputopo's planner, the default
@@ -192,7 +206,12 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 		jobs := tr.Jobs
 		sampled := 0
 		if !tr.Timed {
-			a, err := StaticArrivals(tr, c.GPUs, opt.Demand, seed, opt.Inflate)
+			var a Arrivals
+			if opt.FGDArrivals && tr.Format == FormatAlibaba {
+				a, err = FGDArrivals(tr, c.GPUs, opt.Demand, seed)
+			} else {
+				a, err = StaticArrivals(tr, c.GPUs, opt.Demand, seed, opt.Inflate)
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -223,12 +242,20 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 			if err != nil {
 				return nil, fmt.Errorf("seed %d, %s: %w", seed, p.p.name(), err)
 			}
+			if artifactMeasure(tr, opt) {
+				m.ArtifactAllocation, _ = artifactAllocation(m.arrivals, c.GPUs, opt.Demand)
+			}
+			m.arrivals = nil
 			*p.out = append(*p.out, m)
 		}
 		res.PerSeed = append(res.PerSeed, SeedResult{Seed: seed, Gputopo: seedMeasure(ours[k]), Baseline: seedMeasure(base[k]), FirstFit: seedMeasure(first[k])})
 		if opt.Progress != nil {
 			fmt.Fprintf(opt.Progress, "seed %d: milli-GPU allocation gputopo %.4f, default scheduler %.4f, first fit %.4f",
 				seed, ours[k].MilliAllocationRatio, base[k].MilliAllocationRatio, first[k].MilliAllocationRatio)
+			if artifactMeasure(tr, opt) {
+				fmt.Fprintf(opt.Progress, "; FGD artifact's measure %.4f, %.4f, %.4f",
+					ours[k].ArtifactAllocation, base[k].ArtifactAllocation, first[k].ArtifactAllocation)
+			}
 			if tr.Timed {
 				fmt.Fprintf(opt.Progress, "; mean JCT %.0f s, %.0f s, %.0f s", ours[k].MeanJCTS, base[k].MeanJCTS, first[k].MeanJCTS)
 			}
@@ -407,6 +434,18 @@ func mean(runs []Metrics) Metrics {
 	out.AllocatedGPUs = avg(func(m Metrics) float64 { return m.AllocatedGPUs })
 	out.AllocationRatio = avg(func(m Metrics) float64 { return m.AllocationRatio })
 	out.MilliAllocationRatio = avg(func(m Metrics) float64 { return m.MilliAllocationRatio })
+	// The artifact's measure over the seeds that have it, as pandas'
+	// mean skips a seed without a value.
+	measured := 0
+	for _, r := range runs {
+		if r.ArtifactAllocation > 0 {
+			out.ArtifactAllocation += r.ArtifactAllocation
+			measured++
+		}
+	}
+	if measured > 0 {
+		out.ArtifactAllocation /= float64(measured)
+	}
 	out.Utilization = avg(func(m Metrics) float64 { return m.Utilization })
 	out.UsefulUtilization = avg(func(m Metrics) float64 { return m.UsefulUtilization })
 	out.SameDomainRatio = avg(func(m Metrics) float64 { return m.SameDomainRatio })

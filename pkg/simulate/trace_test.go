@@ -168,6 +168,90 @@ func TestStaticArrivals(t *testing.T) {
 	}
 }
 
+// FGDArrivals against the artifact's code worked by hand. The trace,
+// listed out of name order, asks for 3,750 milli-GPUs. Seeded with 4,
+// math/rand draws (after the one Int the artifact logs) j = 0, 1, 2, 0
+// for Shuffle's i = 4, 3, 2, 1, so p0 p1 p2 p3 p4 becomes p3 p4 p2 p1 p0;
+// then Intn(5) = 2, 4. On 4 GPUs at 130 % (5,200): p2 is drawn, and its
+// 1,000 per GPU fits (4,750) so it is added with its 2,000 (5,750, past
+// the target); p4's 250 per GPU then does not fit. A rule on the total,
+// StaticArrivals', would sample nothing (3,750 + 2,000 > 5,200). On 2
+// GPUs (2,600) the same draw 2 removes p2 (1,750 left). Seeded with 7
+// the shuffle's j = 1, 0, 2, 1 give p3 p4 p2 p0 p1 and Intn(5) = 3, then
+// Intn(4) = 0 remove p0 (3,250 left) and p3 (2,250).
+func TestFGDArrivals(t *testing.T) {
+	tr := &simulate.Trace{Format: simulate.FormatAlibaba, Source: "test", Jobs: []simulate.Job{
+		{Name: "p3", Pods: 1, GPUsPerPod: 1, MilliGPU: 1000},
+		{Name: "p0", Pods: 1, GPUsPerPod: 1, MilliGPU: 500, Shared: true},
+		{Name: "p2", Pods: 1, GPUsPerPod: 2, MilliGPU: 2000},
+		{Name: "p1", Pods: 1, CPUMilli: 4000},
+		{Name: "p4", Pods: 1, GPUsPerPod: 1, MilliGPU: 250, Shared: true},
+	}}
+	tests := map[string]struct {
+		gpus      int
+		demand    float64
+		seed      uint64
+		names     []string
+		sampled   int
+		cut       int
+		requested int64
+	}{
+		"tuned up per GPU, past the target": {gpus: 4, demand: 1.3, seed: 4,
+			names: []string{"p3", "p4", "p2", "p1", "p0", "p2-tuned-0"}, sampled: 1, requested: 5750},
+		"tuned down":       {gpus: 2, demand: 1.3, seed: 4, names: []string{"p3", "p4", "p1", "p0"}, cut: 1, requested: 1750},
+		"tuned down twice": {gpus: 2, demand: 1.3, seed: 7, names: []string{"p4", "p2", "p1"}, cut: 2, requested: 2250},
+		// Seed 0 keeps name order and tunes with seed 42.
+		"name order":           {gpus: 4, demand: 1.3, names: []string{"p0", "p1", "p2", "p3", "p4", "p2-tuned-0"}, sampled: 1, requested: 5750},
+		"no demand, no tuning": {gpus: 1, seed: 4, names: []string{"p3", "p4", "p2", "p1", "p0"}, requested: 3750},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			a, err := simulate.FGDArrivals(tr, tc.gpus, tc.demand, tc.seed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, j := range a.Jobs {
+				names = append(names, j.Name)
+			}
+			if diff := cmp.Diff(tc.names, names); diff != "" {
+				t.Errorf("arrivals (-want +got):\n%s", diff)
+			}
+			if a.Sampled != tc.sampled || a.Cut != tc.cut || a.RequestedMilliGPU != tc.requested {
+				t.Errorf("sampled %d, cut %d, requested %d; want %d, %d, %d", a.Sampled, a.Cut, a.RequestedMilliGPU, tc.sampled, tc.cut, tc.requested)
+			}
+		})
+	}
+}
+
+// The artifact's tuning is the same for a seed however often it runs,
+// and another seed gives another sequence.
+func TestFGDArrivalsDeterministic(t *testing.T) {
+	tr := halves(40)
+	names := func(seed uint64) []string {
+		a, err := simulate.FGDArrivals(tr, 16, 1.3, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, j := range a.Jobs {
+			out = append(out, j.Name)
+		}
+		return out
+	}
+	a, b := names(42), names(42)
+	if diff := cmp.Diff(a, b); diff != "" {
+		t.Errorf("seed 42 twice (-first +second):\n%s", diff)
+	}
+	if len(a) != 41 {
+		// 20,000 milli-GPUs of 20,800 wanted: one half more fits.
+		t.Errorf("%d arrivals, want 41", len(a))
+	}
+	if cmp.Equal(a, names(43)) {
+		t.Error("seeds 42 and 43 give the same arrivals")
+	}
+}
+
 // halves is a static trace of n one-pod jobs h0, h1, ... asking for half
 // a GPU each.
 func halves(n int) *simulate.Trace {
