@@ -60,6 +60,14 @@ type Config struct {
 	// keyed by: "etcd", "kube-apiserver", "kube-controller-manager" or
 	// "kube-scheduler" (e.g. higher API rate limits for a scale benchmark).
 	ExtraArgs map[string][]string
+	// CPURequests weighs processes as kubelet weighs their pods: each
+	// process named here (by the names of ExtraArgs, or "controller" for the gputopo
+	// controller)
+	// runs in a cpu cgroup of its own with the cpu.shares (cgroup v2:
+	// cpu.weight) of a container that requests this many millicores, so
+	// that on a saturated machine the CPUs are shared as on a node. Empty
+	// leaves every process in the caller's cgroup, equal.
+	CPURequests map[string]int64
 	// Peers are started once the nodes are ready and Manifests applied,
 	// before the controller: their CRDs, their managers and their webhooks
 	// (see Peer). None by default, which keeps a cluster quick to start.
@@ -388,6 +396,12 @@ func (c *Cluster) launchOpts(name string, opts procOpts, argv ...string) error {
 	p, err := startProc(c.dir, name, argv, opts)
 	if err != nil {
 		return err
+	}
+	if milli, ok := c.cfg.CPURequests[name]; ok {
+		if err := weighCPU(c.dir, name, p.pid, milli); err != nil {
+			p.stop(10 * time.Second)
+			return err
+		}
 	}
 	c.mu.Lock()
 	c.procs[name] = p

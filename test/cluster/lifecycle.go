@@ -404,6 +404,7 @@ func (c *Cluster) Stop() {
 	}
 	unmountUnder(c.dir)
 	unshareMounts(c.dir)
+	removeCPUGroups(c.dir)
 	os.Remove(filepath.Join(c.dir, "ready"))
 	os.Remove(filepath.Join(c.dir, "run", "supervisor"))
 }
@@ -426,6 +427,7 @@ func Down(dir string) error {
 	stopInOrder(pidFileProcs(dir, nil))
 	unmountUnder(dir)
 	unshareMounts(dir)
+	removeCPUGroups(dir)
 	os.Remove(filepath.Join(dir, "ready"))
 	os.Remove(filepath.Join(dir, "run", "supervisor"))
 	return nil

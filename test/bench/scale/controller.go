@@ -65,6 +65,10 @@ type ControllerOptions struct {
 	// --profiling --contention-profiling (RunConfig adds them).
 	ProfileDir string
 	ProfileFor time.Duration
+	// TraceFor, when set with ProfileDir, also records the controller's
+	// Go execution trace from the first create for this long: where its
+	// goroutines waited (for a CPU, on GC, on the network) while planning.
+	TraceFor time.Duration
 }
 
 // ControllerResult is one controller run.
@@ -240,10 +244,16 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 
 	start := time.Now()
 	profiled := make(chan error, 1)
+	traced := make(chan error, 1)
 	if opts.ProfileDir != "" {
 		go func() { profiled <- scr.ControllerProfile(ctx, "profile", opts.ProfileFor, opts.ProfileDir) }()
 	} else {
 		profiled <- nil
+	}
+	if opts.ProfileDir != "" && opts.TraceFor > 0 {
+		go func() { traced <- scr.ControllerProfile(ctx, "trace", opts.TraceFor, opts.ProfileDir) }()
+	} else {
+		traced <- nil
 	}
 	err = parallel(ctx, len(jobs), opts.Creators, func(ctx context.Context, i int) error {
 		j := jobs[i]
@@ -290,6 +300,9 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 	})
 	end := time.Now()
 	if err := <-profiled; err != nil {
+		return res, err
+	}
+	if err := <-traced; err != nil {
 		return res, err
 	}
 	if opts.ProfileDir != "" {

@@ -63,7 +63,10 @@ type ClusterOptions struct {
 	AuditLog bool
 	// FeatureGates are added to the cluster's default gates.
 	FeatureGates map[string]bool
-	Progress     io.Writer
+	// CPURequests weigh the processes' CPU as kubelet weighs pods with
+	// these requests (cluster.Config.CPURequests).
+	CPURequests map[string]int64
+	Progress    io.Writer
 }
 
 // Limits raise the defaults that would otherwise cap the control plane far
@@ -138,7 +141,7 @@ func StartEnv(ctx context.Context, opts ClusterOptions) (*Env, error) {
 		Dir: dir, Nodes: opts.Nodes, PluginBin: opts.PluginBin,
 		ControllerBin: opts.ControllerBin, ControllerArgs: opts.ControllerArgs,
 		Manifests: opts.Manifests, ExtraArgs: extra, FeatureGates: opts.FeatureGates,
-		Progress: opts.Progress, Timeout: 30 * time.Minute,
+		CPURequests: opts.CPURequests, Progress: opts.Progress, Timeout: 30 * time.Minute,
 	})
 	if err != nil {
 		return nil, err

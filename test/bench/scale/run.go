@@ -33,6 +33,9 @@ type RunConfig struct {
 	// profile on one real node.
 	Topology cluster.Topology
 	Limits   Limits
+	// CPURequests weigh the processes' CPU as their pods' requests would
+	// (ParseCPURequests); empty shares the CPUs equally.
+	CPURequests map[string]int64
 	// Throughput mode: the topology workload's mix ("name=weight,...") and
 	// the rest of its options (Pods 0 is one per node).
 	Mix        string
@@ -55,7 +58,7 @@ type RunConfig struct {
 // returns the Markdown report and every figure (for JSON). The cluster's
 // directory is left in place: the caller removes it.
 func Run(ctx context.Context, cfg RunConfig) (report []byte, result any, err error) {
-	opts := ClusterOptions{Dir: cfg.Dir, Limits: cfg.Limits, Progress: os.Stderr}
+	opts := ClusterOptions{Dir: cfg.Dir, Limits: cfg.Limits, CPURequests: cfg.CPURequests, Progress: os.Stderr}
 	topo := cfg.Topology
 	switch cfg.Mode {
 	case ModeThroughput:

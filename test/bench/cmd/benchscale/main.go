@@ -37,7 +37,7 @@ func main() {
 
 func run() error {
 	cfg := scale.RunConfig{Limits: scale.DefaultLimits(), Command: strings.Join(os.Args, " ")}
-	var profiles, controllerArgs, reportFile, jsonFile, paths string
+	var profiles, controllerArgs, cpuRequests, reportFile, jsonFile, paths string
 	var keep bool
 	fs := flag.NewFlagSet("benchscale", flag.ContinueOnError)
 	fs.StringVar(&cfg.Mode, "mode", scale.ModeThroughput, "throughput (scheduler: topology vs count-only claims), controller (Jobs through gputopo-controller), native (one stream of Jobs through kube-scheduler's gang and topology placement and through gputopo) or plugin (kubelet plugin memory on one real node)")
@@ -62,7 +62,9 @@ func run() error {
 	fs.DurationVar(&cfg.Controller.Hold, "hold", 0, "controller: delete each Job and its pods this long after all its pods are bound, as if it completed, so more GPUs than the cluster has can be asked for (0: Jobs stay)")
 	fs.StringVar(&cfg.Controller.ProfileDir, "controller-profile-dir", "", "controller: save the controller's CPU profile (from the first create, for --controller-profile-for) and its heap, mutex and block profiles here")
 	fs.DurationVar(&cfg.Controller.ProfileFor, "controller-profile-for", time.Minute, "controller: how long the CPU profile runs")
+	fs.DurationVar(&cfg.Controller.TraceFor, "controller-trace-for", 0, "controller: with --controller-profile-dir, also record the controller's Go execution trace (controller-trace.pprof, read with `go tool trace`) for this long from the first create")
 	fs.StringVar(&controllerArgs, "controller-args", "", "controller: extra flags for gputopo-controller, space-separated")
+	fs.StringVar(&cpuRequests, "cpu-requests", "", "weigh the processes' CPU as kubelet weighs pods with these CPU requests, each in a cpu cgroup of its own: kubeadm (its static pods' requests) and/or NAME=QUANTITY for etcd, kube-apiserver, kube-controller-manager, kube-scheduler, controller; e.g. kubeadm,controller=250m. Empty: every process shares the CPUs equally")
 	fs.Uint64Var(&cfg.Native.Seed, "seed", 1, "native: the stream's seed; one seed is one stream for every path")
 	fs.IntVar(&cfg.Native.Jobs, "native-jobs", 60, "native: Jobs in the stream")
 	fs.IntVar(&cfg.Native.FillerEvery, "filler-every", 3, "native: a plain one-GPU filler pod after every this many Jobs (0: none)")
@@ -103,6 +105,9 @@ func run() error {
 	cfg.ControllerArgs = strings.Fields(controllerArgs)
 	cfg.Throughput.Creators, cfg.Controller.Creators = 32, 32
 	var err error
+	if cfg.CPURequests, err = scale.ParseCPURequests(cpuRequests); err != nil {
+		return err
+	}
 	if cfg.BinDir, err = filepath.Abs(cfg.BinDir); err != nil {
 		return err
 	}
