@@ -144,6 +144,11 @@ func (f *simulateFlags) validate() error {
 	if _, err := simulate.ParseLocality(f.locality); err != nil {
 		errs = append(errs, fmt.Errorf("--locality: %w", err))
 	}
+	for _, s := range f.schedulers {
+		if !slices.Contains(simulate.Schedulers, s) {
+			errs = append(errs, fmt.Errorf("unknown --schedulers %q: want some of %s", s, strings.Join(simulate.Schedulers, ", ")))
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -89,6 +89,9 @@ type Options struct {
 	MaxDomainWait time.Duration
 }
 
+// Schedulers are the names Options.Schedulers takes.
+var Schedulers = []string{"gputopo", "default", "firstfit", "fgd"}
+
 // Result is one simulation: gputopo's metrics inline, the model of the
 // default scheduler under "baseline" and first fit under "firstFit".
 type Result struct {
