@@ -26,6 +26,7 @@ type simulateFlags struct {
 	seeds, jobs                                         int
 	sharing, cpuPodsOptIn, fair, progress               bool
 	maxDomainWait                                       time.Duration
+	schedulers                                          []string
 	grouping                                            simulate.Grouping
 	claims                                              simulate.ClaimFiles
 }
@@ -92,6 +93,7 @@ opted in, and fgd-expected-results beside the trace's directory.`,
 	fl.StringVar(&f.published, "published", "", "FGD artifact results (default: ../fgd-expected-results/analysis_allo_discrete.csv beside an Alibaba trace)")
 	fl.StringVar(&f.strategy, "strategy", "", "gputopo strategy: "+strategies()+" (default: the planner's; for one-pod jobs, fragmentation-aware)")
 	fl.BoolVar(&f.sharing, "sharing", false, "Publish every GPU for sharing: pods asking for a share of a GPU take that share")
+	fl.StringSliceVar(&f.schedulers, "schedulers", nil, "Schedulers to replay: gputopo, default (the model of the default scheduler), firstfit, fgd (a transcription of the FGD artifact's scheduler; Alibaba lists with --fair only); default: the first three")
 	fl.DurationVar(&f.maxDomainWait, "max-domain-wait", -1, "Timed traces: how long gputopo keeps a multi-node job waiting for a domain of its size rule before it may take a bigger one (0: place at once; negative: no limit)")
 	fl.BoolVar(&f.fair, "fair", true, "Alibaba lists: the FGD artifact's setup (GPU nodes only, gpu_spec's GPU models enforced, its target workload for fragmentation, its arrivals); false: every node, gpu_spec ignored, every arrived pod shape, the replay's own arrivals")
 	fl.BoolVar(&f.cpuPodsOptIn, "cpu-pods-opt-in", true, "Pods without GPUs (Alibaba traces) opt in to gputopo's placement, as every pod goes through FGD in the paper; false leaves them to the default scheduler's model")
@@ -142,6 +144,11 @@ func (f *simulateFlags) validate() error {
 	if _, err := simulate.ParseLocality(f.locality); err != nil {
 		errs = append(errs, fmt.Errorf("--locality: %w", err))
 	}
+	for _, s := range f.schedulers {
+		if !slices.Contains(simulate.Schedulers, s) {
+			errs = append(errs, fmt.Errorf("unknown --schedulers %q: want some of %s", s, strings.Join(simulate.Schedulers, ", ")))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -164,7 +171,7 @@ func runSimulate(cmd *cobra.Command, f *simulateFlags) error {
 		return err
 	}
 	opt := simulate.Options{Demand: f.demand, Seed: f.seed, Seeds: f.seeds, Strategy: planner.Strategy(f.strategy), CPUPodsOptIn: f.cpuPodsOptIn, MaxDomainWait: f.maxDomainWait,
-		GPUModels: f.fair, FGDWorkload: f.fair, FGDArrivals: f.fair}
+		GPUModels: f.fair, FGDWorkload: f.fair, FGDArrivals: f.fair, Schedulers: f.schedulers}
 	loc, err := simulate.ParseLocality(f.locality)
 	if err != nil {
 		return err

@@ -29,6 +29,7 @@ func TestSimulateValidatesFlags(t *testing.T) {
 		{[]string{"--strategy", "packed"}, `unknown --strategy "packed": want one of consolidated, balanced, distributed`},
 		{[]string{"-o", "yaml"}, `unknown output format "yaml": want one of table, json`},
 		{[]string{"--limit-factor", "0.5"}, "--limit-factor 0.5: want 0 (no limits) or at least 1 (a limit never below the run time)"},
+		{[]string{"--schedulers", "gputopo,fdg"}, `unknown --schedulers "fdg": want some of gputopo, default, firstfit, fgd`},
 		{[]string{"--locality", "rack=2"}, `--locality: locality "rack=2": want tier=factor pairs, tiers node, leaf, spine and cross (or none)`},
 		{[]string{"--seeds", "0", "--strategy", "x"}, "--seeds 0: want at least 1 (how many seeds to replay and average)\n" +
 			`unknown --strategy "x": want one of consolidated, balanced, distributed`},

@@ -26,6 +26,9 @@ type podScheduler struct {
 	sharing bool
 	// choose returns the nodes to try for the pod, best first.
 	choose func(j Job, share int) []int
+	// device, when set, names the one device of node n a share of a GPU
+	// must take, after choose ("" leaves it to the allocator).
+	device func(n int) string
 	// scoreCPU and scoreMem sum the requests the scheduler scores with
 	// (non-zero defaults for pods that ask for nothing), by node.
 	scoreCPU, scoreMem []int64
@@ -45,7 +48,11 @@ func (s *podScheduler) place(ctx context.Context, key string, j Job, _ time.Dura
 			if len(claims) > 0 {
 				out.runs++
 				var err error
-				if results, err = s.allocate(ctx, s.eval, n, claims); err != nil {
+				dev := ""
+				if s.device != nil && share > 0 {
+					dev = s.device(n)
+				}
+				if results, err = s.allocate(ctx, s.eval, n, claims, dev); err != nil {
 					return placement{}, fmt.Errorf("%s: %w", s.label, err)
 				}
 				if results == nil {

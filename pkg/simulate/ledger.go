@@ -128,10 +128,15 @@ func requests(cpu, mem int64) v1.ResourceList {
 	return l
 }
 
-// allocate runs the allocator for one pod's claims on node n.
-func (l *ledger) allocate(ctx context.Context, eval *devicefit.Evaluator, n int, claims []*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
+// allocate runs the allocator for one pod's claims on node n; on device
+// alone of node n's devices when device is not empty.
+func (l *ledger) allocate(ctx context.Context, eval *devicefit.Evaluator, n int, claims []*resourceapi.ResourceClaim, device string) ([]resourceapi.AllocationResult, error) {
 	nd := &l.c.Nodes[n]
-	results, err := eval.AllocateOn(ctx, nd.Obj, nd.Slices, l.state[n].Allocator(), claims)
+	sl := nd.Slices
+	if device != "" {
+		sl = onlyDevice(sl, device)
+	}
+	results, err := eval.AllocateOn(ctx, nd.Obj, sl, l.state[n].Allocator(), claims)
 	if err != nil {
 		return nil, fmt.Errorf("allocate on node %s: %w", nd.Name, err)
 	}
@@ -205,3 +210,19 @@ func (l *ledger) release(key string) {
 }
 
 func (l *ledger) usage() planner.Usage { return planner.Measure(l.snap, l.res) }
+
+// onlyDevice keeps, of the slices' devices, the named one.
+func onlyDevice(in []*resourceapi.ResourceSlice, device string) []*resourceapi.ResourceSlice {
+	out := make([]*resourceapi.ResourceSlice, 0, len(in))
+	for _, sl := range in {
+		cp := *sl
+		cp.Spec.Devices = nil
+		for _, d := range sl.Spec.Devices {
+			if d.Name == device {
+				cp.Spec.Devices = append(cp.Spec.Devices, d)
+			}
+		}
+		out = append(out, &cp)
+	}
+	return out
+}

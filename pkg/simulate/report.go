@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -68,7 +69,15 @@ func WriteTable(w io.Writer, r *Result) error {
 	fmt.Fprint(w, b.String())
 
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	all := []Metrics{r.Metrics, r.Baseline, r.FirstFit}
+	var all []Metrics
+	for _, m := range []Metrics{r.Metrics, r.Baseline, r.FirstFit} {
+		if m.Scheduler != "" { // replayed (Options.Schedulers)
+			all = append(all, m)
+		}
+	}
+	if r.FGD != nil {
+		all = append(all, *r.FGD)
+	}
 	row := func(name string, f func(Metrics) string) {
 		fmt.Fprintf(tw, "%s\t", name)
 		for _, m := range all {
@@ -83,7 +92,7 @@ func WriteTable(w io.Writer, r *Result) error {
 		row("pods without GPUs placed / arrived", func(m Metrics) string { return fmt.Sprintf("%d / %d", m.CPUOnlyPlaced, m.CPUOnlyPods) })
 	}
 	row("never placed (partly fitting)", func(m Metrics) string { return fmt.Sprintf("%d (%d)", m.Refused, m.PartialJobs) })
-	artifact := r.Metrics.ArtifactAllocation > 0 || r.Baseline.ArtifactAllocation > 0 || r.FirstFit.ArtifactAllocation > 0
+	artifact := slices.ContainsFunc(all, func(m Metrics) bool { return m.ArtifactAllocation > 0 })
 	if artifact {
 		row("GPU allocation, milli-GPUs, FGD's measure*", func(m Metrics) string { return pct(m.ArtifactAllocation) })
 		if len(r.PerSeed) > 1 {
@@ -221,10 +230,13 @@ func (r *Result) jctSpread(scheduler string) (lo, hi float64) {
 func (r *Result) minMax(scheduler string, get func(SeedMeasure) float64) (lo, hi float64) {
 	for i, s := range r.PerSeed {
 		m := s.Gputopo
-		switch scheduler {
-		case r.Baseline.Scheduler:
+		switch {
+		case r.FGD != nil && scheduler == r.FGD.Scheduler:
+			m = s.FGD
+		case scheduler == r.Metrics.Scheduler:
+		case scheduler == r.Baseline.Scheduler:
 			m = s.Baseline
-		case r.FirstFit.Scheduler:
+		case scheduler == r.FirstFit.Scheduler:
 			m = s.FirstFit
 		}
 		v := get(m)

@@ -74,6 +74,12 @@ type Options struct {
 	// Locality stretches the run time of a job of a timed trace by the
 	// highest tier its pods span; nil is DefaultLocality.
 	Locality *Locality
+	// Schedulers are the schedulers to replay, by name: "gputopo",
+	// "default" (the model of the default scheduler), "firstfit" and
+	// "fgd" (a transcription of the FGD artifact's scheduler, static
+	// Alibaba traces with the artifact's arrivals only); empty: the
+	// first three.
+	Schedulers []string
 	// Progress, when set, gets a line per seed as it is done.
 	Progress io.Writer
 	// MaxDomainWait is how long gputopo keeps a multi-node job of a timed
@@ -82,6 +88,9 @@ type Options struct {
 	// keeps it waiting as long as it takes. Static traces place at once.
 	MaxDomainWait time.Duration
 }
+
+// Schedulers are the names Options.Schedulers takes.
+var Schedulers = []string{"gputopo", "default", "firstfit", "fgd"}
 
 // Result is one simulation: gputopo's metrics inline, the model of the
 // default scheduler under "baseline" and first fit under "firstFit".
@@ -99,6 +108,9 @@ type Result struct {
 	Metrics
 	Baseline Metrics `json:"baseline"`
 	FirstFit Metrics `json:"firstFit"`
+	// FGD is the transcription of the FGD artifact's scheduler, where
+	// replayed (Options.Schedulers).
+	FGD *Metrics `json:"fgdArtifact,omitempty"`
 	// PerSeed is each seed's headline figures, for the spread of the
 	// means.
 	PerSeed []SeedResult `json:"perSeed,omitempty"`
@@ -114,6 +126,7 @@ type SeedResult struct {
 	Gputopo  SeedMeasure `json:"gputopo"`
 	Baseline SeedMeasure `json:"baseline"`
 	FirstFit SeedMeasure `json:"firstFit"`
+	FGD      SeedMeasure `json:"fgdArtifact,omitzero"`
 }
 
 // SeedMeasure is one scheduler's headline figures on one seed: the
@@ -189,7 +202,13 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 	}
 	res := &Result{Demand: opt.Demand, DemandUnit: "milliGPU", Sharing: c.Sharing, Cluster: ClusterInfo{
 		Nodes: len(c.Nodes), GPUs: c.GPUs, Leaves: c.Leaves, Spines: c.Spines, NodesPerLeaf: c.NodesPerLeaf, CPUAndMemory: c.Nodes[0].CPUMilli > 0}}
-	var ours, base, first []Metrics
+	var ours, base, first, fgd []Metrics
+	run := func(name string) bool {
+		if len(opt.Schedulers) == 0 {
+			return name != "fgd"
+		}
+		return slices.Contains(opt.Schedulers, name)
+	}
 	for k := range opt.Seeds {
 		seed := opt.Seed + uint64(k)
 		res.Seeds = append(res.Seeds, seed)
@@ -205,6 +224,7 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 		}
 		jobs := tr.Jobs
 		sampled := 0
+		var nodePerm func(int) []int
 		if !tr.Timed {
 			var a Arrivals
 			if opt.FGDArrivals && tr.Format == FormatAlibaba {
@@ -215,7 +235,7 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 			if err != nil {
 				return nil, err
 			}
-			jobs, sampled = a.Jobs, a.Sampled
+			jobs, sampled, nodePerm = a.Jobs, a.Sampled, a.nodePerm
 		}
 		if len(jobs) == 0 {
 			return nil, fmt.Errorf("no job of %s arrives at demand %v", tr.Source, opt.Demand)
@@ -230,14 +250,28 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 		if opt.FGDWorkload && tr.Format == FormatAlibaba {
 			w = fgdWorkload(tr.Jobs, c.Sharing)
 		}
-		for _, p := range []struct {
+		type sched struct {
 			out *[]Metrics
 			p   placer
-		}{
-			{&ours, newGputopo(c, cl, opt, w, seed, tr.Timed)},
-			{&base, newSchedulerModel(c, cl, seed, newLedger(c))},
-			{&first, newFirstFit(c, cl)},
-		} {
+		}
+		var scheds []sched
+		if run("gputopo") {
+			scheds = append(scheds, sched{&ours, newGputopo(c, cl, opt, w, seed, tr.Timed)})
+		}
+		if run("default") {
+			scheds = append(scheds, sched{&base, newSchedulerModel(c, cl, seed, newLedger(c))})
+		}
+		if run("firstfit") {
+			scheds = append(scheds, sched{&first, newFirstFit(c, cl)})
+		}
+		if run("fgd") {
+			if nodePerm == nil {
+				return nil, errors.New("the FGD artifact's scheduler replays static Alibaba traces with the artifact's arrivals only")
+			}
+			prio := fgdNodePriority(c, nodePerm(len(c.Nodes)))
+			scheds = append(scheds, sched{&fgd, newFGDArtifact(c, cl, fgdTypical(tr.Jobs, c.Sharing), prio, newLedger(c))})
+		}
+		for _, p := range scheds {
 			m, err := replay(ctx, c, jobs, tr.Timed, p.p, opt.locality())
 			if err != nil {
 				return nil, fmt.Errorf("seed %d, %s: %w", seed, p.p.name(), err)
@@ -248,21 +282,37 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 			m.arrivals = nil
 			*p.out = append(*p.out, m)
 		}
-		res.PerSeed = append(res.PerSeed, SeedResult{Seed: seed, Gputopo: seedMeasure(ours[k]), Baseline: seedMeasure(base[k]), FirstFit: seedMeasure(first[k])})
+		at := func(ms []Metrics) Metrics {
+			if len(ms) > k {
+				return ms[k]
+			}
+			return Metrics{}
+		}
+		res.PerSeed = append(res.PerSeed, SeedResult{Seed: seed, Gputopo: seedMeasure(at(ours)), Baseline: seedMeasure(at(base)), FirstFit: seedMeasure(at(first)), FGD: seedMeasure(at(fgd))})
 		if opt.Progress != nil {
 			fmt.Fprintf(opt.Progress, "seed %d: milli-GPU allocation gputopo %.4f, default scheduler %.4f, first fit %.4f",
-				seed, ours[k].MilliAllocationRatio, base[k].MilliAllocationRatio, first[k].MilliAllocationRatio)
+				seed, at(ours).MilliAllocationRatio, at(base).MilliAllocationRatio, at(first).MilliAllocationRatio)
+			if run("fgd") {
+				fmt.Fprintf(opt.Progress, ", FGD (artifact) %.4f", at(fgd).MilliAllocationRatio)
+			}
 			if artifactMeasure(tr, opt) {
 				fmt.Fprintf(opt.Progress, "; FGD artifact's measure %.4f, %.4f, %.4f",
-					ours[k].ArtifactAllocation, base[k].ArtifactAllocation, first[k].ArtifactAllocation)
+					at(ours).ArtifactAllocation, at(base).ArtifactAllocation, at(first).ArtifactAllocation)
+				if run("fgd") {
+					fmt.Fprintf(opt.Progress, ", %.4f", at(fgd).ArtifactAllocation)
+				}
 			}
 			if tr.Timed {
-				fmt.Fprintf(opt.Progress, "; mean JCT %.0f s, %.0f s, %.0f s", ours[k].MeanJCTS, base[k].MeanJCTS, first[k].MeanJCTS)
+				fmt.Fprintf(opt.Progress, "; mean JCT %.0f s, %.0f s, %.0f s", at(ours).MeanJCTS, at(base).MeanJCTS, at(first).MeanJCTS)
 			}
 			fmt.Fprintln(opt.Progress)
 		}
 	}
 	res.Metrics, res.Baseline, res.FirstFit = mean(ours), mean(base), mean(first)
+	if len(fgd) > 0 {
+		m := mean(fgd)
+		res.FGD = &m
+	}
 	res.WallSeconds = time.Since(start).Seconds()
 	return res, nil
 }
@@ -400,6 +450,9 @@ func fgdWorkload(jobs []Job, sharing bool) planner.Workload {
 // mean averages per-seed metrics: ratios exactly, counts rounded;
 // latency and waiting percentiles are taken over every seed together.
 func mean(runs []Metrics) Metrics {
+	if len(runs) == 0 {
+		return Metrics{}
+	}
 	if len(runs) == 1 {
 		return runs[0]
 	}

@@ -87,6 +87,7 @@ func FGDArrivals(tr *Trace, clusterGPUs int, demand float64, seed uint64) (Arriv
 		}
 	}
 	a.Jobs = jobs
+	a.nodePerm = rng.Perm
 	return a, nil
 }
 

@@ -19,6 +19,10 @@ type Arrivals struct {
 	RequestedMilliGPU int64
 	// Cut is how many jobs of the (inflated) trace never arrived.
 	Cut int
+	// nodePerm, set by FGDArrivals, draws the next permutation of n
+	// from the artifact's generator where the arrivals leave it: the
+	// order the artifact gives nodes of equal score.
+	nodePerm func(n int) []int
 }
 
 // StaticArrivals follows the FGD paper's method for "allocation ratio at
