@@ -7,7 +7,6 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	Decisions       *prometheus.CounterVec
 	PlanDuration    *prometheus.HistogramVec
-	PlanCPU         *prometheus.HistogramVec
 	TreeDuration    *prometheus.HistogramVec
 	PendingGroups   prometheus.Gauge
 	LeafUtilization *prometheus.GaugeVec
@@ -75,10 +74,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "gputopo", Subsystem: "controller", Name: "plan_duration_seconds",
 			Help: "Time to plan one pod group, by the group's size (pods: " + PodsOne + ", " + PodsTwoFour + ", " + PodsToEight + ", " + PodsTo16 + ", " + PodsMore + "), from the start of its sync: reading the group and its claims, the snapshot, and the plan with the structured allocator. Updating the tree (tree_update_duration_seconds) and the plan's claim writes are not included.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"pods"}),
-		PlanCPU: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: "gputopo", Subsystem: "controller", Name: "plan_cpu_seconds",
-			Help: "CPU time one pod group's plan used (the tree update, the snapshot and the planner), by the group's size as plan_duration_seconds: where a plan takes far longer than its CPU time, it waited for a CPU.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}, []string{"pods"}),
 		TreeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "gputopo", Subsystem: "controller", Name: "tree_update_duration_seconds",
 			Help: "Time to bring the topology tree up to date before a plan, by kind: " + TreeBuild + " (from every node) or " + TreePatch + " (the nodes that changed).", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
@@ -113,7 +108,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Decisions, m.PlanDuration, m.PlanCPU, m.TreeDuration, m.PendingGroups, m.LeafUtilization, m.Fragmentation, m.LeafFragment, m.Released, m.Conflicts, m.Fences)
+		reg.MustRegister(m.Decisions, m.PlanDuration, m.TreeDuration, m.PendingGroups, m.LeafUtilization, m.Fragmentation, m.LeafFragment, m.Released, m.Conflicts, m.Fences)
 	}
 	return m
 }

@@ -458,9 +458,7 @@ func (c *Controller) do(ctx context.Context, g *group, a action) error {
 func (c *Controller) place(ctx context.Context, o *observation, d decision, start time.Time) (result, error) {
 	g, req, key := d.g, o.req, d.g.key
 	entered := time.Now() // after reading the group and the decision's other actions
-	cpu := onCPU()
 	plan, pt, err := c.planGroup(ctx, g, req)
-	pt.cpu = cpu()
 	var unsched *planner.Unschedulable
 	if errors.As(err, &unsched) && !d.fresh && len(g.held) > 0 {
 		// The group's domain cannot hold its new pods around those that
@@ -475,21 +473,16 @@ func (c *Controller) place(ctx context.Context, o *observation, d decision, star
 		if len(acts) > 0 {
 			g = moved
 			var again planTimes
-			cpu := onCPU()
 			plan, again, err = c.planGroup(ctx, g, req)
-			again.cpu = cpu()
 			pt.add(again)
 		}
 	}
 	took := time.Since(start) - pt.tree
 	size := PodsBucket(max(g.size, g.members()))
 	c.cfg.Metrics.PlanDuration.WithLabelValues(size).Observe(took.Seconds())
-	if pt.cpu > 0 {
-		c.cfg.Metrics.PlanCPU.WithLabelValues(size).Observe(pt.cpu.Seconds())
-	}
 	if took >= slowPlan {
 		klog.FromContext(ctx).V(2).Info("Slow plan", "group", key, "pods", len(g.toPlace), "took", took,
-			"readAndAct", entered.Sub(start), "lockWait", pt.wait, "snapshot", pt.snapshot, "planner", pt.plan, "treeUpdate", pt.tree, "onCPU", pt.cpu)
+			"readAndAct", entered.Sub(start), "lockWait", pt.wait, "snapshot", pt.snapshot, "planner", pt.plan, "treeUpdate", pt.tree)
 	}
 	var broken *planner.BrokenClaimError
 	var invalid *planner.InvalidJobError
@@ -648,9 +641,6 @@ type planTimes struct {
 	wait     time.Duration // waiting for the controller's lock
 	snapshot time.Duration // the snapshot and the reservation
 	plan     time.Duration // the planner
-	// cpu is the CPU time the plan used (tree update, snapshot and
-	// planner): far below the others' sum, the plan waited for a CPU.
-	cpu time.Duration
 }
 
 func (p *planTimes) add(o planTimes) {
@@ -658,7 +648,6 @@ func (p *planTimes) add(o planTimes) {
 	p.wait += o.wait
 	p.snapshot += o.snapshot
 	p.plan += o.plan
-	p.cpu += o.cpu
 }
 
 // writeParallelism bounds the API writes a group's claims and gates take
