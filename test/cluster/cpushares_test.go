@@ -3,6 +3,8 @@ package cluster
 import (
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -85,5 +87,38 @@ func TestWeighCPU(t *testing.T) {
 		if err := removeCPUGroups(dir); err != nil {
 			t.Errorf("a second removal: %v", err)
 		}
+	}
+}
+
+// TestCPURequestsWeighProcesses starts a process with a CPU request on
+// this machine's cpu cgroup: it must run in its own group with kubelet's
+// shares, and Stop must remove the groups.
+func TestCPURequestsWeighProcesses(t *testing.T) {
+	probe := filepath.Join(cpuRoot, "cpu", "gputopo-probe-"+filepath.Base(t.TempDir()))
+	if os.Geteuid() != 0 || os.Mkdir(probe, 0o755) != nil {
+		t.Skip("needs root and a writable cgroup v1 cpu controller")
+	}
+	os.Remove(probe)
+	dir := t.TempDir()
+	c := &Cluster{cfg: Config{CPURequests: map[string]int64{"sleeper": 250}}, dir: dir, owner: true, procs: map[string]*proc{}}
+	if err := c.launch("sleeper", "sleep", "60"); err != nil {
+		t.Fatal(err)
+	}
+	pid := c.procByName("sleeper").pid
+	group, _ := cpuGroupDir(dir)
+	cg, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.TrimPrefix(filepath.Join(group, "sleeper"), filepath.Join(cpuRoot, "cpu"))
+	if !strings.Contains(string(cg), ":cpu:"+want+"\n") {
+		t.Errorf("the process's cgroups:\n%s\nwant cpu:%s", cg, want)
+	}
+	if b, err := os.ReadFile(filepath.Join(group, "sleeper", "cpu.shares")); err != nil || strings.TrimSpace(string(b)) != "256" {
+		t.Errorf("cpu.shares = %q (%v), want 256 for 250m", b, err)
+	}
+	c.Stop()
+	if _, err := os.Stat(group); !os.IsNotExist(err) {
+		t.Errorf("Stop left %s behind: %v", group, err)
 	}
 }
