@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/gputopo/gputopo/pkg/topology"
 )
@@ -21,12 +22,26 @@ type fgdClass struct {
 	weight      float64
 }
 
-// fgdTypical is the artifact's target workload taken from jobs: the most
-// common shapes, one at a time, until they cover fgdTypicalShare of the
-// pods, weighted by how many pods have them and normalised to sum to 1
-// (ties in the order they first appear; the artifact sorts a map, so its
-// order among equal counts is arbitrary).
+// fgdTypical is the artifact's target workload taken from jobs
+// (fgdShapes), each shape weighted by its share of the pods the workload
+// covers, so that the weights sum to 1.
 func fgdTypical(jobs []Job, sharing bool) []fgdClass {
+	out := fgdShapes(jobs, sharing)
+	covered := 0.0
+	for _, c := range out {
+		covered += c.weight
+	}
+	for i := range out {
+		out[i].weight /= covered
+	}
+	return out
+}
+
+// fgdShapes are the most common pod shapes of jobs, one at a time, until
+// they cover fgdTypicalShare of the pods, each weighted by how many pods
+// have it (ties in the order they first appear; the artifact sorts a map,
+// so its order among equal counts is arbitrary).
+func fgdShapes(jobs []Job, sharing bool) []fgdClass {
 	type key struct {
 		gpus, milli int
 		cpu         int64
@@ -37,7 +52,7 @@ func fgdTypical(jobs []Job, sharing bool) []fgdClass {
 	var order []key
 	total := 0.0
 	for _, j := range jobs {
-		k := key{gpus: j.GPUsPerPod, cpu: j.CPUMilli, models: joinModels(j.GPUModels)}
+		k := key{gpus: j.GPUsPerPod, cpu: j.CPUMilli, models: strings.Join(j.GPUModels, "|")}
 		if k.cpu == 0 {
 			k.cpu = defaultCPUMilli
 		}
@@ -64,21 +79,7 @@ func fgdTypical(jobs []Job, sharing bool) []fgdClass {
 		covered += count[k]
 		out = append(out, fgdClass{gpus: k.gpus, milli: k.milli, cpu: k.cpu, models: models[k], weight: count[k]})
 	}
-	for i := range out {
-		out[i].weight /= covered
-	}
 	return out
-}
-
-func joinModels(models []string) string {
-	s := ""
-	for i, m := range models {
-		if i > 0 {
-			s += "|"
-		}
-		s += m
-	}
-	return s
 }
 
 // fgdNodeFrag is the artifact's NodeGpuShareFragAmountScore

@@ -1,14 +1,12 @@
 package simulate
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/gputopo/gputopo/pkg/planner"
@@ -406,43 +404,10 @@ const fgdTypicalShare = 0.95
 // (ties in the order they first appear). Memory is left out, as the
 // artifact's fragmentation counts only CPU besides GPUs.
 func fgdWorkload(jobs []Job, sharing bool) planner.Workload {
-	type class struct {
-		gpus, milli int
-		cpu         int64
-		models      string
-	}
-	count := map[class]float64{}
-	models := map[class][]string{}
-	var order []class
-	total := 0.0
-	for _, j := range jobs {
-		k := class{gpus: j.GPUsPerPod, cpu: j.CPUMilli, models: strings.Join(j.GPUModels, "|")}
-		if k.cpu == 0 {
-			k.cpu = defaultCPUMilli
-		}
-		if j.GPUsPerPod > 0 {
-			k.milli = topology.MilliPerGPU
-			if share := shareOf(j, sharing); share > 0 {
-				k.milli = share
-			}
-		}
-		if _, ok := count[k]; !ok {
-			order = append(order, k)
-			models[k] = j.GPUModels
-		}
-		count[k] += float64(j.Pods)
-		total += float64(j.Pods)
-	}
-	slices.SortStableFunc(order, func(a, b class) int { return cmp.Compare(count[b], count[a]) })
 	var w planner.Workload
-	covered := 0.0
-	for _, k := range order {
-		if covered >= fgdTypicalShare*total {
-			break
-		}
-		covered += count[k]
-		w = append(w, planner.WorkloadClass{GPUs: k.gpus, MilliGPU: k.milli, Requests: requests(k.cpu, 0),
-			NodeAffinity: modelSelector(models[k]), Weight: count[k]})
+	for _, c := range fgdShapes(jobs, sharing) {
+		w = append(w, planner.WorkloadClass{GPUs: c.gpus, MilliGPU: c.milli, Requests: requests(c.cpu, 0),
+			NodeAffinity: modelSelector(c.models), Weight: c.weight})
 	}
 	return w
 }
