@@ -685,7 +685,7 @@ func (st *state) confirm(c choice, pod Pod) ([]resourceapi.AllocationResult, err
 		return nil, err
 	}
 	if c.gpu != "" {
-		slices = only(slices, c.gpu)
+		slices = OnlyDevice(slices, c.gpu)
 	}
 	st.f.runs++
 	results, err := st.f.eval.AllocateOn(st.f.ctx, nd.obj, slices, st.f.state(c.node, st.f.base[c.node], taken{}, nil), pod.Claims)
@@ -698,8 +698,10 @@ func (st *state) confirm(c choice, pod Pod) ([]resourceapi.AllocationResult, err
 	return results, nil
 }
 
-// only keeps, of gputopo's devices, the named one.
-func only(in []*resourceapi.ResourceSlice, device string) []*resourceapi.ResourceSlice {
+// OnlyDevice keeps, of gputopo's devices in the slices, the named one
+// (a place chosen on one GPU, for the allocator to confirm); other
+// drivers' slices stay whole.
+func OnlyDevice(in []*resourceapi.ResourceSlice, device string) []*resourceapi.ResourceSlice {
 	out := make([]*resourceapi.ResourceSlice, 0, len(in))
 	for _, sl := range in {
 		if sl.Spec.Driver != topology.DriverName {

@@ -134,7 +134,7 @@ func (l *ledger) allocate(ctx context.Context, eval *devicefit.Evaluator, n int,
 	nd := &l.c.Nodes[n]
 	sl := nd.Slices
 	if device != "" {
-		sl = onlyDevice(sl, device)
+		sl = planner.OnlyDevice(sl, device)
 	}
 	results, err := eval.AllocateOn(ctx, nd.Obj, sl, l.state[n].Allocator(), claims)
 	if err != nil {
@@ -210,19 +210,3 @@ func (l *ledger) release(key string) {
 }
 
 func (l *ledger) usage() planner.Usage { return planner.Measure(l.snap, l.res) }
-
-// onlyDevice keeps, of the slices' devices, the named one.
-func onlyDevice(in []*resourceapi.ResourceSlice, device string) []*resourceapi.ResourceSlice {
-	out := make([]*resourceapi.ResourceSlice, 0, len(in))
-	for _, sl := range in {
-		cp := *sl
-		cp.Spec.Devices = nil
-		for _, d := range sl.Spec.Devices {
-			if d.Name == device {
-				cp.Spec.Devices = append(cp.Spec.Devices, d)
-			}
-		}
-		out = append(out, &cp)
-	}
-	return out
-}
