@@ -138,3 +138,23 @@ func TestSimulateOutputFields(t *testing.T) {
 		}
 	}
 }
+
+// --schedulers leaves the schedulers it does not name out of the table
+// and out of each seed's --progress line, rather than showing them at 0.
+func TestSimulateShowsOnlyTheSchedulersReplayed(t *testing.T) {
+	out, err := run(t, "gputopo", "simulate", "--cluster", "../../pkg/simulate/testdata/dgx-h100-2x4x4.yaml",
+		"--trace-format", "philly", "--jobs", "20", "--seed", "1", "--seeds", "2", "--progress", "--schedulers", "firstfit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := lineWith(out, "seed 1: milli-GPU allocation")
+	if !strings.HasPrefix(seed, "seed 1: milli-GPU allocation first fit 0.") || strings.Contains(seed, "gputopo") || strings.Contains(seed, "default scheduler") {
+		t.Errorf("progress line %q, want first fit's allocation alone", seed)
+	}
+	if jct := strings.SplitN(seed, "mean JCT ", 2); len(jct) != 2 || strings.Contains(jct[1], ",") {
+		t.Errorf("progress line %q, want one mean JCT", seed)
+	}
+	if strings.Contains(out, "gputopo") || strings.Contains(out, "default scheduler") {
+		t.Errorf("output names a scheduler that was not replayed:\n%s", out)
+	}
+}

@@ -201,8 +201,11 @@ func WriteTable(w io.Writer, r *Result) error {
 			return fmt.Errorf("write table: %w", err)
 		}
 		if artifact {
-			fmt.Fprintf(w, "  (at the end of the replay: gputopo %s, default scheduler %s, first fit %s)\n",
-				pct(r.Metrics.MilliAllocationRatio), pct(r.Baseline.MilliAllocationRatio), pct(r.FirstFit.MilliAllocationRatio))
+			var end []string
+			for _, m := range all {
+				end = append(end, m.Scheduler+" "+pct(m.MilliAllocationRatio))
+			}
+			fmt.Fprintf(w, "  (at the end of the replay: %s)\n", strings.Join(end, ", "))
 		}
 	}
 	fmt.Fprintf(w, "\ntotal wall time %.1f s\n", r.WallSeconds)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gputopo/gputopo/pkg/planner"
@@ -288,20 +289,25 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 		}
 		res.PerSeed = append(res.PerSeed, SeedResult{Seed: seed, Gputopo: seedMeasure(at(ours)), Baseline: seedMeasure(at(base)), FirstFit: seedMeasure(at(first)), FGD: seedMeasure(at(fgd))})
 		if opt.Progress != nil {
-			fmt.Fprintf(opt.Progress, "seed %d: milli-GPU allocation gputopo %.4f, default scheduler %.4f, first fit %.4f",
-				seed, at(ours).MilliAllocationRatio, at(base).MilliAllocationRatio, at(first).MilliAllocationRatio)
-			if run("fgd") {
-				fmt.Fprintf(opt.Progress, ", FGD (artifact) %.4f", at(fgd).MilliAllocationRatio)
-			}
-			if artifactMeasure(tr, opt) {
-				fmt.Fprintf(opt.Progress, "; FGD artifact's measure %.4f, %.4f, %.4f",
-					at(ours).ArtifactAllocation, at(base).ArtifactAllocation, at(first).ArtifactAllocation)
-				if run("fgd") {
-					fmt.Fprintf(opt.Progress, ", %.4f", at(fgd).ArtifactAllocation)
+			var alloc, artifact, jct []string
+			for _, sc := range []struct {
+				key, name string
+				ms        []Metrics
+			}{{"gputopo", "gputopo", ours}, {"default", "default scheduler", base}, {"firstfit", "first fit", first}, {"fgd", "FGD (artifact)", fgd}} {
+				if !run(sc.key) {
+					continue
 				}
+				m := at(sc.ms)
+				alloc = append(alloc, fmt.Sprintf("%s %.4f", sc.name, m.MilliAllocationRatio))
+				artifact = append(artifact, fmt.Sprintf("%.4f", m.ArtifactAllocation))
+				jct = append(jct, fmt.Sprintf("%.0f s", m.MeanJCTS))
+			}
+			fmt.Fprintf(opt.Progress, "seed %d: milli-GPU allocation %s", seed, strings.Join(alloc, ", "))
+			if artifactMeasure(tr, opt) {
+				fmt.Fprintf(opt.Progress, "; FGD artifact's measure %s", strings.Join(artifact, ", "))
 			}
 			if tr.Timed {
-				fmt.Fprintf(opt.Progress, "; mean JCT %.0f s, %.0f s, %.0f s", at(ours).MeanJCTS, at(base).MeanJCTS, at(first).MeanJCTS)
+				fmt.Fprintf(opt.Progress, "; mean JCT %s", strings.Join(jct, ", "))
 			}
 			fmt.Fprintln(opt.Progress)
 		}
