@@ -61,12 +61,12 @@ type Config struct {
 	// "kube-scheduler" (e.g. higher API rate limits for a scale benchmark).
 	ExtraArgs map[string][]string
 	// CPURequests weighs processes as kubelet weighs their pods: each
-	// process named here (by the names of ExtraArgs, or "controller" for the gputopo
-	// controller)
-	// runs in a cpu cgroup of its own with the cpu.shares (cgroup v2:
-	// cpu.weight) of a container that requests this many millicores, so
-	// that on a saturated machine the CPUs are shared as on a node. Empty
-	// leaves every process in the caller's cgroup, equal.
+	// process named here (by the names of ExtraArgs, or "controller" for
+	// the gputopo controller) runs in a cpu cgroup of its own with the
+	// cpu.shares (cgroup v2: cpu.weight) of a container that requests
+	// this many millicores, so that on a saturated machine the CPUs are
+	// shared as on a node. Empty leaves every process in the caller's
+	// cgroup, equal.
 	CPURequests map[string]int64
 	// Peers are started once the nodes are ready and Manifests applied,
 	// before the controller: their CRDs, their managers and their webhooks
