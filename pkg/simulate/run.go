@@ -202,11 +202,18 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 	res := &Result{Demand: opt.Demand, DemandUnit: "milliGPU", Sharing: c.Sharing, Cluster: ClusterInfo{
 		Nodes: len(c.Nodes), GPUs: c.GPUs, Leaves: c.Leaves, Spines: c.Spines, NodesPerLeaf: c.NodesPerLeaf, CPUAndMemory: c.Nodes[0].CPUMilli > 0}}
 	var ours, base, first, fgd []Metrics
-	run := func(name string) bool {
-		if len(opt.Schedulers) == 0 {
-			return name != "fgd"
+	// The schedulers replayed, in the order of the report.
+	var scheds []struct {
+		key, label string
+		out        *[]Metrics
+	}
+	for _, sc := range []struct {
+		key, label string
+		out        *[]Metrics
+	}{{"gputopo", "gputopo", &ours}, {"default", "default scheduler", &base}, {"firstfit", "first fit", &first}, {"fgd", "FGD (artifact)", &fgd}} {
+		if len(opt.Schedulers) == 0 && sc.key != "fgd" || slices.Contains(opt.Schedulers, sc.key) {
+			scheds = append(scheds, sc)
 		}
-		return slices.Contains(opt.Schedulers, name)
 	}
 	for k := range opt.Seeds {
 		seed := opt.Seed + uint64(k)
@@ -249,37 +256,31 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 		if opt.FGDWorkload && tr.Format == FormatAlibaba {
 			w = fgdWorkload(tr.Jobs, c.Sharing)
 		}
-		type sched struct {
-			out *[]Metrics
-			p   placer
-		}
-		var scheds []sched
-		if run("gputopo") {
-			scheds = append(scheds, sched{&ours, newGputopo(c, cl, opt, w, seed, tr.Timed)})
-		}
-		if run("default") {
-			scheds = append(scheds, sched{&base, newSchedulerModel(c, cl, seed, newLedger(c))})
-		}
-		if run("firstfit") {
-			scheds = append(scheds, sched{&first, newFirstFit(c, cl)})
-		}
-		if run("fgd") {
-			if nodePerm == nil {
-				return nil, errors.New("the FGD artifact's scheduler replays static Alibaba traces with the artifact's arrivals only")
+		for _, sc := range scheds {
+			var p placer
+			switch sc.key {
+			case "gputopo":
+				p = newGputopo(c, cl, opt, w, seed, tr.Timed)
+			case "default":
+				p = newSchedulerModel(c, cl, seed, newLedger(c))
+			case "firstfit":
+				p = newFirstFit(c, cl)
+			case "fgd":
+				if nodePerm == nil {
+					return nil, errors.New("the FGD artifact's scheduler replays static Alibaba traces with the artifact's arrivals only")
+				}
+				prio := fgdNodePriority(c, nodePerm(len(c.Nodes)))
+				p = newFGDArtifact(c, cl, fgdTypical(tr.Jobs, c.Sharing), prio, newLedger(c))
 			}
-			prio := fgdNodePriority(c, nodePerm(len(c.Nodes)))
-			scheds = append(scheds, sched{&fgd, newFGDArtifact(c, cl, fgdTypical(tr.Jobs, c.Sharing), prio, newLedger(c))})
-		}
-		for _, p := range scheds {
-			m, err := replay(ctx, c, jobs, tr.Timed, p.p, opt.locality())
+			m, err := replay(ctx, c, jobs, tr.Timed, p, opt.locality())
 			if err != nil {
-				return nil, fmt.Errorf("seed %d, %s: %w", seed, p.p.name(), err)
+				return nil, fmt.Errorf("seed %d, %s: %w", seed, p.name(), err)
 			}
 			if artifactMeasure(tr, opt) {
 				m.ArtifactAllocation, _ = artifactAllocation(m.arrivals, c.GPUs, opt.Demand)
 			}
 			m.arrivals = nil
-			*p.out = append(*p.out, m)
+			*sc.out = append(*sc.out, m)
 		}
 		at := func(ms []Metrics) Metrics {
 			if len(ms) > k {
@@ -290,15 +291,9 @@ func Run(ctx context.Context, c *Cluster, cl *Claims, src Source, opt Options) (
 		res.PerSeed = append(res.PerSeed, SeedResult{Seed: seed, Gputopo: seedMeasure(at(ours)), Baseline: seedMeasure(at(base)), FirstFit: seedMeasure(at(first)), FGD: seedMeasure(at(fgd))})
 		if opt.Progress != nil {
 			var alloc, artifact, jct []string
-			for _, sc := range []struct {
-				key, name string
-				ms        []Metrics
-			}{{"gputopo", "gputopo", ours}, {"default", "default scheduler", base}, {"firstfit", "first fit", first}, {"fgd", "FGD (artifact)", fgd}} {
-				if !run(sc.key) {
-					continue
-				}
-				m := at(sc.ms)
-				alloc = append(alloc, fmt.Sprintf("%s %.4f", sc.name, m.MilliAllocationRatio))
+			for _, sc := range scheds {
+				m := at(*sc.out)
+				alloc = append(alloc, fmt.Sprintf("%s %.4f", sc.label, m.MilliAllocationRatio))
 				artifact = append(artifact, fmt.Sprintf("%.4f", m.ArtifactAllocation))
 				jct = append(jct, fmt.Sprintf("%.0f s", m.MeanJCTS))
 			}

@@ -3,6 +3,7 @@ package scale
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -36,7 +37,7 @@ func ParseCPURequests(s string) (map[string]int64, error) {
 			continue
 		}
 		name, value, ok := strings.Cut(item, "=")
-		if !ok || !isCPURequestProc(name) {
+		if !ok || !slices.Contains(cpuRequestProcs, name) {
 			return nil, fmt.Errorf("--cpu-requests entry %q: want kubeadm or NAME=QUANTITY with NAME one of %s, e.g. kubeadm,controller=250m", item, strings.Join(cpuRequestProcs, ", "))
 		}
 		q, err := resource.ParseQuantity(value)
@@ -46,13 +47,4 @@ func ParseCPURequests(s string) (map[string]int64, error) {
 		out[name] = q.MilliValue()
 	}
 	return out, nil
-}
-
-func isCPURequestProc(name string) bool {
-	for _, p := range cpuRequestProcs {
-		if p == name {
-			return true
-		}
-	}
-	return false
 }
