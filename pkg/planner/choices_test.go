@@ -9,14 +9,15 @@ import (
 
 // TestBestChoicesIsTheStableSortsHead checks that the bounded selection
 // planOnePod uses gives the first k of a stable sort by better, ties in
-// node order included, on choices that tie often.
+// node order included, on choices that tie often, for every order
+// better keeps.
 func TestBestChoicesIsTheStableSortsHead(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
 	for round := range 2000 {
-		n, k, spread := r.IntN(60), 1+r.IntN(20), r.IntN(2) == 0
+		n, k, spread, inOrder := r.IntN(60), 1+r.IntN(20), r.IntN(2) == 0, r.IntN(2) == 0
 		choices := make([]choice, n)
 		for i := range choices {
-			choices[i] = choice{node: i, score: float64(r.IntN(3)), left: r.IntN(3) * 1000, leafFree: r.IntN(3), gpuLeft: r.IntN(3) * 250}
+			choices[i] = choice{node: i, score: float64(r.IntN(3)), left: r.IntN(3) * 1000, leafFree: r.IntN(3), gpuLeft: r.IntN(3) * 250, inOrder: inOrder && !spread}
 		}
 		want := slices.Clone(choices)
 		slices.SortStableFunc(want, func(a, b choice) int {
@@ -42,5 +43,18 @@ func TestScoreKeyHasNoPadding(t *testing.T) {
 	fields := unsafe.Sizeof(k.rest) + unsafe.Sizeof(k.matched) + unsafe.Sizeof(k.free) + unsafe.Sizeof(k.shared) + unsafe.Sizeof(k.slots) + unsafe.Sizeof(k.res)
 	if size := unsafe.Sizeof(k); size != fields {
 		t.Errorf("scoreKey is %d bytes, its fields %d: reorder or widen them so nothing pads it", size, fields)
+	}
+}
+
+// TestFGDScore checks the integer score against FGD's: 50 for no change,
+// bins about 40 milliGPU wide near it, wider further out.
+func TestFGDScore(t *testing.T) {
+	for _, tc := range []struct {
+		rise float64
+		want int64
+	}{{0, 50}, {-39, 50}, {-41, 51}, {39, 49}, {41, 48}, {1000, 26}, {-1000, 73}, {-1e6, 100}, {1e6, 0}} {
+		if got := fgdScore(tc.rise); got != tc.want {
+			t.Errorf("fgdScore(%v) = %d, want %d", tc.rise, got, tc.want)
+		}
 	}
 }

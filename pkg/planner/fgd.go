@@ -25,16 +25,23 @@ import (
 // fragmentation is the free capacity the expected workload cannot use,
 // weighted by how common each kind of pod is (the weights normalised, so
 // it is the milliGPU an expected pod finds stranded); the pod goes to the
-// node and GPU that raise it least. Places within fragTolerance of the
-// least rise count as equal: the workload is an estimate, and among
-// places that close the planner packs (the node with the least left,
-// then the leaf with the fewest free nodes). Strategy consolidated packs
-// instead (the fullest node and GPU that fit), distributed spreads (the
-// emptiest). The allocator has the last word on every choice.
+// node and GPU that raise it least. The workload is an estimate, so
+// places whose rises differ by little count as equal, and the planner
+// packs among them. For a pod with GPUs that is FGD's own rule: places
+// of equal integer score (fgdScore) are equal, and the pod takes the
+// first of them in the cluster's order (spine, leaf, node name), which
+// fills leaf after leaf and leaves the last ones whole. For a pod
+// without GPUs, placed by what its CPU and memory strand, places within
+// fragTolerance of the least rise are equal, and it takes the node with
+// the fewest free GPUs (then the leaf with the fewest free nodes), so it
+// spends the CPU of nodes whose GPUs are already in use. Strategy
+// consolidated packs instead (the fullest node and GPU that fit),
+// distributed spreads (the emptiest). The allocator has the last word on
+// every choice.
 
 // fragTolerance is how far, in milliGPU of expected stranded compute (2 %
 // of a GPU), a place's rise in fragmentation may lie above the least and
-// still count as equal to it. Exact minima chase differences smaller
+// still count as equal to it, for a pod without GPUs. Exact minima chase differences smaller
 // than what the workload estimate can tell apart; packing among near
 // equals leaves fuller nodes full and emptier ones whole. On the Alibaba
 // trace this is worth about half a point of allocation at 130 % demand
@@ -373,9 +380,14 @@ type choice struct {
 	// keeping whole leaves free for multi-node jobs (but for strategy
 	// distributed).
 	leafFree int
+	// inOrder: among places of equal score the node first in the
+	// cluster's order wins (a pod with GPUs placed by fragmentation).
+	inOrder bool
 }
 
-// better orders choices: lower score, then less left on the node, then
+// better orders choices: lower score, then, for a pod with GPUs placed by
+// fragmentation, the node first in the cluster's order; else less left
+// on the node, then
 // the leaf with fewer free nodes, then the GPU the strategy prefers.
 // The fullest node comes before the leaf: filling a node that is already
 // in use never takes a free node from any leaf, and when only free nodes
@@ -386,6 +398,8 @@ func (c choice) better(o choice, spread bool) bool {
 	switch {
 	case c.score != o.score:
 		return c.score < o.score
+	case c.inOrder && c.node != o.node:
+		return c.node < o.node
 	case c.left != o.left:
 		return c.left < o.left
 	case c.leafFree != o.leafFree && !spread:
@@ -514,9 +528,17 @@ func bestChoices(choices []choice, k int, spread bool) []choice {
 	return top
 }
 
-// nearEqual gives every choice within fragTolerance of the least rise in
-// fragmentation the least rise, so the tie-breaks decide among them.
+// nearEqual makes places of nearly equal rise in fragmentation equal, so
+// the tie-breaks decide among them: for a pod with GPUs, places of equal
+// fgdScore; for a pod without, places within fragTolerance of the least
+// rise.
 func nearEqual(choices []choice) {
+	if len(choices) > 0 && choices[0].inOrder {
+		for i := range choices {
+			choices[i].score = -float64(fgdScore(choices[i].rise))
+		}
+		return
+	}
 	least := math.Inf(1)
 	for _, c := range choices {
 		least = min(least, c.score)
@@ -526,6 +548,17 @@ func nearEqual(choices []choice) {
 			choices[i].score = least
 		}
 	}
+}
+
+// fgdScore is FGD's score of a rise in fragmentation (milliGPU per
+// expected pod), int(100 × sigmoid(−rise / 1000)): 50 for no change, one
+// point about 40 milliGPU wide near it and wider as the rise grows (the
+// artifact's NodeGpuShareFragAmountScore, hkust-adsl/kubernetes-
+// scheduler-simulator). How coarse it is, is what the rule rests on: on
+// the Alibaba traces FGD's figures need the coarse score and a fixed
+// order among equal scores (docs/benchmarks.md).
+func fgdScore(rise float64) int64 {
+	return int64(100 / (1 + math.Exp(rise/1000)))
 }
 
 // allFree says whether every GPU of a node is free.
@@ -626,6 +659,7 @@ func (st *state) score(n int, slots []slot, d podDemand, m *fragModel, spread bo
 		default:
 			c.score = m.frag(&s, after, blocked) - before
 			c.rise = c.score
+			c.inOrder = d.gpus > 0
 		}
 		if !found || c.better(best, spread) {
 			best, found = c, true
@@ -742,7 +776,11 @@ func (st *state) onePodPlan(c choice, pod Pod, results []resourceapi.AllocationR
 	case StrategyDistributed:
 		p.Reasons = append(p.Reasons, fmt.Sprintf("%s on %s: the emptiest place of %s with room (strategy distributed), %d milliGPU left there", what, where, nodes, c.left))
 	default:
-		p.Reasons = append(p.Reasons, fmt.Sprintf("%s on %s: of %s with room, it strands the least free GPU compute for the expected workload (%+.0f milliGPU per expected pod, within %d of the least), %d milliGPU left there", what, where, nodes, c.rise, fragTolerance, c.left))
+		equal := fmt.Sprintf("within %d of the least", fragTolerance)
+		if c.inOrder {
+			equal = fmt.Sprintf("FGD score %d, the first of that score in the cluster's order", fgdScore(c.rise))
+		}
+		p.Reasons = append(p.Reasons, fmt.Sprintf("%s on %s: of %s with room, it strands the least free GPU compute for the expected workload (%+.0f milliGPU per expected pod, %s), %d milliGPU left there", what, where, nodes, c.rise, equal, c.left))
 	}
 	return p
 }

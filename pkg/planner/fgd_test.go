@@ -420,21 +420,28 @@ func TestScoreMemoPlansLikeScoringEveryNode(t *testing.T) {
 	}
 }
 
-// Among places of near-equal fragmentation a pod goes to the fullest
-// node, wherever its leaf; only when it must break a free node does it
-// take one of the leaf with the fewest free nodes, keeping whole leaves
-// free for multi-node jobs.
-func TestNearEqualPacksFullestNodeThenLeaf(t *testing.T) {
-	halves := planner.Workload{{GPUs: 1, MilliGPU: 500, Weight: 1}}
+// Among places of equal FGD score a pod with GPUs goes to the first node
+// in the cluster's order (spine, leaf, name), fuller nodes elsewhere or
+// not: leaves fill one after the other, keeping the last ones whole.
+// A pod without GPUs, among places within the tolerance, goes to the
+// node with the fewest free GPUs, and among free nodes to the leaf with
+// the fewest, spending CPU where GPUs are already in use.
+func TestEqualPlacesPack(t *testing.T) {
+	halves := planner.Workload{{GPUs: 1, MilliGPU: 500, Requests: resources("cpu", "8"), Weight: 1}}
 	p := planner.New(newEvaluator(t), planner.WithWorkload(halves))
+	cpuOnly := planner.Job{Key: "cpu", Pods: []planner.Pod{{Name: "p0", Requests: resources("cpu", "4")}}}
 	tests := map[string]struct {
+		job  planner.Job
 		full map[string]int // GPUs held whole, by node
 		want string
 	}{
-		// leaf-0 has one free node, leaf-1 two; l1n0 is the fullest.
-		"the fullest node, not the leaf with fewer free nodes": {map[string]int{"l0n0": 4, "l1n0": 7}, "l1n0/gpu-7"},
-		// Only free nodes have room: leaf-0's last one, not leaf-1's three.
-		"a free node of the leaf with the fewest": {map[string]int{"l0n0": 8}, "l0n1/gpu-0"},
+		// l1n0 is the fullest; l0n0 comes first.
+		"a share: the first node, not the fullest":      {shareJob(t, "h", 500), map[string]int{"l0n0": 4, "l1n0": 7}, "l0n0/gpu-4"},
+		"a share: the next node once the first is full": {shareJob(t, "h", 500), map[string]int{"l0n0": 8, "l1n0": 7}, "l0n1/gpu-0"},
+		"no GPUs: the fullest node":                     {cpuOnly, map[string]int{"l0n0": 4, "l1n0": 7}, "l1n0"},
+		"no GPUs: a node whose GPUs are all held":       {cpuOnly, map[string]int{"l0n0": 8, "l1n0": 7}, "l0n0"},
+		// Every node free: leaf-1 has two free nodes, leaf-0 three.
+		"no GPUs: the leaf with the fewest free nodes": {cpuOnly, nil, "l1n0"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -445,9 +452,20 @@ func TestNearEqualPacksFullestNodeThenLeaf(t *testing.T) {
 						Consumed: map[resourceapi.QualifiedName]resource.Quantity{topology.CapacityMilliGPU: resource.MustParse("1000")}})
 				}
 			}
-			c := sharedClusterOf(t, makeCluster().Leaf("spine-0", 0, "dgx-h100", 2).Leaf("spine-0", 1, "dgx-h100", 3))
-			got := planAll(t, p, planner.NewSnapshotFromState(c, state), shareJob(t, "h", 500))
-			if diff := cmp.Diff(where{tc.want}, got); diff != "" {
+			c := sharedClusterOf(t, makeCluster().Leaf("spine-0", 0, "dgx-h100", 3).Leaf("spine-0", 1, "dgx-h100", 2).
+				Allocatable(resources("cpu", "64", "memory", "1Ti", "pods", "110"), "l0n0", "l0n1", "l0n2", "l1n0", "l1n1"))
+			snap := planner.NewSnapshotFromState(c, state)
+			if len(tc.job.Pods[0].Claims) == 0 {
+				plan, err := p.Plan(context.Background(), snap, nil, tc.job)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := plan.Assignments["p0"]; got != tc.want {
+					t.Errorf("placed on %s, want %s (%q)", got, tc.want, plan.Reasons)
+				}
+				return
+			}
+			if diff := cmp.Diff(where{tc.want}, planAll(t, p, snap, tc.job)); diff != "" {
 				t.Errorf("placements (-want +got):\n%s", diff)
 			}
 		})
