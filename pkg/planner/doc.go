@@ -54,8 +54,9 @@
 // A job of one pod whose claims ask only for GPUs (whole ones, or a share
 // of one shared GPU) with placement auto skips the domain search: it goes
 // to the node and GPU that fragment the cluster's free GPU capacity least
-// for the expected workload (FGD; places within a tolerance of the least
-// count as equal, and the pod packs among them), or to the fullest
+// for the expected workload (FGD; places of nearly equal rise count as
+// equal, FGD's integer score for a pod with GPUs, and the pod packs
+// among them), or to the fullest
 // (consolidated) or emptiest (distributed) place that fits; see fgd.go.
 // Shares held by allocated claims and reservations count
 // (NewSnapshotFromState, Reservation.Shares); several jobs may hold

@@ -319,9 +319,10 @@ func TestOnePodRefusalWhenGPUsAreFull(t *testing.T) {
 // least count as equal, and the planner packs among them. With wholes
 // and a few halves expected, a quarter on l0n1's gpu-0 (750 free) strands
 // 2.5 milliGPU less per expected pod than on l0n0's gpu-0 (500 free); the
-// difference is noise, and l0n0 is the fuller node. A larger difference
-// still decides: with l0n0's gpu-0 whole, a quarter there would strand
-// three quarters of a GPU, so it goes to l0n1 although l0n0 is fuller.
+// difference is noise (the two places have the same FGD score), and l0n0
+// comes first (and is the fuller node). A larger difference still
+// decides: with l0n0's gpu-0 whole, a quarter there would strand three
+// quarters of a GPU, so it goes to l0n1 although l0n0 comes first.
 func TestNearEqualFragmentationPacks(t *testing.T) {
 	mostlyWholes := planner.Workload{{GPUs: 1, MilliGPU: 1000, Weight: 99}, {GPUs: 1, MilliGPU: 500, Weight: 1}}
 	p := planner.New(newEvaluator(t), planner.WithWorkload(mostlyWholes))
@@ -333,8 +334,8 @@ func TestNearEqualFragmentationPacks(t *testing.T) {
 		l0n0, l0n1 string // consumed of gpu-0 (none: whole); l0n0's other GPUs hold 900 each
 		want       string
 	}{
-		"within the tolerance: the fuller node": {"500", "250", "l0n0/gpu-0"},
-		"beyond it: the least rise":             {"", "500", "l0n1/gpu-0"},
+		"the same score: the first node": {"500", "250", "l0n0/gpu-0"},
+		"a lower score: the least rise":  {"", "500", "l0n1/gpu-0"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
