@@ -41,9 +41,10 @@ import (
 
 // fragTolerance is how far, in milliGPU of expected stranded compute (2 %
 // of a GPU), a place's rise in fragmentation may lie above the least and
-// still count as equal to it, for a pod without GPUs. Exact minima chase differences smaller
-// than what the workload estimate can tell apart; packing among near
-// equals leaves fuller nodes full and emptier ones whole. On the Alibaba
+// still count as equal to it, for a pod without GPUs. Exact minima chase
+// differences smaller than what the workload estimate can tell apart;
+// packing among near equals leaves fuller nodes full and emptier ones
+// whole. On the Alibaba
 // trace this is worth about half a point of allocation at 130 % demand
 // (docs/benchmarks.md); with the fullest node packed first, 10 and 40
 // gave less than 20 on the traces that chose it (gpushare80, cpu200).
@@ -387,8 +388,8 @@ type choice struct {
 
 // better orders choices: lower score, then, for a pod with GPUs placed by
 // fragmentation, the node first in the cluster's order; else less left
-// on the node, then
-// the leaf with fewer free nodes, then the GPU the strategy prefers.
+// on the node, then the leaf with fewer free nodes, then the GPU the
+// strategy prefers.
 // The fullest node comes before the leaf: filling a node that is already
 // in use never takes a free node from any leaf, and when only free nodes
 // (or nodes as full) are left the leaf with the fewest free nodes gives
