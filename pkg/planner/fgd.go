@@ -44,10 +44,10 @@ import (
 // still count as equal to it, for a pod without GPUs. Exact minima chase
 // differences smaller than what the workload estimate can tell apart;
 // packing among near equals leaves fuller nodes full and emptier ones
-// whole. On the Alibaba
-// trace this is worth about half a point of allocation at 130 % demand
-// (docs/benchmarks.md); with the fullest node packed first, 10 and 40
-// gave less than 20 on the traces that chose it (gpushare80, cpu200).
+// whole. On the Alibaba trace this is worth about half a point of
+// allocation at 130 % demand (docs/benchmarks.md); with the fullest node
+// packed first, 10 and 40 gave less than 20 on the traces that chose it
+// (gpushare80, cpu200).
 const fragTolerance = 20
 
 // WorkloadClass is one kind of pod of the expected workload.
