@@ -17,7 +17,7 @@ func TestBestChoicesIsTheStableSortsHead(t *testing.T) {
 		n, k, spread, inOrder := r.IntN(60), 1+r.IntN(20), r.IntN(2) == 0, r.IntN(2) == 0
 		choices := make([]choice, n)
 		for i := range choices {
-			choices[i] = choice{node: i, score: float64(r.IntN(3)), left: r.IntN(3) * 1000, leafFree: r.IntN(3), gpuLeft: r.IntN(3) * 250, inOrder: inOrder && !spread}
+			choices[i] = choice{node: i, score: float64(r.IntN(3)), left: r.IntN(3) * 1000, leafFree: r.IntN(3), gpuLeft: r.IntN(3) * 250, inOrder: inOrder && !spread, freeNode: r.IntN(2) == 0}
 		}
 		want := slices.Clone(choices)
 		slices.SortStableFunc(want, func(a, b choice) int {

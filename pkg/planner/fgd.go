@@ -384,6 +384,8 @@ type choice struct {
 	// inOrder: among places of equal score the node first in the
 	// cluster's order wins (a pod with GPUs placed by fragmentation).
 	inOrder bool
+	// freeNode: every GPU of the node is free.
+	freeNode bool
 }
 
 // better orders choices: lower score, then, for a pod with GPUs placed by
@@ -399,6 +401,10 @@ func (c choice) better(o choice, spread bool) bool {
 	switch {
 	case c.score != o.score:
 		return c.score < o.score
+	case c.inOrder && c.freeNode != o.freeNode:
+		return !c.freeNode
+	case c.inOrder && c.freeNode && c.leafFree != o.leafFree:
+		return c.leafFree < o.leafFree
 	case c.inOrder && c.node != o.node:
 		return c.node < o.node
 	case c.left != o.left:
@@ -454,7 +460,8 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 		}
 		open++
 		buf = st.slots(n, buf)
-		if allFree(buf) && nd.leaf != nil {
+		free := allFree(buf)
+		if free && nd.leaf != nil {
 			freeNodes[nd.leaf.idx]++
 		}
 		blocked, matched, keyed := m.blocked(nd.obj)
@@ -464,6 +471,7 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 			if v, hit := scores[key]; hit {
 				if v.found {
 					v.c.node = n
+					v.c.freeNode = free
 					choices = append(choices, v.c)
 				}
 				continue
@@ -474,6 +482,7 @@ func (st *state) planOnePod() (*Plan, bool, error) {
 			scores[key] = memoScore{c, found}
 		}
 		if found {
+			c.freeNode = free
 			choices = append(choices, c)
 		}
 	}

@@ -421,9 +421,10 @@ func TestScoreMemoPlansLikeScoringEveryNode(t *testing.T) {
 	}
 }
 
-// Among places of equal FGD score a pod with GPUs goes to the first node
-// in the cluster's order (spine, leaf, name), fuller nodes elsewhere or
-// not: leaves fill one after the other, keeping the last ones whole.
+// Among places of equal FGD score a pod with GPUs goes to a node in use
+// before a free one, to the first in the cluster's order (spine, leaf,
+// name), fuller nodes elsewhere or not; when it must take a free node, it
+// takes one from the leaf with the fewest, keeping whole leaves whole.
 // A pod without GPUs, among places within the tolerance, goes to the
 // node with the fewest free GPUs, and among free nodes to the leaf with
 // the fewest, spending CPU where GPUs are already in use.
@@ -437,10 +438,12 @@ func TestEqualPlacesPack(t *testing.T) {
 		want string
 	}{
 		// l1n0 is the fullest; l0n0 comes first.
-		"a share: the first node, not the fullest":      {shareJob(t, "h", 500), map[string]int{"l0n0": 4, "l1n0": 7}, "l0n0/gpu-4"},
-		"a share: the next node once the first is full": {shareJob(t, "h", 500), map[string]int{"l0n0": 8, "l1n0": 7}, "l0n1/gpu-0"},
-		"no GPUs: the fullest node":                     {cpuOnly, map[string]int{"l0n0": 4, "l1n0": 7}, "l1n0"},
-		"no GPUs: a node whose GPUs are all held":       {cpuOnly, map[string]int{"l0n0": 8, "l1n0": 7}, "l0n0"},
+		"a share: the first node, not the fullest": {shareJob(t, "h", 500), map[string]int{"l0n0": 4, "l1n0": 7}, "l0n0/gpu-4"},
+		"a share: a node in use before a free one": {shareJob(t, "h", 500), map[string]int{"l0n0": 8, "l1n0": 7}, "l1n0/gpu-7"},
+		// Only free nodes have room: leaf-1 has two, leaf-0 three.
+		"a share on a free node: the leaf with the fewest": {shareJob(t, "h", 500), nil, "l1n0/gpu-0"},
+		"no GPUs: the fullest node":                        {cpuOnly, map[string]int{"l0n0": 4, "l1n0": 7}, "l1n0"},
+		"no GPUs: a node whose GPUs are all held":          {cpuOnly, map[string]int{"l0n0": 8, "l1n0": 7}, "l0n0"},
 		// Every node free: leaf-1 has two free nodes, leaf-0 three.
 		"no GPUs: the leaf with the fewest free nodes": {cpuOnly, nil, "l1n0"},
 	}
