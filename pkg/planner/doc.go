@@ -56,7 +56,7 @@
 // to the node and GPU that fragment the cluster's free GPU capacity least
 // for the expected workload (FGD; places of nearly equal rise count as
 // equal, FGD's integer score for a pod with GPUs, and the pod packs
-// among them), or to the fullest
+// among them, nodes in use first), or to the fullest
 // (consolidated) or emptiest (distributed) place that fits; see fgd.go.
 // Shares held by allocated claims and reservations count
 // (NewSnapshotFromState, Reservation.Shares); several jobs may hold

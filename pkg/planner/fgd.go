@@ -27,17 +27,18 @@ import (
 // it is the milliGPU an expected pod finds stranded); the pod goes to the
 // node and GPU that raise it least. The workload is an estimate, so
 // places whose rises differ by little count as equal, and the planner
-// packs among them. For a pod with GPUs that is FGD's own rule: places
-// of equal integer score (fgdScore) are equal, and the pod takes the
-// first of them in the cluster's order (spine, leaf, node name), which
-// fills leaf after leaf and leaves the last ones whole. For a pod
-// without GPUs, placed by what its CPU and memory strand, places within
-// fragTolerance of the least rise are equal, and it takes the node with
-// the fewest free GPUs (then the leaf with the fewest free nodes), so it
-// spends the CPU of nodes whose GPUs are already in use. Strategy
-// consolidated packs instead (the fullest node and GPU that fit),
-// distributed spreads (the emptiest). The allocator has the last word on
-// every choice.
+// packs among them. For a pod with GPUs, places of equal integer score
+// (fgdScore, FGD's own) are equal; among them the pod takes a node
+// already in use before a free one, the first in the cluster's order
+// (spine, leaf, node name), which fills leaf after leaf, and a free node
+// from the leaf with the fewest free nodes, keeping whole leaves whole
+// for multi-node jobs. For a pod without GPUs, placed by what its CPU
+// and memory strand, places within fragTolerance of the least rise are
+// equal, and it takes the node with the fewest free GPUs (then the leaf
+// with the fewest free nodes), so it spends the CPU of nodes whose GPUs
+// are already in use. Strategy consolidated packs instead (the fullest
+// node and GPU that fit), distributed spreads (the emptiest). The
+// allocator has the last word on every choice.
 
 // fragTolerance is how far, in milliGPU of expected stranded compute (2 %
 // of a GPU), a place's rise in fragmentation may lie above the least and
@@ -389,9 +390,10 @@ type choice struct {
 }
 
 // better orders choices: lower score, then, for a pod with GPUs placed by
-// fragmentation, the node first in the cluster's order; else less left
-// on the node, then the leaf with fewer free nodes, then the GPU the
-// strategy prefers.
+// fragmentation, a node in use before a free one, a free one from the
+// leaf with fewer free nodes, then the node first in the cluster's order;
+// else less left on the node, then the leaf with fewer free nodes, then
+// the GPU the strategy prefers.
 // The fullest node comes before the leaf: filling a node that is already
 // in use never takes a free node from any leaf, and when only free nodes
 // (or nodes as full) are left the leaf with the fewest free nodes gives
