@@ -790,7 +790,7 @@ func (st *state) onePodPlan(c choice, pod Pod, results []resourceapi.AllocationR
 	default:
 		equal := fmt.Sprintf("within %d of the least", fragTolerance)
 		if c.inOrder {
-			equal = fmt.Sprintf("FGD score %d, the first of that score in the cluster's order", fgdScore(c.rise))
+			equal = fmt.Sprintf("FGD score %d, packed among the places of that score: nodes in use first", fgdScore(c.rise))
 		}
 		p.Reasons = append(p.Reasons, fmt.Sprintf("%s on %s: of %s with room, it strands the least free GPU compute for the expected workload (%+.0f milliGPU per expected pod, %s), %d milliGPU left there", what, where, nodes, c.rise, equal, c.left))
 	}
