@@ -80,7 +80,13 @@ for lib in libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libgcc_s.so
 done
 cp -L "/$loader" "$OUT/rootfs/$loader"
 echo "root:x:0:0:root:/:/bin/sh" >"$OUT/rootfs/etc/passwd"
-echo "/lib/$triplet" >"$OUT/rootfs/etc/ld.so.conf"
+# As Debian and Ubuntu images have it: nvidia-cdi-hook's update-ldcache adds
+# the driver's library folders as a drop-in in ld.so.conf.d and leaves an
+# existing ld.so.conf alone, so without the include a driver outside the
+# system folders (/usr/local/nvidia/lib64) is not in the container's cache.
+mkdir -p "$OUT/rootfs/etc/ld.so.conf.d"
+echo "include /etc/ld.so.conf.d/*.conf" >"$OUT/rootfs/etc/ld.so.conf"
+echo "/lib/$triplet" >"$OUT/rootfs/etc/ld.so.conf.d/$triplet.conf"
 
 cp hack/gpu-check-run.sh "$OUT/run.sh"
 chmod +x "$OUT/run.sh"

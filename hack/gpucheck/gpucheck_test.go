@@ -289,6 +289,26 @@ func TestParseTopoOfARealLayout(t *testing.T) {
 	}
 }
 
+// TestParseTopoOfAnH200 reads `nvidia-smi topo -m` as driver 580.159.04
+// wrote it on a one-GPU H200 machine, header underlined with terminal
+// escapes: the header's GPU0 must not be mistaken for the row's.
+func TestParseTopoOfAnH200(t *testing.T) {
+	data, err := os.ReadFile("testdata/topo-h200-1gpu.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), "\x1b[4m") {
+		t.Fatal("the recorded output lost its escapes")
+	}
+	got, err := parseTopo(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != "[[0]]" {
+		t.Errorf("parseTopo = %v, want [[0]]", got)
+	}
+}
+
 func TestCDICheck(t *testing.T) {
 	dir := t.TempDir()
 	lib := filepath.Join(dir, "libcuda.so.1")
@@ -406,6 +426,43 @@ esac
 	}
 	if _, err := exec.LookPath("gcc"); err != nil {
 		t.Skip("the NVML stand-in is built with gcc")
+	}
+	// The rootfs's loader configuration reaches the drop-in that the hook's
+	// update-ldcache writes for a driver outside the system folders (on an
+	// H200 with its driver in /usr/local/nvidia/lib64 it once did not, and
+	// the container's nvidia-smi found no libnvidia-ml.so.1).
+	if ldconfig, err := exec.LookPath("ldconfig"); err == nil {
+		rootfs := filepath.Join(t.TempDir(), "rootfs")
+		if out, err := exec.Command("cp", "-a", filepath.Join(m.dir, "out/bundle/rootfs"), rootfs).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		probe := filepath.Join(rootfs, "usr/local/nvidia/lib64")
+		if err := os.MkdirAll(probe, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		lib, err := os.ReadFile(filepath.Join(rootfs, "lib/x86_64-linux-gnu/libgcc_s.so.1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(probe, "libgcc_s.so.1"), lib, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(rootfs, "etc/ld.so.conf.d"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(rootfs, "etc/ld.so.conf.d/00-nvcr-test.conf"), []byte("/usr/local/nvidia/lib64\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command(ldconfig, "-r", rootfs, "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache").CombinedOutput(); err != nil {
+			t.Fatalf("ldconfig on the bundle's rootfs: %v: %s", err, out)
+		}
+		cache, err := os.ReadFile(filepath.Join(rootfs, "etc/ld.so.cache"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(cache), "/usr/local/nvidia/lib64/libgcc_s.so.1") {
+			t.Error("the bundle's rootfs/etc/ld.so.conf does not include /etc/ld.so.conf.d: a driver's folder added there by update-ldcache is not in the container's loader cache")
+		}
 	}
 	root := filepath.Join(m.dir, "driver")
 	cfg := nvmltest.Config{CUDAVersion: 12040}

@@ -159,10 +159,14 @@ func parseCUDAVersion(data []byte) (string, error) {
 	return string(m[1]), nil
 }
 
+// ansiRE matches the terminal escapes nvidia-smi writes even into a file
+// (`topo -m` underlines its header: "\x1b[4mGPU0 ... \x1b[0m").
+var ansiRE = regexp.MustCompile(`\x1b\[[0-9;]*[A-Za-z]`)
+
 // parseTopo reads the GPU block of `nvidia-smi topo -m`: lanes[i][j] is
 // the # of an NV# entry (0 for X, PIX, SYS, ...), by nvidia-smi index.
 func parseTopo(data []byte) ([][]int, error) {
-	lines := strings.Split(string(data), "\n")
+	lines := strings.Split(ansiRE.ReplaceAllString(string(data), ""), "\n")
 	var header []string
 	start := 0
 	for k, l := range lines {
