@@ -216,7 +216,7 @@ func TestSharedGPUsGetAnMPSDaemon(t *testing.T) {
 	if diff := cmp.Diff([]string{"command " + uuid(0) + " quit", "exit " + uuid(0)}, e.waitEvents(t, 2)); diff != "" {
 		t.Errorf("last share of gpu-0 unprepared (-want +got):\n%s", diff)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "plugin", "mps", uuid(0))); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Dir(m.PipeDir(uuid(0)))); !errors.Is(err, os.ErrNotExist) || !strings.HasPrefix(m.PipeDir(uuid(0)), filepath.Join(dir, "plugin", "mps")) {
 		t.Errorf("gpu-0's MPS directory after its daemon stopped: %v, want it gone", err)
 	}
 

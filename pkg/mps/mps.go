@@ -57,9 +57,20 @@ const (
 	logDir     = "log"
 	shmDir     = "shm"
 	limitsFile = "limits.json"
+	// uuidFile names the GPU of a daemon directory, which is named by the
+	// first eight hex digits of the GPU's UUID (see dir).
+	uuidFile = "uuid"
 	// modeFile holds the compute mode the GPU had before its daemon.
 	modeFile = "previous-compute-mode"
 )
+
+// MaxPipeDir is the longest pipe directory the control daemon was seen to
+// start with. It binds Unix sockets in the directory (control,
+// control_privileged), whose paths the kernel caps at 108 bytes: with
+// driver 580.159.04 on an H200, a pipe directory of 85 bytes worked and
+// one of 88 bytes made `nvidia-cuda-mps-control -d` exit 1 printing
+// nothing. A start that fails with a longer one says so.
+const MaxPipeDir = 85
 
 // ErrNoControl is returned when the control program cannot be run.
 var ErrNoControl = errors.New("MPS control program not found")
@@ -146,20 +157,66 @@ func (m *Manager) ComputeModes() gpu.ComputeModes { return m.cfg.ComputeModes }
 // ControlPath is the control program the manager runs.
 func (m *Manager) ControlPath() string { return m.cfg.ControlPath }
 
+// dir is a GPU's daemon directory: Root/<the first eight hex digits of
+// its UUID>, short so that the pipe directory's socket paths fit
+// (MaxPipeDir) under the kubelet's plugin directory, or Root/<UUID>, where
+// a daemon of an earlier version runs on.
+func (m *Manager) dir(uuid string) string {
+	legacy := filepath.Join(m.cfg.Root, uuid)
+	if _, err := os.Stat(legacy); err == nil {
+		return legacy
+	}
+	return filepath.Join(m.cfg.Root, shortName(uuid))
+}
+
+// shortName is a UUID's eight hex digits after "GPU-", or the UUID when it
+// has no such form.
+func shortName(uuid string) string {
+	if hex, ok := strings.CutPrefix(uuid, "GPU-"); ok && len(hex) >= 8 && !strings.ContainsAny(hex[:8], "-/") {
+		return hex[:8]
+	}
+	return uuid
+}
+
+// uuidOf is the GPU whose daemon directory Root/name is: the UUID its
+// uuid file records, or name itself (an earlier version's directory).
+func (m *Manager) uuidOf(name string) string {
+	data, err := os.ReadFile(filepath.Join(m.cfg.Root, name, uuidFile))
+	if err != nil {
+		return name
+	}
+	return strings.TrimSpace(string(data))
+}
+
+// mkdir creates a GPU's daemon directory with the record of its UUID.
+func (m *Manager) mkdir(uuid string) error {
+	d := m.dir(uuid)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return fmt.Errorf("create MPS directory of GPU %s: %w", uuid, err)
+	}
+	if filepath.Base(d) == uuid {
+		return nil
+	}
+	if err := os.WriteFile(filepath.Join(d, uuidFile), []byte(uuid+"\n"), 0o644); err != nil {
+		return fmt.Errorf("create MPS directory of GPU %s: %w", uuid, err)
+	}
+	return nil
+}
+
 // PipeDir is the host directory of a GPU's daemon pipes, which its
 // shares' containers get at topology.MPSContainerPipeDir.
-func (m *Manager) PipeDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, pipeDir) }
+func (m *Manager) PipeDir(uuid string) string { return filepath.Join(m.dir(uuid), pipeDir) }
 
 // ShmDir is the directory a GPU's daemon (with Config.Launcher) and its
 // shares' containers see as /dev/shm.
-func (m *Manager) ShmDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, shmDir) }
+func (m *Manager) ShmDir(uuid string) string { return filepath.Join(m.dir(uuid), shmDir) }
 
 // SharesShm says whether the daemons see ShmDir as /dev/shm, so that the
 // containers must too.
 func (m *Manager) SharesShm() bool { return m.cfg.Launcher != "" }
 
 // LogDir is where a GPU's daemon logs.
-func (m *Manager) LogDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, logDir) }
+func (m *Manager) LogDir(uuid string) string { return filepath.Join(m.dir(uuid), logDir) }
 
 // Sync makes the running daemons those of want (limits by GPU UUID): it
 // stops and removes every other daemon found under Root, starts each
@@ -172,14 +229,25 @@ func (m *Manager) Sync(ctx context.Context, want map[string]Limits) error {
 		return fmt.Errorf("list MPS daemons in %s: %w", m.cfg.Root, err)
 	}
 	for _, e := range entries {
-		if _, ok := want[e.Name()]; ok || !e.IsDir() {
+		if !e.IsDir() {
 			continue
 		}
-		if err := m.stop(ctx, e.Name()); err != nil {
+		uuid := m.uuidOf(e.Name())
+		if _, ok := want[uuid]; ok {
+			continue
+		}
+		if err := m.stop(ctx, uuid); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	owner := map[string]string{}
 	for _, uuid := range slices.Sorted(maps.Keys(want)) {
+		d := m.dir(uuid)
+		if other, ok := owner[d]; ok {
+			errs = append(errs, fmt.Errorf("GPUs %s and %s both get MPS directory %s (their UUIDs begin alike): share one of them only", other, uuid, d))
+			continue
+		}
+		owner[d] = uuid
 		if err := m.ensure(ctx, uuid, want[uuid]); err != nil {
 			errs = append(errs, err)
 		}
@@ -269,7 +337,7 @@ func (m *Manager) ensure(ctx context.Context, uuid string, want Limits) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(m.cfg.Root, uuid, limitsFile), data, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(m.dir(uuid), limitsFile), data, 0o644); err != nil {
 		return fmt.Errorf("record MPS limits of GPU %s: %w", uuid, err)
 	}
 	logger.V(2).Info("Set MPS default limits", "gpu", uuid, "pid", pid, "activeThreadPercentage", want.ActiveThreadPercentage, "pinnedMemoryBytes", want.PinnedMemoryBytes)
@@ -278,7 +346,7 @@ func (m *Manager) ensure(ctx context.Context, uuid string, want Limits) error {
 
 func (m *Manager) applied(uuid string) (Limits, error) {
 	var l Limits
-	data, err := os.ReadFile(filepath.Join(m.cfg.Root, uuid, limitsFile))
+	data, err := os.ReadFile(filepath.Join(m.dir(uuid), limitsFile))
 	if err != nil {
 		return l, err
 	}
@@ -310,6 +378,9 @@ func (m *Manager) start(ctx context.Context, uuid string) error {
 	if err := m.checkControl(); err != nil {
 		return err
 	}
+	if err := m.mkdir(uuid); err != nil {
+		return err
+	}
 	for _, d := range []string{m.PipeDir(uuid), m.LogDir(uuid), m.ShmDir(uuid)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("create MPS directory of GPU %s: %w", uuid, err)
@@ -333,7 +404,7 @@ func (m *Manager) start(ctx context.Context, uuid string) error {
 			}
 		}
 	}
-	_ = os.Remove(filepath.Join(m.cfg.Root, uuid, limitsFile))
+	_ = os.Remove(filepath.Join(m.dir(uuid), limitsFile))
 	// The daemon keeps the output files it inherits: files, not pipes
 	// this process would wait on.
 	out, err := os.OpenFile(filepath.Join(m.LogDir(uuid), "start.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -352,7 +423,11 @@ func (m *Manager) start(ctx context.Context, uuid string) error {
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("start MPS control daemon of GPU %s: %s -d: %w (see %s)", uuid, m.cfg.ControlPath, err, out.Name())
+		hint := ""
+		if p := m.PipeDir(uuid); len(p) > MaxPipeDir {
+			hint = fmt.Sprintf("; its pipe directory %s is %d bytes long, and the driver's daemon exits at once, saying nothing, with one over %d bytes (the paths of the sockets it binds there are capped at 108 bytes): give the plugin a shorter --kubelet-plugins-directory-path", p, len(p), MaxPipeDir)
+		}
+		return fmt.Errorf("start MPS control daemon of GPU %s: %s -d: %w%s%s (see %s)", uuid, m.cfg.ControlPath, err, logTail(out.Name()), hint, out.Name())
 	}
 	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, m.cfg.StartTimeout, true, func(context.Context) (bool, error) {
 		return m.Running(uuid) != 0, nil
@@ -361,6 +436,25 @@ func (m *Manager) start(ctx context.Context, uuid string) error {
 		return fmt.Errorf("MPS control daemon of GPU %s did not write %s in %s: %w (see %s)", uuid, filepath.Join(m.PipeDir(uuid), PidFile), m.cfg.StartTimeout, err, m.LogDir(uuid))
 	}
 	return nil
+}
+
+// logTail is the end of a daemon's log, for an error that the kubelet
+// shows on the pod, where the node's file cannot be read: ": <last
+// lines>", or nothing.
+func logTail(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	const max = 512
+	text := strings.TrimSpace(string(data))
+	if len(text) > max {
+		text = "..." + text[len(text)-max:]
+	}
+	if text == "" {
+		return ""
+	}
+	return ": " + strings.ReplaceAll(text, "\n", "; ")
 }
 
 // control sends one command to a GPU's daemon.
@@ -411,7 +505,7 @@ func (m *Manager) stop(ctx context.Context, uuid string) error {
 	if err := UnmountShm(m.ShmDir(uuid)); err != nil {
 		return fmt.Errorf("unmount MPS shm of GPU %s: %w", uuid, err)
 	}
-	if err := os.RemoveAll(filepath.Join(m.cfg.Root, uuid)); err != nil {
+	if err := os.RemoveAll(m.dir(uuid)); err != nil {
 		return fmt.Errorf("remove MPS directory of GPU %s: %w", uuid, err)
 	}
 	return nil
@@ -503,10 +597,10 @@ func (m *Manager) exclusive(ctx context.Context, uuid string) error {
 	if err != nil {
 		return fmt.Errorf("GPU %s gets no MPS control daemon: %w", uuid, err)
 	}
-	record := filepath.Join(m.cfg.Root, uuid, modeFile)
+	record := filepath.Join(m.dir(uuid), modeFile)
 	if _, err := os.Stat(record); errors.Is(err, fs.ErrNotExist) {
-		if err := os.MkdirAll(filepath.Dir(record), 0o755); err != nil {
-			return fmt.Errorf("create MPS directory of GPU %s: %w", uuid, err)
+		if err := m.mkdir(uuid); err != nil {
+			return err
 		}
 		if err := os.WriteFile(record, []byte(string(have)+"\n"), 0o644); err != nil {
 			return fmt.Errorf("record compute mode of GPU %s: %w", uuid, err)
@@ -527,7 +621,7 @@ func (m *Manager) exclusive(ctx context.Context, uuid string) error {
 // restore sets the compute mode a GPU had before its daemon back, when
 // one was recorded, and removes the record.
 func (m *Manager) restore(ctx context.Context, uuid string) error {
-	record := filepath.Join(m.cfg.Root, uuid, modeFile)
+	record := filepath.Join(m.dir(uuid), modeFile)
 	data, err := os.ReadFile(record)
 	if errors.Is(err, fs.ErrNotExist) || m.cfg.ComputeModes == nil {
 		return nil

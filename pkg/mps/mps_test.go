@@ -3,6 +3,7 @@ package mps_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -65,7 +66,7 @@ func (f fixture) events(t *testing.T, seen *int) []mpstest.Event {
 }
 
 func (f fixture) start(uuid string) mpstest.Event {
-	return mpstest.Event{Kind: mpstest.Start, VisibleDevices: uuid, PipeDir: filepath.Join(f.root, uuid, "pipe"), LogDir: filepath.Join(f.root, uuid, "log")}
+	return mpstest.Event{Kind: mpstest.Start, VisibleDevices: uuid, PipeDir: filepath.Join(f.root, uuid[4:12], "pipe"), LogDir: filepath.Join(f.root, uuid[4:12], "log")}
 }
 
 func (f fixture) command(uuid, c string) mpstest.Event {
@@ -226,6 +227,112 @@ func TestMissingControl(t *testing.T) {
 		t.Fatalf("Sync = %v, want ErrNoControl", err)
 	}
 	t.Log(err)
+}
+
+// TestShortDaemonDirectories: a GPU's daemon directory is named by the
+// first eight hex digits of its UUID, so that the pipe directory of the
+// kubelet's default plugin directory stays well under MaxPipeDir; a
+// daemon that an earlier version started in a directory named by the
+// whole UUID is kept across a restart, found there, and stopped and
+// removed once its GPU has no share.
+func TestShortDaemonDirectories(t *testing.T) {
+	m, err := mps.New(mps.Config{ControlPath: "/usr/bin/" + mps.ControlName, Root: "/var/lib/kubelet/plugins/gpu.gputopo.dev/mps"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := "GPU-6d93d6b4-9451-4fd6-9f30-b8be52a2d5da"
+	if got, want := m.PipeDir(uuid), "/var/lib/kubelet/plugins/gpu.gputopo.dev/mps/6d93d6b4/pipe"; got != want || len(got) > mps.MaxPipeDir {
+		t.Errorf("pipe directory %s (%d bytes), want %s, at most %d", got, len(got), want, mps.MaxPipeDir)
+	}
+
+	f := newFixture(t)
+	seen := 0
+	legacy := filepath.Join(f.root, gpuA)
+	if err := os.MkdirAll(legacy, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lim := mps.Limits{ActiveThreadPercentage: 50}
+	earlier := f.manager(t)
+	sync(t, earlier, map[string]mps.Limits{gpuA: lim, gpuB: lim})
+	if got := earlier.PipeDir(gpuA); got != filepath.Join(legacy, "pipe") {
+		t.Errorf("with a directory named by the whole UUID, the pipe directory is %s, want %s", got, filepath.Join(legacy, "pipe"))
+	}
+	pidA := earlier.Running(gpuA)
+	f.events(t, &seen)
+	restarted := f.manager(t)
+	sync(t, restarted, map[string]mps.Limits{gpuA: lim, gpuB: lim})
+	if got := restarted.Running(gpuA); got != pidA || pidA == 0 {
+		t.Errorf("after a restart the daemon of %s is pid %d, want the running %d", gpuA, got, pidA)
+	}
+	if got := f.events(t, &seen); len(got) != 0 {
+		t.Errorf("restart with running daemons: stand-in record %v, want nothing", got)
+	}
+	sync(t, restarted, map[string]mps.Limits{gpuB: lim})
+	waitGone(t, pidA)
+	if _, err := os.Stat(legacy); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the earlier version's directory of %s after its last share: %v, want it removed", gpuA, err)
+	}
+	entries, err := os.ReadDir(f.root)
+	if err != nil || len(entries) != 1 || entries[0].Name() != "bbbbbbbb" {
+		t.Errorf("daemon directories %v (%v), want only bbbbbbbb", entries, err)
+	}
+}
+
+// TestLongPipeDirectorySaysWhy: where a plugin directory is so deep that
+// the pipe directory passes MaxPipeDir, a control program that exits 1
+// saying nothing (as the driver's does there) fails the share with the
+// reason and the flag to change.
+func TestLongPipeDirectorySaysWhy(t *testing.T) {
+	dir := t.TempDir()
+	control := filepath.Join(dir, mps.ControlName)
+	script := fmt.Sprintf("#!/bin/sh\n[ ${#CUDA_MPS_PIPE_DIRECTORY} -gt %d ] && exit 1\necho started\nexit 1\n", mps.MaxPipeDir)
+	if err := os.WriteFile(control, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		root string
+		long bool
+	}{
+		{filepath.Join(dir, strings.Repeat("d", mps.MaxPipeDir)), true},
+		{dir, false},
+	} {
+		m, err := mps.New(mps.Config{ControlPath: control, Root: tc.root})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = m.Sync(context.Background(), map[string]mps.Limits{gpuA: {ActiveThreadPercentage: 50}})
+		if err == nil {
+			t.Fatal("the control program exits 1: the share started")
+		}
+		says := strings.Contains(err.Error(), "bytes long") && strings.Contains(err.Error(), "--kubelet-plugins-directory-path")
+		if says != tc.long {
+			t.Errorf("pipe directory of %d bytes: error %q; want it to blame the length: %v", len(m.PipeDir(gpuA)), err, tc.long)
+		}
+	}
+}
+
+// TestFailedStartSaysWhy: a control program that exits at once fails the
+// share with what it printed, which the kubelet shows on the pod where the
+// node's log file cannot be read, and the log's path.
+func TestFailedStartSaysWhy(t *testing.T) {
+	dir := t.TempDir()
+	control := filepath.Join(dir, "nvidia-cuda-mps-control")
+	if err := os.WriteFile(control, []byte("#!/bin/sh\necho \"An instance of this daemon is already running\"\necho \"pipe directory $CUDA_MPS_PIPE_DIRECTORY\" >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m, err := mps.New(mps.Config{ControlPath: control, Root: filepath.Join(dir, "mps")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = m.Sync(context.Background(), map[string]mps.Limits{gpuA: {ActiveThreadPercentage: 50}})
+	if err == nil {
+		t.Fatal("a control program that exits 1: the share started")
+	}
+	for _, want := range []string{"exit status 1", "An instance of this daemon is already running; pipe directory " + m.PipeDir(gpuA), filepath.Join(m.LogDir(gpuA), "start.log")} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
 }
 
 func TestLimitsCommands(t *testing.T) {

@@ -104,7 +104,12 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 		t.Fatalf("the two quarters are of %s and %s; the suite's node shares one GPU", shared, other)
 	}
 	uuid := str(devices[shared], topology.AttrUUID)
-	pipe := filepath.Join(root, uuid, "pipe")
+	// The daemon's directories as the plugin lays them out.
+	layout, err := mps.New(mps.Config{ControlPath: control, Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipe, logDir := layout.PipeDir(uuid), layout.LogDir(uuid)
 	modeFile := sim.ComputeModeFile(sim.ComputeModeDir(lc.SimDevRoot(node)), uuid)
 	if got := readMode(t, modeFile); got != gpu.ComputeModeExclusiveProcess {
 		t.Errorf("compute mode of %s with its MPS daemon running: %q, want %s", shared, got, gpu.ComputeModeExclusiveProcess)
@@ -122,9 +127,9 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 	}
 	daemon := events[0].PID
 	want := []mpstest.Event{
-		{Kind: mpstest.Start, VisibleDevices: uuid, PipeDir: pipe, LogDir: filepath.Join(root, uuid, "log"), PID: daemon},
-		{Kind: mpstest.Command, VisibleDevices: uuid, PipeDir: pipe, LogDir: filepath.Join(root, uuid, "log"), Command: "set_default_active_thread_percentage 25"},
-		{Kind: mpstest.Command, VisibleDevices: uuid, PipeDir: pipe, LogDir: filepath.Join(root, uuid, "log"), Command: "set_default_device_pinned_mem_limit 0 " + strconv.FormatInt(mem>>20, 10) + "M"},
+		{Kind: mpstest.Start, VisibleDevices: uuid, PipeDir: pipe, LogDir: logDir, PID: daemon},
+		{Kind: mpstest.Command, VisibleDevices: uuid, PipeDir: pipe, LogDir: logDir, Command: "set_default_active_thread_percentage 25"},
+		{Kind: mpstest.Command, VisibleDevices: uuid, PipeDir: pipe, LogDir: logDir, Command: "set_default_device_pinned_mem_limit 0 " + strconv.FormatInt(mem>>20, 10) + "M"},
 	}
 	if diff := cmp.Diff(want, events); diff != "" {
 		t.Errorf("MPS control stand-in record after two quarters of %s and a whole GPU (-want +got):\n%s", shared, diff)
@@ -162,7 +167,7 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 	if got := section(logsWhole, "shmmount"); strings.Contains(got, mps.ShmSource+" ") {
 		t.Errorf("pod %s (a whole GPU) has the MPS tmpfs at %s: %q", whole.Name, topology.MPSContainerShmDir, got)
 	}
-	shm := filepath.Join(root, uuid, "shm")
+	shm := layout.ShmDir(uuid)
 	if mounted, err := mps.IsShmMounted(shm); !mounted || err != nil {
 		t.Errorf("on the host %s is no tmpfs while the daemon runs (%v)", shm, err)
 	}
@@ -215,7 +220,7 @@ func TestSharedGPUGetsAnMPSDaemon(t *testing.T) {
 	// After the daemon ends the plugin puts the compute mode back, then
 	// unmounts the tmpfs and removes the directory, in that order.
 	framework.Eventually(t, time.Minute, "MPS directory of "+uuid+" removed", func() (bool, string) {
-		_, err := os.Stat(filepath.Join(root, uuid))
+		_, err := os.Stat(filepath.Dir(pipe))
 		return errors.Is(err, os.ErrNotExist), fmt.Sprintf("stat: %v", err)
 	})
 	if mounts, err := os.ReadFile("/proc/self/mountinfo"); err != nil || strings.Contains(string(mounts), " "+shm+" ") {
