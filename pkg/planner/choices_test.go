@@ -52,9 +52,9 @@ func TestFGDScore(t *testing.T) {
 	for _, tc := range []struct {
 		rise float64
 		want int64
-	}{{0, 50}, {-39, 50}, {-41, 51}, {39, 49}, {41, 48}, {1000, 26}, {-1000, 73}, {-1e6, 100}, {1e6, 0}} {
-		if got := fgdScore(tc.rise); got != tc.want {
-			t.Errorf("fgdScore(%v) = %d, want %d", tc.rise, got, tc.want)
+	}{{0, 50}, {-39, 50}, {-41, 51}, {10, 49}, {39, 49}, {41, 48}, {100, 47}, {-100, 52}, {1000, 26}, {-1000, 73}, {-1e6, 100}, {1e6, 0}} {
+		if got := FGDScore(tc.rise); got != tc.want {
+			t.Errorf("FGDScore(%v) = %d, want %d", tc.rise, got, tc.want)
 		}
 	}
 }

@@ -547,7 +547,7 @@ func bestChoices(choices []choice, k int, spread bool) []choice {
 func nearEqual(choices []choice) {
 	if len(choices) > 0 && choices[0].inOrder {
 		for i := range choices {
-			choices[i].score = -float64(fgdScore(choices[i].rise))
+			choices[i].score = -float64(FGDScore(choices[i].rise))
 		}
 		return
 	}
@@ -562,15 +562,17 @@ func nearEqual(choices []choice) {
 	}
 }
 
-// fgdScore is FGD's score of a rise in fragmentation (milliGPU per
+// FGDScore is FGD's score of a rise in fragmentation (milliGPU per
 // expected pod), int(100 × sigmoid(−rise / 1000)): 50 for no change, one
-// point about 40 milliGPU wide near it and wider as the rise grows (the
-// artifact's NodeGpuShareFragAmountScore, hkust-adsl/kubernetes-
-// scheduler-simulator). How coarse it is, is what the rule rests on: on
-// the Alibaba traces FGD's figures need the coarse score and a fixed
-// order among equal scores (docs/benchmarks.md).
-func fgdScore(rise float64) int64 {
-	return int64(100 / (1 + math.Exp(rise/1000)))
+// point about 40 milliGPU wide near it and wider as the rise grows. It is
+// the artifact's NodeGpuShareFragAmountScore (hkust-adsl/kubernetes-
+// scheduler-simulator, fgd_score.go), with its arithmetic, so that the
+// replay's transcription of the artifact (pkg/simulate) scores as it
+// does. How coarse it is, is what the rule rests on: on the Alibaba
+// traces FGD's figures need the coarse score and a fixed order among
+// equal scores (docs/benchmarks.md).
+func FGDScore(rise float64) int64 {
+	return int64(1.0 / (1.0 + math.Exp(rise/1000)) * 100)
 }
 
 // allFree says whether every GPU of a node is free.
@@ -790,7 +792,7 @@ func (st *state) onePodPlan(c choice, pod Pod, results []resourceapi.AllocationR
 	default:
 		equal := fmt.Sprintf("within %d of the least", fragTolerance)
 		if c.inOrder {
-			equal = fmt.Sprintf("FGD score %d, packed among the places of that score: nodes in use first", fgdScore(c.rise))
+			equal = fmt.Sprintf("FGD score %d, packed among the places of that score: nodes in use first", FGDScore(c.rise))
 		}
 		p.Reasons = append(p.Reasons, fmt.Sprintf("%s on %s: of %s with room, it strands the least free GPU compute for the expected workload (%+.0f milliGPU per expected pod, %s), %d milliGPU left there", what, where, nodes, c.rise, equal, c.left))
 	}

@@ -2,11 +2,11 @@ package simulate
 
 import (
 	"cmp"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/gputopo/gputopo/pkg/planner"
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
@@ -134,13 +134,6 @@ func fgdNodeFrag(typical []fgdClass, model string, cpuLeft int64, free []int) fl
 	return q1 + q2 + q4 + xl + xr + na
 }
 
-// fgdScore is the artifact's FGD score of a place (fgd_score.go): the
-// fall in the node's fragmentation through a sigmoid, scaled to 0-100
-// and truncated to an integer, as a score plugin returns it.
-func fgdScore(before, after float64) int64 {
-	return int64(1.0 / (1.0 + math.Exp(-(before-after)/1000)) * 100)
-}
-
 // newFGDArtifact is the FGD artifact's scheduler as its published runs
 // configure it (hkust-adsl/kubernetes-scheduler-simulator at 8f3d641,
 // experiments/run_scripts: FGDScore alone of weight 1000, GPU selection
@@ -193,7 +186,7 @@ func newFGDArtifact(c *Cluster, cl *Claims, typical []fgdClass, prio []int, l *l
 						continue
 					}
 					free[i] = f - share
-					sc := fgdScore(before, fgdNodeFrag(typical, nd.Model, cpuLeft-podCPU, free))
+					sc := planner.FGDScore(fgdNodeFrag(typical, nd.Model, cpuLeft-podCPU, free) - before)
 					free[i] = f
 					if !found || sc > score {
 						score, gpuOf[n], found = sc, i, true
@@ -207,7 +200,7 @@ func newFGDArtifact(c *Cluster, cl *Claims, typical []fgdClass, prio []int, l *l
 						taken++
 					}
 				}
-				score = fgdScore(before, fgdNodeFrag(typical, nd.Model, cpuLeft-podCPU, free))
+				score = planner.FGDScore(fgdNodeFrag(typical, nd.Model, cpuLeft-podCPU, free) - before)
 			}
 			if noRequests {
 				score = 100

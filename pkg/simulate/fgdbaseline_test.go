@@ -41,19 +41,6 @@ func TestFGDNodeFrag(t *testing.T) {
 	}
 }
 
-// The score is int(100 × sigmoid(fall / 1000)): no change scores 50,
-// and rises within a band of about 40 milli-GPUs score alike.
-func TestFGDScore(t *testing.T) {
-	for _, c := range []struct {
-		rise float64
-		want int64
-	}{{0, 50}, {-100, 52}, {10, 49}, {39, 49}, {100, 47}, {1000, 26}} {
-		if got := fgdScore(500, 500+c.rise); got != c.want {
-			t.Errorf("rise %v: score %d, want %d", c.rise, got, c.want)
-		}
-	}
-}
-
 // Nodes sorted by name take the permutation's numbers in turn, as the
 // artifact prefixes their names.
 func TestFGDNodePriority(t *testing.T) {
