@@ -28,7 +28,7 @@ import (
 // node and GPU that raise it least. The workload is an estimate, so
 // places whose rises differ by little count as equal, and the planner
 // packs among them. For a pod with GPUs, places of equal integer score
-// (fgdScore, FGD's own) are equal; among them the pod takes a node
+// (FGDScore, FGD's own) are equal; among them the pod takes a node
 // already in use before a free one, the first in the cluster's order
 // (spine, leaf, node name), which fills leaf after leaf, and a free node
 // from the leaf with the fewest free nodes, keeping whole leaves whole
@@ -542,7 +542,7 @@ func bestChoices(choices []choice, k int, spread bool) []choice {
 
 // nearEqual makes places of nearly equal rise in fragmentation equal, so
 // the tie-breaks decide among them: for a pod with GPUs, places of equal
-// fgdScore; for a pod without, places within fragTolerance of the least
+// FGDScore; for a pod without, places within fragTolerance of the least
 // rise.
 func nearEqual(choices []choice) {
 	if len(choices) > 0 && choices[0].inOrder {
