@@ -2,6 +2,7 @@ package kubeletplugin
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -191,5 +192,68 @@ func TestRealGPUShareThroughMPS(t *testing.T) {
 	}
 	if m, err := modes.ComputeMode(uuid); err != nil || m != before {
 		t.Errorf("after the last share: compute mode %s (%v), want %s back", m, err, before)
+	}
+}
+
+// TestRealGPUHealthWatch runs the plugin's health watch on a real GPU's
+// NVML for a few seconds: it registers for the GPUs' events and reports
+// itself active with GPUs registered (not "not supported"), reports no GPU
+// unhealthy and no failing watch while nothing happens, and ends when told.
+func TestRealGPUHealthWatch(t *testing.T) {
+	if os.Getenv(envRealGPU) != "1" {
+		t.Skipf("needs an NVIDIA GPU, its driver and root: set %s=1 (docs/hardware.md)", envRealGPU)
+	}
+	_, ctx := ktesting.NewTestContext(t)
+	o := NewOptions()
+	fs := pflag.NewFlagSet("plugin", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(strings.Fields(os.Getenv(envRealArgs))); err != nil {
+		t.Fatal(err)
+	}
+	backend, err := o.NewBackend(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = backend.Close() })
+	if _, err := backend.Discover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	events := make(chan gpu.HealthEvent, 16)
+	done := make(chan error, 1)
+	go func() { done <- backend.WatchHealth(ctx, events) }()
+	deadline := time.After(5 * time.Second)
+	active := false
+	for !active {
+		select {
+		case ev := <-events:
+			t.Logf("health event %+v", ev)
+			if ev.Watch != gpu.WatchActive || ev.Message != "" {
+				t.Fatalf("first health event %+v, want the watch active with GPUs registered", ev)
+			}
+			active = true
+		case err := <-done:
+			t.Fatalf("the watch ended before it was active: %v", err)
+		case <-deadline:
+			t.Fatal("no health event in 5 s")
+		}
+	}
+	quiet := time.After(3 * time.Second)
+	for waiting := true; waiting; {
+		select {
+		case ev := <-events:
+			t.Errorf("with nothing happening the watch reported %+v", ev)
+		case <-quiet:
+			waiting = false
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("the watch ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the watch did not end 10 s after it was told")
 	}
 }
