@@ -127,7 +127,7 @@ else
   # nvidia-smi by the path the spec mounts it at: a driver under
   # /usr/local/nvidia is mounted there, off the container's default PATH
   # (CUDA images add /usr/local/nvidia/bin to theirs).
-  smi_in=$(grep -oE '"containerPath": *"[^"]*/nvidia-smi"' "$OUT/cdi-spec.json" | sed -nE '1s/.*"([^"]+)"$/\1/p')
+  smi_in=$(grep -oE '"containerPath": *"[^"]*/nvidia-smi"' "$OUT/cdi-spec.json" | sed -nE '1s/.*"([^"]+)"$/\1/p' || true)
   "$HERE/bin/gpucheck" oci -config "$c/config.json" -cdi-dir "$c/cdi" -device "gputopo.dev/gpu=$id" -- "${smi_in:-nvidia-smi}" -L
   name="gputopo-gpu-check-$$"
   if "$runc" --root "$OUT/runc-state" run --bundle "$c" "$name" >"$OUT/container-nvidia-smi-L.txt" 2>"$OUT/container.log"; then

@@ -60,6 +60,19 @@ func TestRealGPUShareThroughMPS(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	client, expects := os.Getenv(envRealClient), os.Getenv(envRealExpects)
+	if client == "" || expects == "" {
+		t.Fatalf("set %s to a CUDA program and %s to what it prints", envRealClient, envRealExpects)
+	}
+	// The test's plugin directory is its own: it removes it at the end, so
+	// it must not be a running plugin's.
+	if _, err := os.Stat(o.PluginDir()); err == nil {
+		t.Fatalf("%s exists: a plugin runs or ran on this machine; give the test another --kubelet-plugins-directory-path", o.PluginDir())
+	}
+	if err := os.MkdirAll(o.PluginDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(o.PluginDir()) })
 	backend, err := o.NewBackend(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -73,13 +86,9 @@ func TestRealGPUShareThroughMPS(t *testing.T) {
 	if err != nil || daemons == nil {
 		t.Fatalf("MPS manager: %v, %v", daemons, err)
 	}
+	// Before the directory goes (cleanups run last first): whatever
+	// failed, no daemon outlives the test and the GPU gets its mode back.
 	t.Cleanup(func() { _ = daemons.Sync(ctx, nil) })
-	// The plugin's directory where the flags put it (the kubelet's by
-	// default), as its socket paths depend on it.
-	if err := os.MkdirAll(o.PluginDir(), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(o.PluginDir()) })
 	mapping, err := o.LabelMapping.Mapping(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -150,10 +159,6 @@ func TestRealGPUShareThroughMPS(t *testing.T) {
 			mpsEnv = append(mpsEnv, k+"="+v)
 		}
 	}
-	client := os.Getenv(envRealClient)
-	if client == "" {
-		t.Fatalf("set %s to a CUDA program (and %s to what it prints)", envRealClient, envRealExpects)
-	}
 	clientEnv = append(clientEnv, mpsEnv...)
 	shm := daemons.ShmDir(uuid)
 	run := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c", `mount --bind "$0" /dev/shm && exec sh -c "$1"`, shm, client)
@@ -163,8 +168,8 @@ func TestRealGPUShareThroughMPS(t *testing.T) {
 	start := time.Now()
 	err = run.Run()
 	t.Logf("CUDA client in %s (env %v):\n%s", time.Since(start).Round(time.Millisecond), mpsEnv, out.String())
-	if err != nil || !strings.Contains(out.String(), os.Getenv(envRealExpects)) {
-		t.Errorf("CUDA client through the share: %v; want %q in its output", err, os.Getenv(envRealExpects))
+	if err != nil || !strings.Contains(out.String(), expects) {
+		t.Errorf("CUDA client through the share: %v; want %q in its output", err, expects)
 		for _, log := range []string{"control.log", "server.log"} {
 			data, _ := os.ReadFile(filepath.Join(daemons.LogDir(uuid), log))
 			t.Logf("MPS %s:\n%s", log, data)

@@ -179,25 +179,53 @@ func shortName(uuid string) string {
 }
 
 // uuidOf is the GPU whose daemon directory Root/name is: the UUID its
-// uuid file records, or name itself (an earlier version's directory).
+// uuid file records, or name itself (an earlier version's directory, or a
+// record that is missing or does not name a GPU of that directory).
 func (m *Manager) uuidOf(name string) string {
 	data, err := os.ReadFile(filepath.Join(m.cfg.Root, name, uuidFile))
 	if err != nil {
 		return name
 	}
-	return strings.TrimSpace(string(data))
+	uuid := strings.TrimSpace(string(data))
+	if checkUUID(uuid) != nil || shortName(uuid) != name {
+		return name
+	}
+	return uuid
 }
 
-// mkdir creates a GPU's daemon directory with the record of its UUID.
-func (m *Manager) mkdir(uuid string) error {
+// mkdir creates a GPU's daemon directory with the record of its UUID,
+// moving the directory an earlier version named by the whole UUID to its
+// short name where no daemon runs from it (the record of the GPU's mode
+// moves with it). It refuses a directory another GPU's record holds.
+func (m *Manager) mkdir(ctx context.Context, uuid string) error {
+	legacy, short := filepath.Join(m.cfg.Root, uuid), filepath.Join(m.cfg.Root, shortName(uuid))
+	if legacy != short && m.Running(uuid) == 0 {
+		if _, err := os.Stat(legacy); err == nil {
+			if _, err := os.Stat(short); errors.Is(err, fs.ErrNotExist) {
+				if err := os.Rename(legacy, short); err != nil {
+					klog.FromContext(ctx).Info("MPS directory of an earlier version kept", "gpu", uuid, "path", legacy, "err", err)
+				}
+			}
+		}
+	}
 	d := m.dir(uuid)
+	if filepath.Base(d) != uuid {
+		if owner := m.uuidOf(filepath.Base(d)); owner != filepath.Base(d) && owner != uuid {
+			return fmt.Errorf("GPU %s gets no MPS control daemon: its MPS directory %s is GPU %s's (their UUIDs begin alike); share one of them only", uuid, d, owner)
+		}
+	}
 	if err := os.MkdirAll(d, 0o755); err != nil {
 		return fmt.Errorf("create MPS directory of GPU %s: %w", uuid, err)
 	}
-	if filepath.Base(d) == uuid {
+	if filepath.Base(d) == uuid || m.uuidOf(filepath.Base(d)) == uuid {
 		return nil
 	}
-	if err := os.WriteFile(filepath.Join(d, uuidFile), []byte(uuid+"\n"), 0o644); err != nil {
+	// Written whole or not at all: a torn record would name no GPU.
+	tmp := filepath.Join(d, uuidFile+".tmp")
+	if err := os.WriteFile(tmp, []byte(uuid+"\n"), 0o644); err != nil {
+		return fmt.Errorf("create MPS directory of GPU %s: %w", uuid, err)
+	}
+	if err := os.Rename(tmp, filepath.Join(d, uuidFile)); err != nil {
 		return fmt.Errorf("create MPS directory of GPU %s: %w", uuid, err)
 	}
 	return nil
@@ -240,11 +268,19 @@ func (m *Manager) Sync(ctx context.Context, want map[string]Limits) error {
 			errs = append(errs, err)
 		}
 	}
+	// A directory two wanted GPUs would share (their UUIDs begin alike)
+	// stays the one's its record names, else the first's in order.
 	owner := map[string]string{}
 	for _, uuid := range slices.Sorted(maps.Keys(want)) {
 		d := m.dir(uuid)
-		if other, ok := owner[d]; ok {
-			errs = append(errs, fmt.Errorf("GPUs %s and %s both get MPS directory %s (their UUIDs begin alike): share one of them only", other, uuid, d))
+		if rec := m.uuidOf(filepath.Base(d)); rec != filepath.Base(d) {
+			owner[d] = rec
+		}
+	}
+	for _, uuid := range slices.Sorted(maps.Keys(want)) {
+		d := m.dir(uuid)
+		if other, ok := owner[d]; ok && other != uuid {
+			errs = append(errs, fmt.Errorf("GPU %s gets no MPS control daemon: its MPS directory %s is GPU %s's (their UUIDs begin alike); share one of them only", uuid, d, other))
 			continue
 		}
 		owner[d] = uuid
@@ -378,7 +414,7 @@ func (m *Manager) start(ctx context.Context, uuid string) error {
 	if err := m.checkControl(); err != nil {
 		return err
 	}
-	if err := m.mkdir(uuid); err != nil {
+	if err := m.mkdir(ctx, uuid); err != nil {
 		return err
 	}
 	for _, d := range []string{m.PipeDir(uuid), m.LogDir(uuid), m.ShmDir(uuid)} {
@@ -407,7 +443,7 @@ func (m *Manager) start(ctx context.Context, uuid string) error {
 	_ = os.Remove(filepath.Join(m.dir(uuid), limitsFile))
 	// The daemon keeps the output files it inherits: files, not pipes
 	// this process would wait on.
-	out, err := os.OpenFile(filepath.Join(m.LogDir(uuid), "start.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	out, err := os.OpenFile(filepath.Join(m.LogDir(uuid), "start.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
 		return fmt.Errorf("open MPS start log of GPU %s: %w", uuid, err)
 	}
@@ -425,7 +461,7 @@ func (m *Manager) start(ctx context.Context, uuid string) error {
 	if err := cmd.Run(); err != nil {
 		hint := ""
 		if p := m.PipeDir(uuid); len(p) > MaxPipeDir {
-			hint = fmt.Sprintf("; its pipe directory %s is %d bytes long, and the driver's daemon exits at once, saying nothing, with one over %d bytes (the paths of the sockets it binds there are capped at 108 bytes): give the plugin a shorter --kubelet-plugins-directory-path", p, len(p), MaxPipeDir)
+			hint = fmt.Sprintf("; its pipe directory %s is %d bytes long, and the driver's daemon exits at once, saying nothing, with one over %d bytes (the paths of the sockets it binds there are capped at 108 bytes): give the plugin a shorter --kubelet-plugins-directory-path (the chart's kubeletPlugin.kubeletDir)", p, len(p), MaxPipeDir)
 		}
 		return fmt.Errorf("start MPS control daemon of GPU %s: %s -d: %w%s%s (see %s)", uuid, m.cfg.ControlPath, err, logTail(out.Name()), hint, out.Name())
 	}
@@ -599,7 +635,7 @@ func (m *Manager) exclusive(ctx context.Context, uuid string) error {
 	}
 	record := filepath.Join(m.dir(uuid), modeFile)
 	if _, err := os.Stat(record); errors.Is(err, fs.ErrNotExist) {
-		if err := m.mkdir(uuid); err != nil {
+		if err := m.mkdir(ctx, uuid); err != nil {
 			return err
 		}
 		if err := os.WriteFile(record, []byte(string(have)+"\n"), 0o644); err != nil {

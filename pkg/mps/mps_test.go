@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -231,10 +232,11 @@ func TestMissingControl(t *testing.T) {
 
 // TestShortDaemonDirectories: a GPU's daemon directory is named by the
 // first eight hex digits of its UUID, so that the pipe directory of the
-// kubelet's default plugin directory stays well under MaxPipeDir; a
-// daemon that an earlier version started in a directory named by the
-// whole UUID is kept across a restart, found there, and stopped and
-// removed once its GPU has no share.
+// kubelet's default plugin directory stays well under MaxPipeDir. A daemon
+// that an earlier version started in a directory named by the whole UUID
+// is kept across a restart, found there, and stopped and removed once its
+// GPU has no share; such a directory with no daemon is moved to the short
+// name when the GPU's daemon starts, the record of its mode with it.
 func TestShortDaemonDirectories(t *testing.T) {
 	m, err := mps.New(mps.Config{ControlPath: "/usr/bin/" + mps.ControlName, Root: "/var/lib/kubelet/plugins/gpu.gputopo.dev/mps"})
 	if err != nil {
@@ -247,23 +249,59 @@ func TestShortDaemonDirectories(t *testing.T) {
 
 	f := newFixture(t)
 	seen := 0
+	// gpuA's daemon, as an earlier version started it.
 	legacy := filepath.Join(f.root, gpuA)
-	if err := os.MkdirAll(legacy, 0o755); err != nil {
+	for _, d := range []string{"pipe", "log"} {
+		if err := os.MkdirAll(filepath.Join(legacy, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := exec.Command(f.control, "-d")
+	start.Env = []string{"PATH=/usr/bin:/bin", "CUDA_VISIBLE_DEVICES=" + gpuA, "CUDA_MPS_PIPE_DIRECTORY=" + filepath.Join(legacy, "pipe"), "CUDA_MPS_LOG_DIRECTORY=" + filepath.Join(legacy, "log")}
+	start.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if out, err := start.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	// gpuB's directory from an earlier version, its daemon gone, the mode
+	// it had recorded.
+	legacyB := filepath.Join(f.root, gpuB)
+	if err := os.MkdirAll(legacyB, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	lim := mps.Limits{ActiveThreadPercentage: 50}
-	earlier := f.manager(t)
-	sync(t, earlier, map[string]mps.Limits{gpuA: lim, gpuB: lim})
-	if got := earlier.PipeDir(gpuA); got != filepath.Join(legacy, "pipe") {
-		t.Errorf("with a directory named by the whole UUID, the pipe directory is %s, want %s", got, filepath.Join(legacy, "pipe"))
+	if err := os.WriteFile(filepath.Join(legacyB, "previous-compute-mode"), []byte("PROHIBITED\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	pidA := earlier.Running(gpuA)
+	earlier := f.manager(t)
+	var pidA int
+	for deadline := time.Now().Add(10 * time.Second); pidA == 0; pidA = earlier.Running(gpuA) {
+		if time.Now().After(deadline) {
+			t.Fatal("the earlier version's daemon did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := earlier.PipeDir(gpuA); got != filepath.Join(legacy, "pipe") {
+		t.Errorf("with a daemon running in a directory named by the whole UUID, the pipe directory is %s, want %s", got, filepath.Join(legacy, "pipe"))
+	}
 	f.events(t, &seen)
+
+	lim := mps.Limits{ActiveThreadPercentage: 50}
+	sync(t, earlier, map[string]mps.Limits{gpuA: lim, gpuB: lim})
+	if got := earlier.Running(gpuA); got != pidA {
+		t.Errorf("the daemon of %s is pid %d, want the running %d", gpuA, got, pidA)
+	}
+	if got := f.events(t, &seen); len(got) != 3 || got[0].Command != "set_default_active_thread_percentage 50" || got[0].PipeDir != filepath.Join(legacy, "pipe") ||
+		got[1] != f.start(gpuB) || got[2] != f.command(gpuB, "set_default_active_thread_percentage 50") {
+		t.Errorf("stand-in record %v, want limits for %s's running daemon and a start of %s in its short directory", got, gpuA, gpuB)
+	}
+	if data, err := os.ReadFile(filepath.Join(f.root, "bbbbbbbb", "previous-compute-mode")); err != nil || string(data) != "PROHIBITED\n" {
+		t.Errorf("%s's mode record after its directory moved: %q, %v", gpuB, data, err)
+	}
+	if _, err := os.Stat(legacyB); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s's directory of the earlier version: %v, want it moved", gpuB, err)
+	}
+
 	restarted := f.manager(t)
 	sync(t, restarted, map[string]mps.Limits{gpuA: lim, gpuB: lim})
-	if got := restarted.Running(gpuA); got != pidA || pidA == 0 {
-		t.Errorf("after a restart the daemon of %s is pid %d, want the running %d", gpuA, got, pidA)
-	}
 	if got := f.events(t, &seen); len(got) != 0 {
 		t.Errorf("restart with running daemons: stand-in record %v, want nothing", got)
 	}
@@ -275,6 +313,49 @@ func TestShortDaemonDirectories(t *testing.T) {
 	entries, err := os.ReadDir(f.root)
 	if err != nil || len(entries) != 1 || entries[0].Name() != "bbbbbbbb" {
 		t.Errorf("daemon directories %v (%v), want only bbbbbbbb", entries, err)
+	}
+}
+
+// TestAlikeUUIDs: two GPUs whose UUIDs begin with the same eight hex
+// digits would share a daemon directory; it stays the GPU's whose record
+// it holds, the other's share fails saying why and touches neither the
+// daemon nor the record; an unreadable record is the directory's name.
+func TestAlikeUUIDs(t *testing.T) {
+	f := newFixture(t)
+	seen := 0
+	m := f.manager(t)
+	twin := "GPU-aaaaaaaa-1111-0000-0000-000000000000" // sorts after gpuA
+	lim := mps.Limits{ActiveThreadPercentage: 50}
+	sync(t, m, map[string]mps.Limits{twin: lim})
+	pid := m.Running(twin)
+	f.events(t, &seen)
+	err := m.Sync(context.Background(), map[string]mps.Limits{gpuA: {ActiveThreadPercentage: 10}, twin: lim})
+	if err == nil || !strings.Contains(err.Error(), gpuA) || !strings.Contains(err.Error(), twin+"'s") {
+		t.Errorf("Sync with two alike UUIDs = %v, want %s refused, the directory being %s's", err, gpuA, twin)
+	}
+	if got := f.events(t, &seen); len(got) != 0 {
+		t.Errorf("stand-in record %v, want nothing sent to %s's daemon", got, twin)
+	}
+	if got := m.Running(twin); got != pid {
+		t.Errorf("%s's daemon is pid %d, want %d", twin, got, pid)
+	}
+	data, err := os.ReadFile(filepath.Join(f.root, "aaaaaaaa", "uuid"))
+	if err != nil || strings.TrimSpace(string(data)) != twin {
+		t.Errorf("record %q (%v), want %s", data, err, twin)
+	}
+
+	// A torn record (empty) names no GPU: the directory goes by its name,
+	// and a sync without shares removes it.
+	sync(t, m, nil)
+	if err := os.MkdirAll(filepath.Join(f.root, "cccccccc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.root, "cccccccc", "uuid"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sync(t, m, nil)
+	if entries, err := os.ReadDir(f.root); err != nil || len(entries) != 0 {
+		t.Errorf("daemon directories %v (%v), want none", entries, err)
 	}
 }
 
