@@ -36,6 +36,37 @@ const (
 	envRealExpects = "GPUTOPO_TEST_CUDA_EXPECTS" // what the client must print
 )
 
+// realGPUOptions skips a test unless envRealGPU is set, and gives it the
+// plugin's options from envRealArgs.
+func realGPUOptions(t *testing.T) (context.Context, *Options) {
+	t.Helper()
+	if os.Getenv(envRealGPU) != "1" {
+		t.Skipf("needs an NVIDIA GPU, its driver and root: set %s=1 (docs/hardware.md)", envRealGPU)
+	}
+	_, ctx := ktesting.NewTestContext(t)
+	o := NewOptions()
+	fs := pflag.NewFlagSet("plugin", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(strings.Fields(os.Getenv(envRealArgs))); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, o
+}
+
+// realGPUBackend is the backend the options give, closed with the test.
+func realGPUBackend(t *testing.T, ctx context.Context, o *Options) gpu.Backend {
+	t.Helper()
+	backend, err := o.NewBackend(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = backend.Close() })
+	return backend
+}
+
 // TestRealGPUShareThroughMPS prepares two shares of a real GPU the way the
 // plugin does on a node (its own flags, NVML, the NVIDIA driver's CDI
 // edits, MPS through the plugin's launcher): the first share starts the
@@ -46,20 +77,8 @@ const (
 // limits of the smaller share; unpreparing both stops the daemon and
 // gives the GPU its compute mode back.
 func TestRealGPUShareThroughMPS(t *testing.T) {
-	if os.Getenv(envRealGPU) != "1" {
-		t.Skipf("needs an NVIDIA GPU, its driver and root: set %s=1 (docs/hardware.md)", envRealGPU)
-	}
-	_, ctx := ktesting.NewTestContext(t)
+	ctx, o := realGPUOptions(t)
 	dir := t.TempDir()
-	o := NewOptions()
-	fs := pflag.NewFlagSet("plugin", pflag.ContinueOnError)
-	o.AddFlags(fs)
-	if err := fs.Parse(strings.Fields(os.Getenv(envRealArgs))); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Validate(); err != nil {
-		t.Fatal(err)
-	}
 	client, expects := os.Getenv(envRealClient), os.Getenv(envRealExpects)
 	if client == "" || expects == "" {
 		t.Fatalf("set %s to a CUDA program and %s to what it prints", envRealClient, envRealExpects)
@@ -73,11 +92,7 @@ func TestRealGPUShareThroughMPS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(o.PluginDir()) })
-	backend, err := o.NewBackend(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = backend.Close() })
+	backend := realGPUBackend(t, ctx, o)
 	edits, err := o.NewDriverEdits(ctx, backend)
 	if err != nil {
 		t.Fatal(err)
@@ -205,21 +220,8 @@ func TestRealGPUShareThroughMPS(t *testing.T) {
 // itself active with GPUs registered (not "not supported"), reports no GPU
 // unhealthy and no failing watch while nothing happens, and ends when told.
 func TestRealGPUHealthWatch(t *testing.T) {
-	if os.Getenv(envRealGPU) != "1" {
-		t.Skipf("needs an NVIDIA GPU, its driver and root: set %s=1 (docs/hardware.md)", envRealGPU)
-	}
-	_, ctx := ktesting.NewTestContext(t)
-	o := NewOptions()
-	fs := pflag.NewFlagSet("plugin", pflag.ContinueOnError)
-	o.AddFlags(fs)
-	if err := fs.Parse(strings.Fields(os.Getenv(envRealArgs))); err != nil {
-		t.Fatal(err)
-	}
-	backend, err := o.NewBackend(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = backend.Close() })
+	ctx, o := realGPUOptions(t)
+	backend := realGPUBackend(t, ctx, o)
 	if _, err := backend.Discover(ctx); err != nil {
 		t.Fatal(err)
 	}

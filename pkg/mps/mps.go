@@ -193,6 +193,21 @@ func (m *Manager) uuidOf(name string) string {
 	return uuid
 }
 
+// recorded is the GPU whose record holds daemon directory d, "" when
+// none does.
+func (m *Manager) recorded(d string) string {
+	name := filepath.Base(d)
+	if uuid := m.uuidOf(name); uuid != name {
+		return uuid
+	}
+	return ""
+}
+
+// errAlike refuses uuid the daemon directory d that owner holds.
+func errAlike(uuid, d, owner string) error {
+	return fmt.Errorf("GPU %s gets no MPS control daemon: its MPS directory %s is GPU %s's (their UUIDs begin alike); share one of them only", uuid, d, owner)
+}
+
 // mkdir creates a GPU's daemon directory with the record of its UUID,
 // moving the directory an earlier version named by the whole UUID to its
 // short name where no daemon runs from it (the record of the GPU's mode
@@ -209,15 +224,14 @@ func (m *Manager) mkdir(ctx context.Context, uuid string) error {
 		}
 	}
 	d := m.dir(uuid)
-	if filepath.Base(d) != uuid {
-		if owner := m.uuidOf(filepath.Base(d)); owner != filepath.Base(d) && owner != uuid {
-			return fmt.Errorf("GPU %s gets no MPS control daemon: its MPS directory %s is GPU %s's (their UUIDs begin alike); share one of them only", uuid, d, owner)
-		}
+	owner := m.recorded(d)
+	if owner != "" && owner != uuid {
+		return errAlike(uuid, d, owner)
 	}
 	if err := os.MkdirAll(d, 0o755); err != nil {
 		return fmt.Errorf("create MPS directory of GPU %s: %w", uuid, err)
 	}
-	if filepath.Base(d) == uuid || m.uuidOf(filepath.Base(d)) == uuid {
+	if owner == uuid || filepath.Base(d) == uuid {
 		return nil
 	}
 	// Written whole or not at all: a torn record would name no GPU.
@@ -273,14 +287,14 @@ func (m *Manager) Sync(ctx context.Context, want map[string]Limits) error {
 	owner := map[string]string{}
 	for _, uuid := range slices.Sorted(maps.Keys(want)) {
 		d := m.dir(uuid)
-		if rec := m.uuidOf(filepath.Base(d)); rec != filepath.Base(d) {
+		if rec := m.recorded(d); rec != "" {
 			owner[d] = rec
 		}
 	}
 	for _, uuid := range slices.Sorted(maps.Keys(want)) {
 		d := m.dir(uuid)
 		if other, ok := owner[d]; ok && other != uuid {
-			errs = append(errs, fmt.Errorf("GPU %s gets no MPS control daemon: its MPS directory %s is GPU %s's (their UUIDs begin alike); share one of them only", uuid, d, other))
+			errs = append(errs, errAlike(uuid, d, other))
 			continue
 		}
 		owner[d] = uuid
