@@ -103,7 +103,7 @@ func TestSimulateOutputFields(t *testing.T) {
 	}
 	fields := []string{"allocationRatio", "milliAllocationRatio", "sameDomainRatio", "crossSpine", "fragmentation",
 		"planLatencyP99Ms", "meanQueueWaitS", "p95QueueWaitS", "utilization", "usefulUtilization",
-		"meanJCTS", "p95JCTS", "multiNodeMeanJCTS", "makespanS"}
+		"meanJCTS", "p95JCTS", "multiNodeMeanJCTS", "floorJCTS", "makespanS"}
 	for scheduler, m := range map[string]any{"gputopo": res, "default scheduler": res["baseline"], "first fit": res["firstFit"]} {
 		metrics, ok := m.(map[string]any)
 		if !ok {

@@ -83,13 +83,19 @@ type Metrics struct {
 	P95JCTS  float64 `json:"p95JCTS,omitempty"`
 	// MultiNodeMeanJCTS is the mean over placed multi-node jobs alone.
 	MultiNodeMeanJCTS float64 `json:"multiNodeMeanJCTS,omitempty"`
-	MakespanS         float64 `json:"makespanS,omitempty"`
-	AllocatorRuns     int     `json:"allocatorRuns"`
-	ReplaySeconds     float64 `json:"replaySeconds"`
+	// FloorJCTS is the mean JCT no scheduler can beat on the trace (timed
+	// traces): every job starting on arrival, in the nearest tier it fits
+	// in when the cluster is empty (floorFactor), over every job with
+	// GPUs. The same for every scheduler of a replay.
+	FloorJCTS     float64 `json:"floorJCTS,omitempty"`
+	MakespanS     float64 `json:"makespanS,omitempty"`
+	AllocatorRuns int     `json:"allocatorRuns"`
+	ReplaySeconds float64 `json:"replaySeconds"`
 
 	latencies []float64 // ms, one per plan
 	waits     []float64 // s, one per placed job
 	jcts      []float64 // s, one per placed job
+	floors    []float64 // s, the floor of each job with GPUs
 	multiJCTs []float64 // s, one per placed multi-node job
 	// arrivals: what had arrived and what was allocated, in milli-GPUs,
 	// before the first arrival and after each (static traces).
@@ -176,6 +182,11 @@ func replay(ctx context.Context, c *Cluster, jobs []Job, timed bool, p placer, l
 	}
 	var err error
 	if timed {
+		for _, j := range jobs {
+			if j.GPUsPerPod > 0 {
+				r.m.floors = append(r.m.floors, j.Duration.Seconds()*loc.floorFactor(c, j))
+			}
+		}
 		err = r.timed()
 	} else {
 		err = r.static()
@@ -192,6 +203,7 @@ func replay(ctx context.Context, c *Cluster, jobs []Job, timed bool, p placer, l
 	m.MeanQueueWaitS, m.P95QueueWaitS = average(m.waits), percentile(m.waits, 0.95)
 	m.MeanJCTS, m.P95JCTS = average(m.jcts), percentile(m.jcts, 0.95)
 	m.MultiNodeMeanJCTS = average(m.multiJCTs)
+	m.FloorJCTS = average(m.floors)
 	m.ReplaySeconds = time.Since(start).Seconds()
 	return *m, nil
 }

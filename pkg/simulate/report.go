@@ -132,6 +132,7 @@ func WriteTable(w io.Writer, r *Result) error {
 		if r.Metrics.MultiNodeJobs > 0 {
 			row("  mean, multi-node jobs", func(m Metrics) string { return seconds2(m.MultiNodeMeanJCTS) })
 		}
+		row("  floor: each job at once, nearest tier", func(m Metrics) string { return seconds2(m.FloorJCTS) })
 		row("makespan", func(m Metrics) string { return seconds2(m.MakespanS) })
 	}
 	if r.Metrics.MultiNodeJobs > 0 {

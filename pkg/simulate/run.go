@@ -477,10 +477,12 @@ func mean(runs []Metrics) Metrics {
 		out.waits = append(out.waits, r.waits...)
 		out.jcts = append(out.jcts, r.jcts...)
 		out.multiJCTs = append(out.multiJCTs, r.multiJCTs...)
+		out.floors = append(out.floors, r.floors...)
 	}
 	out.PlanLatencyP50Ms, out.PlanLatencyP99Ms, out.PlanLatencyMaxMs = percentile(out.latencies, 0.50), percentile(out.latencies, 0.99), percentile(out.latencies, 1)
 	out.MeanQueueWaitS, out.P95QueueWaitS = average(out.waits), percentile(out.waits, 0.95)
 	out.MeanJCTS, out.P95JCTS = average(out.jcts), percentile(out.jcts, 0.95)
 	out.MultiNodeMeanJCTS = average(out.multiJCTs)
+	out.FloorJCTS = average(out.floors)
 	return out
 }

@@ -3,6 +3,7 @@ package simulate
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -195,4 +196,74 @@ func demoClaims(t testing.TB) *Claims {
 		t.Fatal(err)
 	}
 	return cl
+}
+
+// The nearest tier of a job packs its pods onto as few nodes as the
+// largest node holds, in the largest leaf, then spine.
+func TestNearestTier(t *testing.T) {
+	c := clusterOf(t, 4, 4, 3) // 8-GPU nodes, 4 per leaf, 16 per spine
+	for _, tc := range []struct {
+		pods, gpus, milli int
+		want              Tier
+	}{
+		{1, 8, 8000, TierNode},
+		{2, 4, 4000, TierNode}, // two halves of one node
+		{4, 1, 250, TierNode},  // four shares
+		{2, 8, 8000, TierLeaf},
+		{4, 8, 8000, TierLeaf},
+		{3, 4, 4000, TierLeaf}, // 12 GPUs: two nodes
+		{5, 8, 8000, TierSpine},
+		{16, 8, 8000, TierSpine},
+		{17, 8, 8000, TierCross},
+		{2, 16, 16000, TierCross}, // fits no node
+	} {
+		j := Job{Pods: tc.pods, GPUsPerPod: tc.gpus, MilliGPU: tc.milli}
+		if got := c.nearestTier(j); got != tc.want {
+			t.Errorf("%d pods of %d milli-GPUs: nearest tier %v, want %v", tc.pods, tc.milli, got, tc.want)
+		}
+	}
+	// A cluster that says nothing of leaves and spines has no tier
+	// between a node and anywhere.
+	flat := &Cluster{Nodes: []SimNode{{Name: "a", GPUs: 8}, {Name: "b", GPUs: 8}}}
+	if got := flat.nearestTier(Job{Pods: 2, GPUsPerPod: 8, MilliGPU: 8000}); got != TierCross {
+		t.Errorf("two whole nodes of a flat cluster: %v, want cross", got)
+	}
+}
+
+// No scheduler's mean JCT is below the floor, and a scheduler that
+// places every multi-node job in its nearest tier runs every job at the
+// floor's speed: its mean JCT less its mean wait is the floor.
+func TestFloorJCT(t *testing.T) {
+	c := clusterOf(t, 4, 4, 3)
+	cl := demoClaims(t)
+	tr, err := GeneratePhilly(PhillyConfig{Jobs: 150, MultiNodeFraction: 0.3, Load: 1.3, ClusterGPUs: c.GPUs}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loc := DefaultLocality()
+	for _, p := range []placer{
+		newGputopo(c, cl, Options{MaxDomainWait: -1}, workloadOf(tr.Jobs, false), 3, true),
+		newSchedulerModel(c, cl, 3, newLedger(c)),
+		newFirstFit(c, cl),
+	} {
+		m, err := replay(context.Background(), c, tr.Jobs, true, p, loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Placed != m.Jobs || m.FloorJCTS <= 0 {
+			t.Fatalf("%s: %d of %d jobs placed, floor %v s", p.name(), m.Placed, m.Jobs, m.FloorJCTS)
+		}
+		if m.MeanJCTS < m.FloorJCTS {
+			t.Errorf("%s: mean JCT %.0f s is below the floor %.0f s", p.name(), m.MeanJCTS, m.FloorJCTS)
+		}
+		run := m.MeanJCTS - m.MeanQueueWaitS
+		atFloor := math.Abs(run-m.FloorJCTS) < 1e-6*m.FloorJCTS
+		nearest := m.SameDomain == m.MultiNodePlaced
+		if nearest != (p.name() == "gputopo") {
+			t.Errorf("%s: %d of %d multi-node jobs in their size-rule domain", p.name(), m.SameDomain, m.MultiNodePlaced)
+		}
+		if nearest != atFloor {
+			t.Errorf("%s: %d of %d multi-node jobs in their size-rule domain, and the mean run time %.1f s against the floor %.1f s", p.name(), m.SameDomain, m.MultiNodePlaced, run, m.FloorJCTS)
+		}
+	}
 }
