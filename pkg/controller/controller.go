@@ -501,11 +501,6 @@ func (c *Controller) onJob(obj any) {
 	}
 }
 
-// requeuePending retries every group still waiting for room, oldest
-// first: the queue hands keys out in the order they were added, so room
-// that frees up goes to the group created first, and later groups
-// backfill what it leaves. The queue holds a key once, so a burst of
-// events costs one plan per group.
 // syncGroupsOn re-syncs the groups with pods bound or steered to a node
 // that was deleted or changed as the planner sees it (readiness, taints,
 // cordon, labels, devices), so their pods are recovered at once rather than
@@ -522,6 +517,11 @@ func (c *Controller) syncGroupsOn(node string) {
 	}
 }
 
+// requeuePending retries every group still waiting for room, oldest
+// first: the queue hands keys out in the order they were added, so room
+// that frees up goes to the group created first, and later groups
+// backfill what it leaves. The queue holds a key once, so a burst of
+// events costs one plan per group.
 func (c *Controller) requeuePending() {
 	c.mu.Lock()
 	keys := waitOrder(c.pending)

@@ -226,7 +226,10 @@ func (c *Controller) steer(ctx context.Context, g *group, plan *planner.Plan) {
 // trackInflight ends the hold steer took for a group: once none of its
 // pods waits for the scheduler (all bound, or gone), or when they have
 // waited longer than the bind timeout, after which the scheduler's own
-// view decides.
+// view decides. Groups waiting for room are planned again then: until
+// the pods bound, the hold counted the planned devices beside those the
+// scheduler allocated, which may differ, and a group may have been
+// refused for room that is free now.
 func (c *Controller) trackInflight(g *group) {
 	c.mu.Lock()
 	at, ok := c.inflightAt[g.key]
@@ -242,4 +245,5 @@ func (c *Controller) trackInflight(g *group) {
 	c.mu.Lock()
 	delete(c.inflightAt, g.key)
 	c.mu.Unlock()
+	c.requeuePending()
 }

@@ -222,6 +222,59 @@ func TestSteeredGangsDoNotShareRoom(t *testing.T) {
 	}
 }
 
+// When a steered gang's hold ends, the groups waiting for room are
+// planned again at once, not at the next retry: the hold counted the
+// planned devices beside those the scheduler allocated.
+func TestPendingGroupsPlannedAgainWhenAHoldEnds(t *testing.T) {
+	var objs []any
+	for _, j := range []string{"a", "b", "c"} {
+		objs = append(objs, job(j, 2), podGroup(j+"-pg", 2, topology.LabelTopographLeaf))
+	}
+	h := newNativeHarness(t, AllocationAuto, objs...)
+	for _, j := range []string{"a", "b", "c"} {
+		for i := range 2 {
+			h.addPod(withPodGroup(jobPod(j, i, "gpu-8-node", nil), j+"-pg"))
+		}
+	}
+	h.place("default/job/a")
+	h.place("default/job/b")
+	h.sync("default/job/c") // both leaves held: c waits for room
+	if !hasGate(h.pod("c-0")) {
+		t.Fatal("gang c placed beside two gangs that hold both leaves")
+	}
+	queued := func() map[string]bool {
+		out := map[string]bool{}
+		for h.c.queue.Len() > 0 {
+			k, _ := h.c.queue.Get()
+			out[k] = true
+			h.c.queue.Done(k)
+		}
+		return out
+	}
+	queued()
+	for i := range 2 {
+		p := h.pod(fmt.Sprintf("a-%d", i))
+		p.Spec.NodeName = fmt.Sprintf("n%d", i)
+		if strings.Contains(p.Annotations[placement.AnnotationDomain], "leaf-1") {
+			p.Spec.NodeName = fmt.Sprintf("n%d", i+2)
+		}
+		if _, err := h.client.CoreV1().Pods("default").Update(h.ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.settle()
+	if q := queued(); q["default/job/c"] {
+		t.Fatalf("gang c queued by the binding alone (%v): the test would not tell", q)
+	}
+	h.sync("default/job/a")
+	if _, held := h.c.inflight.Get("default/job/a"); held {
+		t.Fatal("gang a's hold outlives the binding of all its pods")
+	}
+	if q := queued(); !q["default/job/c"] {
+		t.Errorf("gang a's hold ended and waiting gang c was not queued: %v", q)
+	}
+}
+
 // The same gang without a PodGroup stays controller-allocated in auto
 // mode: nothing else would make it all or nothing.
 func TestAutoModeAllocatesGroupsWithoutAPodGroup(t *testing.T) {
