@@ -102,56 +102,59 @@ func (c *Cluster) tier(nodes []int) Tier {
 	return t
 }
 
-// nearestTier is the nearest tier job j can run in on an empty cluster
-// of c's shape: its pods packed onto as few nodes as the largest node
-// holds, and those nodes in the largest leaf or spine. It asks no more of
-// the cluster than any placement does (CPU, memory and GPU models
-// aside), so no scheduler places j in a nearer tier.
-func (c *Cluster) nearestTier(j Job) Tier {
-	if j.Pods <= 1 {
-		return TierNode
-	}
-	nodeMilli, leaf, spine := 0, map[string]int{}, map[string]int{}
+// tierLimits is what the nearest tier of a job depends on: the most
+// milli-GPUs a node has, and the most nodes a leaf and a spine have.
+type tierLimits struct{ nodeMilli, leafNodes, spineNodes int }
+
+func (c *Cluster) tierLimits() tierLimits {
+	var tl tierLimits
+	leaf, spine := map[string]int{}, map[string]int{}
 	for _, n := range c.Nodes {
-		nodeMilli = max(nodeMilli, 1000*n.GPUs)
+		tl.nodeMilli = max(tl.nodeMilli, 1000*n.GPUs)
 		if n.Leaf != "" {
 			leaf[n.Leaf]++
+			tl.leafNodes = max(tl.leafNodes, leaf[n.Leaf])
 		}
 		if n.Spine != "" {
 			spine[n.Spine]++
+			tl.spineNodes = max(tl.spineNodes, spine[n.Spine])
 		}
+	}
+	return tl
+}
+
+// nearest is the nearest tier job j can run in on an empty cluster of
+// these limits: its pods packed onto as few nodes as the largest node
+// holds, and those nodes in the largest leaf or spine. It asks no more of
+// the cluster than any placement does (CPU, memory and GPU models
+// aside), so no scheduler places j in a nearer tier.
+func (tl tierLimits) nearest(j Job) Tier {
+	if j.Pods <= 1 {
+		return TierNode
 	}
 	perNode := j.Pods
 	if j.MilliGPU > 0 {
-		perNode = nodeMilli / j.MilliGPU
+		perNode = tl.nodeMilli / j.MilliGPU
 	}
 	if perNode == 0 {
 		return TierCross // fits no node
 	}
-	nodes := (j.Pods + perNode - 1) / perNode
-	largest := func(m map[string]int) int {
-		out := 0
-		for _, n := range m {
-			out = max(out, n)
-		}
-		return out
-	}
-	switch {
+	switch nodes := (j.Pods + perNode - 1) / perNode; {
 	case nodes == 1:
 		return TierNode
-	case nodes <= largest(leaf):
+	case nodes <= tl.leafNodes:
 		return TierLeaf
-	case nodes <= largest(spine):
+	case nodes <= tl.spineNodes:
 		return TierSpine
 	}
 	return TierCross
 }
 
-// floorFactor is the least factor job j can run at on c: that of its
-// nearest tier.
-func (l Locality) floorFactor(c *Cluster, j Job) float64 {
+// floorFactor is the least factor job j can run at on a cluster of tl:
+// that of its nearest tier.
+func (l Locality) floorFactor(tl tierLimits, j Job) float64 {
 	if l[0] == 0 {
 		return 1
 	}
-	return l[c.nearestTier(j)]
+	return l[tl.nearest(j)]
 }

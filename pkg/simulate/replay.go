@@ -182,9 +182,10 @@ func replay(ctx context.Context, c *Cluster, jobs []Job, timed bool, p placer, l
 	}
 	var err error
 	if timed {
+		tl := c.tierLimits()
 		for _, j := range jobs {
 			if j.GPUsPerPod > 0 {
-				r.m.floors = append(r.m.floors, j.Duration.Seconds()*loc.floorFactor(c, j))
+				r.m.floors = append(r.m.floors, j.Duration.Seconds()*loc.floorFactor(tl, j))
 			}
 		}
 		err = r.timed()

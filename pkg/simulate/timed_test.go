@@ -218,14 +218,14 @@ func TestNearestTier(t *testing.T) {
 		{2, 16, 16000, TierCross}, // fits no node
 	} {
 		j := Job{Pods: tc.pods, GPUsPerPod: tc.gpus, MilliGPU: tc.milli}
-		if got := c.nearestTier(j); got != tc.want {
+		if got := c.tierLimits().nearest(j); got != tc.want {
 			t.Errorf("%d pods of %d milli-GPUs: nearest tier %v, want %v", tc.pods, tc.milli, got, tc.want)
 		}
 	}
 	// A cluster that says nothing of leaves and spines has no tier
 	// between a node and anywhere.
 	flat := &Cluster{Nodes: []SimNode{{Name: "a", GPUs: 8}, {Name: "b", GPUs: 8}}}
-	if got := flat.nearestTier(Job{Pods: 2, GPUsPerPod: 8, MilliGPU: 8000}); got != TierCross {
+	if got := flat.tierLimits().nearest(Job{Pods: 2, GPUsPerPod: 8, MilliGPU: 8000}); got != TierCross {
 		t.Errorf("two whole nodes of a flat cluster: %v, want cross", got)
 	}
 }
