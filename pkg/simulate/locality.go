@@ -107,14 +107,10 @@ func (c *Cluster) tier(nodes []int) Tier {
 type tierLimits struct{ nodeMilli, leafNodes, spineNodes int }
 
 func (c *Cluster) tierLimits() tierLimits {
-	var tl tierLimits
-	leaf, spine := map[string]int{}, map[string]int{}
+	tl := tierLimits{leafNodes: c.NodesPerLeaf}
+	spine := map[string]int{}
 	for _, n := range c.Nodes {
 		tl.nodeMilli = max(tl.nodeMilli, 1000*n.GPUs)
-		if n.Leaf != "" {
-			leaf[n.Leaf]++
-			tl.leafNodes = max(tl.leafNodes, leaf[n.Leaf])
-		}
 		if n.Spine != "" {
 			spine[n.Spine]++
 			tl.spineNodes = max(tl.spineNodes, spine[n.Spine])
@@ -150,11 +146,10 @@ func (tl tierLimits) nearest(j Job) Tier {
 	return TierCross
 }
 
-// floorFactor is the least factor job j can run at on a cluster of tl:
-// that of its nearest tier.
-func (l Locality) floorFactor(tl tierLimits, j Job) float64 {
+// of is the factor of tier t; a zero model stretches nothing.
+func (l Locality) of(t Tier) float64 {
 	if l[0] == 0 {
 		return 1
 	}
-	return l[tl.nearest(j)]
+	return l[t]
 }

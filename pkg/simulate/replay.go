@@ -85,7 +85,7 @@ type Metrics struct {
 	MultiNodeMeanJCTS float64 `json:"multiNodeMeanJCTS,omitempty"`
 	// FloorJCTS is the mean JCT no scheduler can beat on the trace (timed
 	// traces): every job starting on arrival, in the nearest tier it fits
-	// in when the cluster is empty (floorFactor), over every job with
+	// in when the cluster is empty (tierLimits.nearest), over every job with
 	// GPUs. The same for every scheduler of a replay.
 	FloorJCTS     float64 `json:"floorJCTS,omitempty"`
 	MakespanS     float64 `json:"makespanS,omitempty"`
@@ -185,7 +185,7 @@ func replay(ctx context.Context, c *Cluster, jobs []Job, timed bool, p placer, l
 		tl := c.tierLimits()
 		for _, j := range jobs {
 			if j.GPUsPerPod > 0 {
-				r.m.floors = append(r.m.floors, j.Duration.Seconds()*loc.floorFactor(tl, j))
+				r.m.floors = append(r.m.floors, j.Duration.Seconds()*loc.of(tl.nearest(j)))
 			}
 		}
 		err = r.timed()
@@ -265,10 +265,10 @@ func (r *run) tryAt(i int, at time.Duration) (placement, error) {
 
 // factor is the locality model's factor for a job on nodes.
 func (r *run) factor(nodes []int) float64 {
-	if len(nodes) == 0 || r.loc[0] == 0 {
+	if len(nodes) == 0 {
 		return 1
 	}
-	return r.loc[r.c.tier(nodes)]
+	return r.loc.of(r.c.tier(nodes))
 }
 
 // runTime is how long job j runs on nodes under the locality model.
