@@ -9,8 +9,9 @@ import (
 // prune it. Counts cover only nodes that some pod of the job passes the
 // node filters of.
 type candidate struct {
-	dom     Domain
-	name    string   // dom.String(), once key was asked for it
+	domain  Domain   // read through dom: a run of leaves names its leaves on first use
+	name    string   // dom().String(), once key was asked for it
+	run     *spine   // the spine of a run of leaves
 	leaves  []*leaf  // leaves it covers
 	loose   []int    // its nodes outside those leaves
 	spines  []*spine // spines it covers, for preferences
@@ -27,9 +28,26 @@ type candidate struct {
 // most candidates of a plan are only counted, so it is made on demand.
 func (c *candidate) key() string {
 	if c.name == "" {
-		c.name = c.dom.String()
+		c.name = c.dom().String()
 	}
 	return c.name
+}
+
+// dom is the domain the candidate stands for. Of the hundreds of runs of
+// leaves or thousands of nodes a plan counts, few are ever named, so those
+// get their names only when asked.
+func (c *candidate) dom() Domain {
+	switch {
+	case c.domain.Names != nil:
+	case c.run != nil:
+		c.domain.Names = make([]string, len(c.leaves))
+		for i, l := range c.leaves {
+			c.domain.Names[i] = l.name
+		}
+	case c.node != nil:
+		c.domain.Names = []string{c.node.name}
+	}
+	return c.domain
 }
 
 func (c *candidate) nodes() []int {
@@ -60,8 +78,7 @@ type level struct {
 // computeCounts fills the per-node and per-leaf counts once per plan.
 func (st *state) computeCounts() {
 	c := st.c
-	st.nodeAgg = make([]agg, len(c.nodes))
-	st.roomy = make([]bool, len(c.nodes))
+	st.nodeAgg, st.roomy = st.sc.aggs, st.sc.roomy
 	for i, nd := range c.nodes {
 		if !st.usable[i] {
 			continue
@@ -117,7 +134,14 @@ func (st *state) computeCounts() {
 
 // newCandidate sums the counts of the leaves and loose nodes.
 func (st *state) newCandidate(dom Domain, leaves []*leaf, loose []int) *candidate {
-	c := &candidate{dom: dom, leaves: leaves, loose: loose}
+	c := &candidate{}
+	st.initCandidate(c, dom, leaves, loose)
+	return c
+}
+
+// initCandidate sets c to the domain and sums its counts.
+func (st *state) initCandidate(c *candidate, dom Domain, leaves []*leaf, loose []int) {
+	*c = candidate{domain: dom, leaves: leaves, loose: loose}
 	var a agg
 	for _, l := range leaves {
 		a.add(st.leafAgg[l.idx])
@@ -126,7 +150,6 @@ func (st *state) newCandidate(dom Domain, leaves []*leaf, loose []int) *candidat
 		a.add(st.nodeAgg[n])
 	}
 	c.free, c.freeDev, c.ub, c.ubEmpty = a.free, a.freeDev, a.ub, a.ubEmpty
-	return c
 }
 
 func (st *state) nodeCand(i int, dom Domain) *candidate {
@@ -135,11 +158,24 @@ func (st *state) nodeCand(i int, dom Domain) *candidate {
 	return c
 }
 
+// nodeCands lists a candidate per usable node, in one allocation.
 func (st *state) nodeCands() []*candidate {
-	var out []*candidate
+	n := 0
+	for i := range st.c.nodes {
+		if st.usable[i] {
+			n++
+		}
+	}
+	slab, idx := make([]candidate, n), make([]int, n)
+	out := make([]*candidate, 0, n)
 	for i, nd := range st.c.nodes {
 		if st.usable[i] {
-			out = append(out, st.nodeCand(i, Domain{Level: LevelNode, Names: []string{nd.name}}))
+			k := len(out)
+			idx[k] = i
+			c := &slab[k]
+			st.initCandidate(c, Domain{Level: LevelNode}, nil, idx[k:k+1])
+			c.node = nd
+			out = append(out, c)
 		}
 	}
 	return out
@@ -148,41 +184,49 @@ func (st *state) nodeCands() []*candidate {
 // runCand is the run of leaves lo..hi-1 of spine s; a run that is the
 // whole spine is named as the spine, the narrower pin.
 func (st *state) runCand(s *spine, lo, hi int) *candidate {
-	leaves := s.leaves[lo:hi]
-	names := make([]string, len(leaves))
-	for i, l := range leaves {
-		names[i] = l.name
-	}
-	dom := Domain{Level: LevelLeaves, Names: names}
+	c := &candidate{}
+	st.initRun(c, s, lo, hi)
+	return c
+}
+
+func (st *state) initRun(c *candidate, s *spine, lo, hi int) {
+	dom := Domain{Level: LevelLeaves}
 	switch {
 	case hi-lo == 1:
 		dom.Level = LevelLeaf
 	case s.name != "" && lo == 0 && hi == len(s.leaves) && s.extra == 0:
 		dom = Domain{Level: LevelSpine, Names: []string{s.name}}
 	}
-	c := st.newCandidate(dom, leaves, nil)
-	c.spines = []*spine{s}
-	return c
+	st.initCandidate(c, dom, s.leaves[lo:hi], nil)
+	c.run = s
+	c.spines = st.c.spines[s.idx : s.idx+1]
+}
+
+// runs lists the runs of k adjacent leaves of the given spines, in one
+// allocation: a plan counts hundreds of them and keeps few.
+func (st *state) runs(spines []*spine, k int) []*candidate {
+	n := 0
+	for _, s := range spines {
+		n += max(0, len(s.leaves)-k+1)
+	}
+	slab := make([]candidate, n)
+	out := make([]*candidate, 0, n)
+	for _, s := range spines {
+		for lo := 0; lo+k <= len(s.leaves); lo++ {
+			c := &slab[len(out)]
+			st.initRun(c, s, lo, lo+k)
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 func (st *state) leafCands() []*candidate {
-	var out []*candidate
-	for _, s := range st.c.spines {
-		for i := range s.leaves {
-			out = append(out, st.runCand(s, i, i+1))
-		}
-	}
-	return out
+	return st.runs(st.c.spines, 1)
 }
 
 func (st *state) runCands(k int) []*candidate {
-	var out []*candidate
-	for _, s := range st.realSpines() {
-		for lo := 0; lo+k <= len(s.leaves); lo++ {
-			out = append(out, st.runCand(s, lo, lo+k))
-		}
-	}
-	return out
+	return st.runs(st.realSpines(), k)
 }
 
 func (st *state) spineCand(ss []*spine, dom Domain) *candidate {
@@ -395,7 +439,7 @@ func (st *state) groupDomain() Domain {
 		for _, l := range leaves {
 			lo, hi = min(lo, l.pos), max(hi, l.pos+1)
 		}
-		return st.runCand(spines[0], lo, hi).dom
+		return st.runCand(spines[0], lo, hi).dom()
 	case allSpines && len(spines) == 1:
 		return Domain{Level: LevelSpine, Names: []string{spines[0].name}}
 	case allSpines:

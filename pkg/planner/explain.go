@@ -111,7 +111,7 @@ func (st *state) failLevel(lv level, cands []*candidate, full bool) (levelFailur
 			return fl, err
 		}
 		if o.pods > fl.bestPods {
-			fl.bestDom, fl.bestPods, room = sc.c.dom, o.pods, o.room
+			fl.bestDom, fl.bestPods, room = sc.c.dom(), o.pods, o.room
 		}
 	}
 	if fl.bestPods > 0 {
@@ -123,7 +123,7 @@ func (st *state) failLevel(lv level, cands []*candidate, full bool) (levelFailur
 // prefMiss says why the preferred domain could not take the job.
 func (st *state) prefMiss(fl levelFailure, mine []*candidate) string {
 	p := st.pref.dom
-	if len(mine) == 1 && mine[0].dom.String() == p.String() {
+	if len(mine) == 1 && mine[0].dom().String() == p.String() {
 		if fl.bestPods == 0 {
 			return fmt.Sprintf("preferred %s cannot hold %s: no node there has room for a pod (%s)", p, pods(st.n), st.podDesc())
 		}
@@ -174,7 +174,7 @@ func (st *state) refuse(failures []levelFailure) error {
 
 // makePlan records the chosen candidate.
 func (st *state) makePlan(c *candidate, a *attempt, allocs map[string][]resourceapi.AllocationResult, label string, feasible int) *Plan {
-	p := &Plan{Job: st.job.Key, Domain: c.dom, Assignments: map[string]string{}, Allocations: allocs, Requests: NodeUsage{}, Fallback: st.fallback}
+	p := &Plan{Job: st.job.Key, Domain: c.dom(), Assignments: map[string]string{}, Allocations: allocs, Requests: NodeUsage{}, Fallback: st.fallback}
 	for i, n := range a.assign {
 		pod := &st.job.Pods[i]
 		p.Assignments[pod.Name] = st.c.nodes[n].name
@@ -190,10 +190,10 @@ func (st *state) makePlan(c *candidate, a *attempt, allocs map[string][]resource
 	switch {
 	case c.honours:
 		p.Reasons = append(p.Reasons, fmt.Sprintf("placing into %s; %d free GPUs left there", label, left))
-	case c.dom.Level == LevelCluster && st.job.Placement != PlacementNone:
-		p.Reasons = append(p.Reasons, fmt.Sprintf("last resort: %s, as no smaller domain can hold the job; %d free GPUs left there", c.dom, left))
+	case c.dom().Level == LevelCluster && st.job.Placement != PlacementNone:
+		p.Reasons = append(p.Reasons, fmt.Sprintf("last resort: %s, as no smaller domain can hold the job; %d free GPUs left there", c.dom(), left))
 	default:
-		p.Reasons = append(p.Reasons, fmt.Sprintf("chose %s: best fit among %s (%s) that can hold the job, %d free GPUs left there", c.dom, plural(feasible, "candidate"), label, left))
+		p.Reasons = append(p.Reasons, fmt.Sprintf("chose %s: best fit among %s (%s) that can hold the job, %d free GPUs left there", c.dom(), plural(feasible, "candidate"), label, left))
 	}
 	leaves := map[*leaf]bool{}
 	for n := range a.mine {

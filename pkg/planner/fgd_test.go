@@ -475,3 +475,27 @@ func TestEqualPlacesPack(t *testing.T) {
 		})
 	}
 }
+
+// Measuring a snapshot changes nothing a later plan sees: a GPU with a
+// share held counts as in use for the measure only, and still takes the
+// next share.
+func TestMeasureLeavesTheSnapshotAsItWas(t *testing.T) {
+	state := devicefit.NewState()
+	for _, node := range []string{"l0n0", "l0n1"} {
+		for g := range 8 {
+			if node != "l0n0" || g != 0 {
+				state.Devices.Insert(gpuID(node, g))
+			}
+		}
+	}
+	state.AddShare(devicefit.Share{Device: gpuID("l0n0", 0), ShareID: "half",
+		Consumed: map[resourceapi.QualifiedName]resource.Quantity{topology.CapacityMilliGPU: resource.MustParse("500")}})
+	snap := planner.NewSnapshotFromState(sharedCluster(t), state)
+	if u := planner.Measure(snap, nil); u.Used != 16 {
+		t.Errorf("measured %d GPUs in use, want 16 (one of them shared)", u.Used)
+	}
+	got := planAll(t, planner.New(newEvaluator(t)), snap, shareJob(t, "q", 250))
+	if diff := cmp.Diff(where{"l0n0/gpu-0"}, got); diff != "" {
+		t.Errorf("after Measure, placements (-want +got):\n%s", diff)
+	}
+}

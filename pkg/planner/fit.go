@@ -83,8 +83,9 @@ type fitter struct {
 	runs       int // allocator runs, for explanations and benchmarks
 }
 
-func newFitter(ctx context.Context, eval *devicefit.Evaluator, c *Cluster, job string, base []bitset) *fitter {
-	return &fitter{ctx: ctx, eval: eval, c: c, job: job, base: base, keys: make([]string, len(c.nodes)),
+// keys is a cleared buffer as long as the cluster has nodes.
+func newFitter(ctx context.Context, eval *devicefit.Evaluator, c *Cluster, job string, base []bitset, keys []string) *fitter {
+	return &fitter{ctx: ctx, eval: eval, c: c, job: job, base: base, keys: keys,
 		memo: map[fitKey]fitResult{}, capMemo: map[fitKey]int{}, setIDs: map[string]int{}}
 }
 

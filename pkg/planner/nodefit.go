@@ -319,9 +319,9 @@ type nodeFilters struct {
 // filterNodes applies the filters that do not depend on what is in use.
 func (st *state) filterNodes(logger klog.Logger) {
 	st.filters = make([]nodeFilters, len(st.f.shapes))
-	st.usable = make([]bool, len(st.c.nodes))
+	st.usable = st.sc.usable
 	for s := range st.f.shapes {
-		nf := nodeFilters{why: make([]NodeFilter, len(st.c.nodes))}
+		nf := nodeFilters{why: st.sc.why(s, len(st.c.nodes))}
 		ns := &st.f.shapes[s].needs
 		for i, nd := range st.c.nodes {
 			nf.why[i] = nd.filter(logger, ns, &nf, i)

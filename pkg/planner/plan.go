@@ -59,6 +59,7 @@ type state struct {
 	// split says, per level label, a candidate of that size that
 	// Job.TopologyKeys left out (topologykey.go).
 	split map[string]string
+	sc    *scratch // the node-length buffers, handed back when the plan returns
 }
 
 type preference struct {
@@ -76,6 +77,7 @@ func (p *Planner) Plan(ctx context.Context, snap *Snapshot, res *Reservations, j
 	if err != nil {
 		return nil, err
 	}
+	defer st.sc.release()
 	if plan, ok, err := st.planOnePod(); ok || err != nil {
 		return plan, err
 	}
@@ -208,9 +210,9 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 		return nil, bad("unknown strategy %q: use consolidated, balanced or distributed", job.Strategy)
 	}
 	c := snap.cluster
-	st := &state{c: c, job: job, n: len(job.Pods), outcomes: map[string]*outcome{}, workload: p.workload}
+	st := &state{c: c, job: job, n: len(job.Pods), outcomes: map[string]*outcome{}, workload: p.workload, sc: getScratch(len(c.nodes))}
 	base, sbase := snap.withReservations(res, job.Key)
-	st.f = newFitter(ctx, p.eval, c, job.Key, base)
+	st.f = newFitter(ctx, p.eval, c, job.Key, base, st.sc.keys)
 	st.f.sbase = sbase
 	st.f.shares, st.f.sshares = snap.sharesWithReservations(res, job.Key)
 	st.resBase = snap.resourcesInUse(res, job.Key)
@@ -353,7 +355,7 @@ func (st *state) pick(cands []*candidate, lv level) (*Plan, error) {
 		}
 		allocs, err := st.verify(out.a)
 		if errors.Is(err, errVerify) {
-			st.reasons = append(st.reasons, fmt.Sprintf("%s: %v", c.dom, err))
+			st.reasons = append(st.reasons, fmt.Sprintf("%s: %v", c.dom(), err))
 			continue
 		}
 		if err != nil {

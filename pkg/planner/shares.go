@@ -182,6 +182,7 @@ func (f *fitter) state(n int, used bitset, t taken, more []resourceapi.Allocatio
 // shared device with any share counting as used.
 func (s *Snapshot) usedOrShared(res *Reservations) []bitset {
 	used, _ := s.withReservations(res, "")
+	used = slices.Clone(used) // the snapshot's own when no reservation touched it
 	shares, _ := s.sharesWithReservations(res, "")
 	for n, ns := range shares {
 		if ns == nil || len(ns.consumed) == 0 {

@@ -30,6 +30,7 @@ func (p *Planner) Target(ctx context.Context, snap *Snapshot, job Job) (Hold, er
 	if err != nil {
 		return Hold{}, err
 	}
+	defer st.sc.release()
 	st.computeCounts()
 	// A job that insists on its preferred domain waits for room there
 	// only: nodes held elsewhere would keep other jobs off them for a
@@ -60,7 +61,7 @@ func (p *Planner) Target(ctx context.Context, snap *Snapshot, job Job) (Hold, er
 			if err != nil {
 				return Hold{}, err
 			}
-			return Hold{Domain: best.dom, Nodes: nodes}, nil
+			return Hold{Domain: best.dom(), Nodes: nodes}, nil
 		}
 	}
 	return Hold{}, &Unschedulable{Job: job.Key, Reason: "no domain could hold the job even with all of its devices free"}

@@ -75,7 +75,7 @@ func (st *state) keepWithinKeys(levels []level) []level {
 			for _, c := range inner() {
 				if k, a, b := st.splitsKey(c); k != "" {
 					if _, seen := st.split[lv.label]; !seen {
-						st.split[lv.label] = fmt.Sprintf("%s spans values %s and %s of node label %s", c.dom, a, b, k)
+						st.split[lv.label] = fmt.Sprintf("%s spans values %s and %s of node label %s", c.dom(), a, b, k)
 					}
 					continue
 				}
