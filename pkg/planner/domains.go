@@ -101,7 +101,7 @@ func (st *state) computeCounts() {
 			roomEmpty += st.roomEmpty(s, i, sh.pods)
 		}
 		st.roomy[i] = room > 0
-		used := st.f.base[i]
+		used := st.f.base.at(i)
 		// Non-local devices count for every node that can use them: the
 		// counts stay upper bounds.
 		own, all := st.f.freeDevices(i, nil, nil)

@@ -345,7 +345,7 @@ func gpuClass(eval *devicefit.Evaluator, name string) bool {
 // slots lists node n's healthy GPUs and what is free of each, into buf.
 func (st *state) slots(n int, buf []slot) []slot {
 	nd := st.c.nodes[n]
-	used := st.f.base[n]
+	used := st.f.base.at(n)
 	var shares *nodeShares
 	if st.f.shares != nil {
 		shares = st.f.shares[n]
@@ -595,7 +595,7 @@ func (st *state) rest(n int) (before, after []int64) {
 	req := st.f.shapes[st.podShape[0]].needs.req
 	before, after = make([]int64, len(nd.alloc)), make([]int64, len(nd.alloc))
 	for i, a := range nd.alloc {
-		before[i] = a - at(st.resBase[n], i)
+		before[i] = a - at(st.resBase.at(n), i)
 		after[i] = before[i] - at(req, i)
 	}
 	return before, after
@@ -647,7 +647,7 @@ func (st *state) scoreKey(n int, slots []slot, d podDemand, matched uint64) (sco
 	if nd.alloc != nil {
 		k.res = uint16(len(nd.alloc))
 		for i, a := range nd.alloc {
-			k.rest[i] = a - at(st.resBase[n], i)
+			k.rest[i] = a - at(st.resBase.at(n), i)
 		}
 	}
 	return k, true
@@ -736,7 +736,7 @@ func (st *state) confirm(c choice, pod Pod) ([]resourceapi.AllocationResult, err
 		slices = OnlyDevice(slices, c.gpu)
 	}
 	st.f.runs++
-	results, err := st.f.eval.AllocateOn(st.f.ctx, nd.obj, slices, st.f.state(c.node, st.f.base[c.node], taken{}, nil), pod.Claims)
+	results, err := st.f.eval.AllocateOn(st.f.ctx, nd.obj, slices, st.f.state(c.node, st.f.base.at(c.node), taken{}, nil), pod.Claims)
 	if err != nil {
 		if ctxErr := st.f.ctx.Err(); ctxErr != nil {
 			return nil, ctxErr

@@ -63,7 +63,7 @@ type fitter struct {
 	eval    *devicefit.Evaluator
 	c       *Cluster
 	job     string
-	base    []bitset      // in use before the plan, by node
+	base    nodeVec[bitset] // in use before the plan, by node
 	shares  []*nodeShares // shares held before the plan, by node
 	sbase   bitset        // non-local devices in use before the plan
 	sshares *nodeShares   // shares of non-local devices held before the plan
@@ -84,7 +84,7 @@ type fitter struct {
 }
 
 // keys is a cleared buffer as long as the cluster has nodes.
-func newFitter(ctx context.Context, eval *devicefit.Evaluator, c *Cluster, job string, base []bitset, keys []string) *fitter {
+func newFitter(ctx context.Context, eval *devicefit.Evaluator, c *Cluster, job string, base nodeVec[bitset], keys []string) *fitter {
 	return &fitter{ctx: ctx, eval: eval, c: c, job: job, base: base, keys: keys,
 		memo: map[fitKey]fitResult{}, capMemo: map[fitKey]int{}, setIDs: map[string]int{}}
 }
@@ -291,7 +291,7 @@ func (f *fitter) findRelevant() {
 }
 
 func (f *fitter) used(n int, extra bitset) bitset {
-	b := f.base[n]
+	b := f.base.at(n)
 	if extra == nil {
 		return b
 	}
@@ -436,7 +436,7 @@ func ladderRank(claims []*resourceapi.ResourceClaim, results []resourceapi.Alloc
 func (f *fitter) capacity(n, sh, limit int) (int, error) {
 	nd := f.c.nodes[n]
 	set := f.shapes[sh].set
-	key := fitKey{node: f.key(n), set: set, used: f.base[n].key()}
+	key := fitKey{node: f.key(n), set: set, used: f.base.at(n).key()}
 	if c, ok := f.capMemo[key]; ok {
 		return min(c, limit), nil
 	}

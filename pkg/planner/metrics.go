@@ -46,8 +46,8 @@ func Measure(snap *Snapshot, res *Reservations) Usage {
 		for _, n := range nodes {
 			nd := c.nodes[n]
 			gpus := nd.gpus.count()
-			usedGPUs := gpus - nd.gpus.free(used[n])
-			free := nd.healthy.free(used[n])
+			usedGPUs := gpus - nd.gpus.free(used.at(n))
+			free := nd.healthy.free(used.at(n))
 			if !nd.schedulable {
 				free = 0
 			}

@@ -121,7 +121,7 @@ func WithUsed(used NodeUsage) SnapshotOption {
 	return func(s *Snapshot) {
 		for name, l := range used {
 			if i, ok := s.cluster.byName[name]; ok && s.cluster.nodes[i].alloc != nil {
-				s.usedRes[i] = s.cluster.res.add(s.usedRes[i], l)
+				s.usedRes.set(i, s.cluster.res.add(s.usedRes.at(i), l))
 			}
 		}
 	}
@@ -367,7 +367,7 @@ func (nd *node) filter(logger klog.Logger, ns *needs, nf *nodeFilters, i int) No
 // room is how many pods of shape s the node's allocatable still holds,
 // up to limit, on top of what is in use and of planned.
 func (st *state) room(s, n int, planned []int64, limit int) int {
-	return st.roomOn(s, n, limit, st.resBase[n], planned)
+	return st.roomOn(s, n, limit, st.resBase.at(n), planned)
 }
 
 // roomEmpty is room on the node with nothing in use.
@@ -400,7 +400,7 @@ func (st *state) lacking(s, n int) string {
 		return string(ns.unoffered)
 	}
 	for i, r := range ns.req {
-		if r > 0 && nd.alloc[i]-at(st.resBase[n], i) < r {
+		if r > 0 && nd.alloc[i]-at(st.resBase.at(n), i) < r {
 			return string(st.c.res.names[i])
 		}
 	}

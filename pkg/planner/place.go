@@ -181,7 +181,7 @@ func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, 
 			var key fitKey
 			alike := moveAnswers && len(byNode[n]) == 0 && !nd.noPrefilter && nd.sig.core >= 0 && !st.f.dependent(n)
 			if alike {
-				key = fitKey{node: st.f.key(n), set: st.f.shapes[st.podShape[p]].set, used: st.f.base[n].key()}
+				key = fitKey{node: st.f.key(n), set: st.f.shapes[st.podShape[p]].set, used: st.f.base.at(n).key()}
 			}
 			moved := false
 			if ans, ok := answers[key]; alike && ok {
@@ -203,7 +203,7 @@ func (st *state) verify(a *attempt) (map[string][]resourceapi.AllocationResult, 
 				if err != nil {
 					return nil, err
 				}
-				results, err = st.f.eval.AllocateOn(st.f.ctx, nd.obj, sls, st.f.state(n, st.f.base[n], taken{}, more), pod.Claims)
+				results, err = st.f.eval.AllocateOn(st.f.ctx, nd.obj, sls, st.f.state(n, st.f.base.at(n), taken{}, more), pod.Claims)
 				if err != nil {
 					if ctxErr := st.f.ctx.Err(); ctxErr != nil {
 						return nil, ctxErr

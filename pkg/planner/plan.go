@@ -54,7 +54,7 @@ type state struct {
 	// roomy is, once the counts are made, by node: some pod of the job
 	// passes its filters and finds room for its requests.
 	roomy    []bool
-	resBase  [][]int64 // by node: allocatable in use before the plan
+	resBase  nodeVec[[]int64] // by node: allocatable in use before the plan
 	ruledOut []FilteredNodes
 	// split says, per level label, a candidate of that size that
 	// Job.TopologyKeys left out (topologykey.go).

@@ -180,18 +180,18 @@ func (f *fitter) state(n int, used bitset, t taken, more []resourceapi.Allocatio
 
 // usedOrShared returns the devices in use, counting every reservation, a
 // shared device with any share counting as used.
-func (s *Snapshot) usedOrShared(res *Reservations) []bitset {
+func (s *Snapshot) usedOrShared(res *Reservations) nodeVec[bitset] {
 	used, _ := s.withReservations(res, "")
-	used = slices.Clone(used) // the snapshot's own when no reservation touched it
+	used = used.share() // the snapshot's own when no reservation touched it
 	shares, _ := s.sharesWithReservations(res, "")
 	for n, ns := range shares {
 		if ns == nil || len(ns.consumed) == 0 {
 			continue
 		}
-		used[n] = used[n].clone(len(s.cluster.nodes[n].devs))
+		used.set(n, used.at(n).clone(len(s.cluster.nodes[n].devs)))
 		for id := range ns.consumed {
 			ref, _ := s.cluster.dev(id)
-			used[n].set(int(ref.pos))
+			used.at(n).set(int(ref.pos))
 		}
 	}
 	return used

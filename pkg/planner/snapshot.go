@@ -18,9 +18,9 @@ import (
 // on its own copy of the nodes it touches.
 type Snapshot struct {
 	cluster *Cluster
-	used    []bitset      // by node; nil where nothing is in use
-	shares  []*nodeShares // by node; nil where no share is held
-	usedRes [][]int64     // by node and resource index; nil where nothing is counted
+	used    nodeVec[bitset]  // by node; nil where nothing is in use
+	shares  []*nodeShares    // by node; nil where no share is held
+	usedRes nodeVec[[]int64] // by node and resource index; nil where nothing is counted
 	// sharedUsed and sharedShares are the same for the non-local devices,
 	// by shared position; nil where nothing is in use.
 	sharedUsed   bitset
@@ -32,13 +32,15 @@ type Snapshot struct {
 // are ignored. A shared device in allocated counts as held whole; see
 // NewSnapshotFromState for shares.
 func NewSnapshot(c *Cluster, allocated devicefit.Allocated, opts ...SnapshotOption) *Snapshot {
-	s := &Snapshot{cluster: c, used: make([]bitset, len(c.nodes)), shares: make([]*nodeShares, len(c.nodes)), usedRes: make([][]int64, len(c.nodes))}
+	s := &Snapshot{cluster: c, used: newNodeVec[bitset](len(c.nodes)), shares: make([]*nodeShares, len(c.nodes)), usedRes: newNodeVec[[]int64](len(c.nodes))}
 	for id := range allocated {
 		s.mark(id)
 	}
 	for _, o := range opts {
 		o(s)
 	}
+	s.used.freeze()
+	s.usedRes.freeze()
 	return s
 }
 
@@ -57,17 +59,17 @@ func (s *Snapshot) mark(id structured.DeviceID) {
 		return
 	}
 	n := s.cluster.nodes[ref.node]
-	if s.used[ref.node] == nil {
-		s.used[ref.node] = newBitset(len(n.devs))
+	if s.used.at(int(ref.node)) == nil {
+		s.used.set(int(ref.node), newBitset(len(n.devs)))
 	}
-	s.used[ref.node].set(int(ref.pos))
+	s.used.at(int(ref.node)).set(int(ref.pos))
 }
 
 // withReservations returns the devices in use once every reservation but
 // the job's own is counted, copying only the nodes reservations touch:
 // the nodes' own devices by node, and the non-local ones.
-func (s *Snapshot) withReservations(res *Reservations, except string) ([]bitset, bitset) {
-	used := s.used // cloned when a reservation first touches a node
+func (s *Snapshot) withReservations(res *Reservations, except string) (nodeVec[bitset], bitset) {
+	used := s.used // shared when a reservation first touches a node
 	shared := s.sharedUsed
 	var copied map[int32]bool
 	sharedCopied := false
@@ -83,15 +85,16 @@ func (s *Snapshot) withReservations(res *Reservations, except string) ([]bitset,
 			}
 			return
 		}
+		n := int(ref.node)
 		if copied == nil {
 			copied = map[int32]bool{}
-			used = slices.Clone(used)
+			used = s.used.share()
 		}
 		if !copied[ref.node] {
 			copied[ref.node] = true
-			used[ref.node] = used[ref.node].clone(len(s.cluster.nodes[ref.node].devs))
+			used.set(n, used.at(n).clone(len(s.cluster.nodes[n].devs)))
 		}
-		used[ref.node].set(int(ref.pos))
+		used.at(n).set(int(ref.pos))
 	})
 	return used, shared
 }
@@ -99,8 +102,8 @@ func (s *Snapshot) withReservations(res *Reservations, except string) ([]bitset,
 // resourcesInUse returns what is taken from each node's allocatable once
 // every reservation but the job's own is counted, copying only the nodes
 // reservations touch.
-func (s *Snapshot) resourcesInUse(res *Reservations, except string) [][]int64 {
-	used := s.usedRes // cloned when a reservation first touches a node
+func (s *Snapshot) resourcesInUse(res *Reservations, except string) nodeVec[[]int64] {
+	used := s.usedRes // shared when a reservation first touches a node
 	var copied map[int]bool
 	res.eachJob(except, func(r Reservation) {
 		for node, l := range r.Requests {
@@ -110,13 +113,13 @@ func (s *Snapshot) resourcesInUse(res *Reservations, except string) [][]int64 {
 			}
 			if copied == nil {
 				copied = map[int]bool{}
-				used = slices.Clone(used)
+				used = s.usedRes.share()
 			}
 			if !copied[i] {
 				copied[i] = true
-				used[i] = slices.Clone(used[i])
+				used.set(i, slices.Clone(used.at(i)))
 			}
-			used[i] = s.cluster.res.add(used[i], l)
+			used.set(i, s.cluster.res.add(used.at(i), l))
 		}
 	})
 	return used

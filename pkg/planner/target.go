@@ -82,7 +82,7 @@ func (st *state) holdNodes(c *candidate) ([]string, error) {
 			room[n] = r
 		}
 	}
-	freeNow := func(n int) int { return st.c.nodes[n].all.free(st.f.base[n]) }
+	freeNow := func(n int) int { return st.c.nodes[n].all.free(st.f.base.at(n)) }
 	slices.SortStableFunc(nodes, func(a, b int) int {
 		return cmp.Or(freeNow(b)-freeNow(a), st.c.rank(a)-st.c.rank(b))
 	})
@@ -99,15 +99,15 @@ func (st *state) holdNodes(c *candidate) ([]string, error) {
 // to the job waiting for them. Unknown nodes are skipped.
 func (s *Snapshot) Holding(nodes []string) *Snapshot {
 	out := *s
-	out.used = make([]bitset, len(s.used))
-	copy(out.used, s.used)
+	out.used = s.used.share()
 	for _, name := range nodes {
 		if i, ok := s.cluster.byName[name]; ok {
 			if n := s.cluster.nodes[i]; !n.gone {
-				out.used[i] = n.all.clone(len(n.devs))
+				out.used.set(i, n.all.clone(len(n.devs)))
 			}
 		}
 	}
+	out.used.freeze()
 	return &out
 }
 

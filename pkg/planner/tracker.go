@@ -18,8 +18,8 @@ import (
 // Not safe for concurrent use.
 type Tracker struct {
 	c       *Cluster
-	used    []bitset
-	usedRes [][]int64
+	used    nodeVec[bitset]
+	usedRes nodeVec[[]int64]
 	// mine[n] is set while node n's entries belong to the tracker alone;
 	// Snapshot clears it, since the snapshot shares them.
 	mine []bool
@@ -71,20 +71,20 @@ func (t *Tracker) SetDevice(id structured.DeviceID, held bool) {
 	}
 	t.work.Devices++
 	n := int(ref.node)
-	if held == t.used[n].has(int(ref.pos)) {
+	if held == t.used.at(n).has(int(ref.pos)) {
 		return
 	}
 	t.own(n)
 	if held {
-		if t.used[n] == nil {
-			t.used[n] = newBitset(len(t.c.nodes[n].devs))
+		if t.used.at(n) == nil {
+			t.used.set(n, newBitset(len(t.c.nodes[n].devs)))
 		}
-		t.used[n].set(int(ref.pos))
+		t.used.at(n).set(int(ref.pos))
 		return
 	}
-	t.used[n].unset(int(ref.pos))
-	if t.used[n].count() == 0 {
-		t.used[n] = nil
+	t.used.at(n).unset(int(ref.pos))
+	if t.used.at(n).count() == 0 {
+		t.used.set(n, nil)
 	}
 }
 
@@ -97,10 +97,11 @@ func (t *Tracker) SetUsage(node string, l v1.ResourceList) {
 	}
 	t.work.Nodes++
 	t.own(i)
-	t.usedRes[i] = nil
+	var v []int64
 	if t.c.nodes[i].alloc != nil && l != nil {
-		t.usedRes[i] = t.c.res.vector(l)
+		v = t.c.res.vector(l)
 	}
+	t.usedRes.set(i, v)
 }
 
 func (t *Tracker) setShared(p int, held bool) {
@@ -139,9 +140,9 @@ func (t *Tracker) Rebase(c *Cluster, nodes []string, held devicefit.Allocated, u
 		}
 	}
 	t.c = c
-	if grow := len(c.nodes) - len(t.used); grow > 0 {
-		t.used = append(t.used, make([]bitset, grow)...)
-		t.usedRes = append(t.usedRes, make([][]int64, grow)...)
+	if grow := len(c.nodes) - len(t.mine); grow > 0 {
+		t.used.grow(len(c.nodes))
+		t.usedRes.grow(len(c.nodes))
 		t.mine = append(t.mine, make([]bool, grow)...)
 	}
 	for _, i := range c.vacant {
@@ -163,9 +164,10 @@ func (t *Tracker) Rebase(c *Cluster, nodes []string, held devicefit.Allocated, u
 }
 
 func (t *Tracker) clear(i int) {
-	if t.used[i] != nil || t.usedRes[i] != nil {
+	if t.used.at(i) != nil || t.usedRes.at(i) != nil {
 		t.own(i)
-		t.used[i], t.usedRes[i] = nil, nil
+		t.used.set(i, nil)
+		t.usedRes.set(i, nil)
 	}
 }
 
@@ -174,15 +176,15 @@ func (t *Tracker) own(n int) {
 	if t.mine[n] {
 		return
 	}
-	t.used[n] = slices.Clone(t.used[n])
-	t.usedRes[n] = slices.Clone(t.usedRes[n])
+	t.used.set(n, slices.Clone(t.used.at(n)))
+	t.usedRes.set(n, slices.Clone(t.usedRes.at(n)))
 	t.mine[n] = true
 }
 
 // Snapshot is what the tracker records now, with the shares of shared
 // devices in st (its Devices are ignored: the tracker has them).
 func (t *Tracker) Snapshot(st devicefit.State) *Snapshot {
-	s := &Snapshot{cluster: t.c, used: slices.Clone(t.used), usedRes: slices.Clone(t.usedRes), shares: make([]*nodeShares, len(t.c.nodes)), sharedUsed: t.shared}
+	s := &Snapshot{cluster: t.c, used: t.used.share(), usedRes: t.usedRes.share(), shares: make([]*nodeShares, len(t.c.nodes)), sharedUsed: t.shared}
 	clear(t.mine)
 	t.sharedMine = false
 	s.addShares(st)
