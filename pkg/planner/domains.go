@@ -158,7 +158,7 @@ func (st *state) nodeCand(i int, dom Domain) *candidate {
 	return c
 }
 
-// nodeCands lists a candidate per usable node, in one allocation.
+// nodeCands lists a candidate per usable node, from the plan's arena.
 func (st *state) nodeCands() []*candidate {
 	n := 0
 	for i := range st.c.nodes {
@@ -166,7 +166,7 @@ func (st *state) nodeCands() []*candidate {
 			n++
 		}
 	}
-	slab, idx := make([]candidate, n), make([]int, n)
+	slab, idx := st.sc.candidates(n), make([]int, n)
 	out := make([]*candidate, 0, n)
 	for i, nd := range st.c.nodes {
 		if st.usable[i] {
@@ -202,14 +202,14 @@ func (st *state) initRun(c *candidate, s *spine, lo, hi int) {
 	c.spines = st.c.spines[s.idx : s.idx+1]
 }
 
-// runs lists the runs of k adjacent leaves of the given spines, in one
-// allocation: a plan counts hundreds of them and keeps few.
+// runs lists the runs of k adjacent leaves of the given spines, from the
+// plan's arena.
 func (st *state) runs(spines []*spine, k int) []*candidate {
 	n := 0
 	for _, s := range spines {
 		n += max(0, len(s.leaves)-k+1)
 	}
-	slab := make([]candidate, n)
+	slab := st.sc.candidates(n)
 	out := make([]*candidate, 0, n)
 	for _, s := range spines {
 		for lo := 0; lo+k <= len(s.leaves); lo++ {

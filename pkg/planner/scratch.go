@@ -13,6 +13,10 @@ type scratch struct {
 	roomy  []bool
 	keys   []string
 	whys   [][]NodeFilter // by shape
+	// cands is an arena of candidates: a plan counts hundreds of domains
+	// of each size and keeps few. taken are handed out.
+	cands []candidate
+	taken int
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -36,9 +40,23 @@ func (sc *scratch) why(s, n int) []NodeFilter {
 	return sc.whys[s]
 }
 
+// candidates returns n zero candidates from the arena, making a bigger
+// arena when it runs out; those handed out before stay where they are.
+func (sc *scratch) candidates(n int) []candidate {
+	if sc.taken+n > len(sc.cands) {
+		sc.cands, sc.taken = make([]candidate, max(n, 2*len(sc.cands))), 0
+	}
+	out := sc.cands[sc.taken : sc.taken+n : sc.taken+n]
+	sc.taken += n
+	return out
+}
+
 // release hands the buffers back. Nothing of the plan may read them after.
+// The candidates are cleared so that the pool keeps no tree alive.
 func (sc *scratch) release() {
 	if sc != nil {
+		clear(sc.cands[:sc.taken])
+		sc.taken = 0
 		scratchPool.Put(sc)
 	}
 }
