@@ -346,10 +346,7 @@ func gpuClass(eval *devicefit.Evaluator, name string) bool {
 func (st *state) slots(n int, buf []slot) []slot {
 	nd := st.c.nodes[n]
 	used := st.f.base.at(n)
-	var shares *nodeShares
-	if st.f.shares != nil {
-		shares = st.f.shares[n]
-	}
+	shares := st.f.shares.at(n)
 	out := buf[:0]
 	for _, g := range nd.healthyGPUs {
 		s := slot{name: g.name, shared: g.shared}

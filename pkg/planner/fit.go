@@ -63,10 +63,10 @@ type fitter struct {
 	eval    *devicefit.Evaluator
 	c       *Cluster
 	job     string
-	base    nodeVec[bitset] // in use before the plan, by node
-	shares  []*nodeShares   // shares held before the plan, by node
-	sbase   bitset          // non-local devices in use before the plan
-	sshares *nodeShares     // shares of non-local devices held before the plan
+	base    nodeVec[bitset]      // in use before the plan, by node
+	shares  nodeVec[*nodeShares] // shares held before the plan, by node
+	sbase   bitset               // non-local devices in use before the plan
+	sshares *nodeShares          // shares of non-local devices held before the plan
 	// nlUsable are the non-local devices the job's requests could select;
 	// nlPatterns the attributes of patterns that non-local devices have
 	// too (findNonLocal).

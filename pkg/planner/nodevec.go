@@ -7,7 +7,7 @@ const chunkBits = 7
 
 // nodeVec holds a value per node in chunks of 128 nodes, so a copy that
 // may change (share) costs one word per chunk, and a change copies only
-// its chunk. Snapshots, the tracker and each plan's view with the
+// its chunk. A chunk whose nodes all have the zero value may be absent. Snapshots, the tracker and each plan's view with the
 // reservations counted share chunks this way instead of each copying an
 // entry per node of the cluster.
 //
@@ -27,7 +27,7 @@ func newNodeVec[T any](n int) nodeVec[T] {
 // at is node n's value; the zero value past the end.
 func (v *nodeVec[T]) at(n int) T {
 	c := n >> chunkBits
-	if c >= len(v.chunks) {
+	if c >= len(v.chunks) || v.chunks[c] == nil {
 		var zero T
 		return zero
 	}
@@ -37,11 +37,24 @@ func (v *nodeVec[T]) at(n int) T {
 // set changes node n's value, copying its chunk first when shared.
 func (v *nodeVec[T]) set(n int, x T) {
 	c := n >> chunkBits
-	if !v.owned[c] {
+	switch {
+	case v.chunks[c] == nil:
+		v.chunks[c] = make([]T, 1<<chunkBits)
+		v.owned[c] = true
+	case !v.owned[c]:
 		v.chunks[c] = slices.Clone(v.chunks[c])
 		v.owned[c] = true
 	}
 	v.chunks[c][n&(1<<chunkBits-1)] = x
+}
+
+// each calls f with every node of a chunk present, in order.
+func (v *nodeVec[T]) each(f func(n int, x T)) {
+	for c, ch := range v.chunks {
+		for i, x := range ch {
+			f(c<<chunkBits+i, x)
+		}
+	}
 }
 
 // share returns a copy that may change; from then on neither v nor the
@@ -61,10 +74,11 @@ func (v *nodeVec[T]) freeze() {
 	}
 }
 
-// grow makes room for n nodes; new entries are zero.
+// grow makes room for n nodes; new entries are zero, their chunks absent
+// until set.
 func (v *nodeVec[T]) grow(n int) {
 	for len(v.chunks)<<chunkBits < n {
-		v.chunks = append(v.chunks, make([]T, 1<<chunkBits))
-		v.owned = append(v.owned, true)
+		v.chunks = append(v.chunks, nil)
+		v.owned = append(v.owned, false)
 	}
 }

@@ -41,3 +41,32 @@ func TestNodeVecCopiesChangeApart(t *testing.T) {
 		t.Errorf("a grew with v: node 999 is %d", got)
 	}
 }
+
+// A vec allocates a chunk only when one of its nodes is set, and each
+// visits the chunks present.
+func TestNodeVecChunksOnlyWhereSet(t *testing.T) {
+	v := newNodeVec[*int](1000)
+	one := 1
+	v.set(700, &one)
+	present := 0
+	for _, ch := range v.chunks {
+		if ch != nil {
+			present++
+		}
+	}
+	if present != 1 {
+		t.Errorf("%d chunks present, want 1", present)
+	}
+	var seen []int
+	v.each(func(n int, x *int) {
+		if x != nil {
+			seen = append(seen, n)
+		}
+	})
+	if len(seen) != 1 || seen[0] != 700 {
+		t.Errorf("each saw %v, want [700]", seen)
+	}
+	if v.at(5) != nil || v.at(700) != &one {
+		t.Error("at does not return what was set")
+	}
+}

@@ -1,8 +1,6 @@
 package planner
 
 import (
-	"slices"
-
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -65,6 +63,7 @@ func (s *Snapshot) addShares(st devicefit.State) {
 			ns.consumed[id] = capacity.Clone()
 		}
 	}
+	s.shares.freeze()
 }
 
 // sharesFor returns the entry of shares a device's shares go to, its
@@ -72,7 +71,7 @@ func (s *Snapshot) addShares(st devicefit.State) {
 // cluster does not know.
 func (s *Snapshot) sharesFor(id structured.DeviceID) *nodeShares {
 	if ref, ok := s.cluster.dev(id); ok {
-		return s.sharesOf(s.shares, ref.node)
+		return s.sharesOf(int(ref.node))
 	}
 	if _, ok := s.cluster.sharedPos(id); ok {
 		if s.sharedShares == nil {
@@ -84,18 +83,20 @@ func (s *Snapshot) sharesFor(id structured.DeviceID) *nodeShares {
 }
 
 // sharesOf returns node n's entry of shares, creating it.
-func (s *Snapshot) sharesOf(shares []*nodeShares, n int32) *nodeShares {
-	if shares[n] == nil {
-		shares[n] = (*nodeShares)(nil).clone()
+func (s *Snapshot) sharesOf(n int) *nodeShares {
+	ns := s.shares.at(n)
+	if ns == nil {
+		ns = (*nodeShares)(nil).clone()
+		s.shares.set(n, ns)
 	}
-	return shares[n]
+	return ns
 }
 
 // sharesWithReservations returns the shares held once every reservation
 // but the job's own is counted, copying only the nodes reservations touch:
 // by node, and of the non-local devices.
-func (s *Snapshot) sharesWithReservations(res *Reservations, except string) ([]*nodeShares, *nodeShares) {
-	shares := s.shares // cloned when a reservation first touches a node
+func (s *Snapshot) sharesWithReservations(res *Reservations, except string) (nodeVec[*nodeShares], *nodeShares) {
+	shares := s.shares // shared when a reservation first touches a node
 	shared := s.sharedShares
 	var copied map[int32]bool
 	sharedCopied := false
@@ -113,15 +114,16 @@ func (s *Snapshot) sharesWithReservations(res *Reservations, except string) ([]*
 					}
 					continue
 				}
+				n := int(ref.node)
 				if copied == nil {
 					copied = map[int32]bool{}
-					shares = slices.Clone(shares)
+					shares = s.shares.share()
 				}
 				if !copied[ref.node] {
 					copied[ref.node] = true
-					shares[ref.node] = shares[ref.node].clone()
+					shares.set(n, shares.at(n).clone())
 				}
-				shares[ref.node].add(sh)
+				shares.at(n).add(sh)
 			}
 		}
 	})
@@ -140,10 +142,7 @@ func (f *fitter) state(n int, used bitset, t taken, more []resourceapi.Allocatio
 			a.Insert(id)
 		}
 	}
-	var shares *nodeShares
-	if f.shares != nil {
-		shares = f.shares[n]
-	}
+	shares := f.shares.at(n)
 	if nd.reach.uses() {
 		for i, id := range f.c.shared.devs {
 			if f.sbase.has(i) || t.held.has(i) {
@@ -184,15 +183,15 @@ func (s *Snapshot) usedOrShared(res *Reservations) nodeVec[bitset] {
 	used, _ := s.withReservations(res, "")
 	used = used.share() // the snapshot's own when no reservation touched it
 	shares, _ := s.sharesWithReservations(res, "")
-	for n, ns := range shares {
+	shares.each(func(n int, ns *nodeShares) {
 		if ns == nil || len(ns.consumed) == 0 {
-			continue
+			return
 		}
 		used.set(n, used.at(n).clone(len(s.cluster.nodes[n].devs)))
 		for id := range ns.consumed {
 			ref, _ := s.cluster.dev(id)
 			used.at(n).set(int(ref.pos))
 		}
-	}
+	})
 	return used
 }

@@ -18,9 +18,9 @@ import (
 // on its own copy of the nodes it touches.
 type Snapshot struct {
 	cluster *Cluster
-	used    nodeVec[bitset]  // by node; nil where nothing is in use
-	shares  []*nodeShares    // by node; nil where no share is held
-	usedRes nodeVec[[]int64] // by node and resource index; nil where nothing is counted
+	used    nodeVec[bitset]      // by node; nil where nothing is in use
+	shares  nodeVec[*nodeShares] // by node; nil where no share is held
+	usedRes nodeVec[[]int64]     // by node and resource index; nil where nothing is counted
 	// sharedUsed and sharedShares are the same for the non-local devices,
 	// by shared position; nil where nothing is in use.
 	sharedUsed   bitset
@@ -32,7 +32,7 @@ type Snapshot struct {
 // are ignored. A shared device in allocated counts as held whole; see
 // NewSnapshotFromState for shares.
 func NewSnapshot(c *Cluster, allocated devicefit.Allocated, opts ...SnapshotOption) *Snapshot {
-	s := &Snapshot{cluster: c, used: newNodeVec[bitset](len(c.nodes)), shares: make([]*nodeShares, len(c.nodes)), usedRes: newNodeVec[[]int64](len(c.nodes))}
+	s := &Snapshot{cluster: c, used: newNodeVec[bitset](len(c.nodes)), shares: newNodeVec[*nodeShares](len(c.nodes)), usedRes: newNodeVec[[]int64](len(c.nodes))}
 	for id := range allocated {
 		s.mark(id)
 	}

@@ -184,7 +184,7 @@ func (t *Tracker) own(n int) {
 // Snapshot is what the tracker records now, with the shares of shared
 // devices in st (its Devices are ignored: the tracker has them).
 func (t *Tracker) Snapshot(st devicefit.State) *Snapshot {
-	s := &Snapshot{cluster: t.c, used: t.used.share(), usedRes: t.usedRes.share(), shares: make([]*nodeShares, len(t.c.nodes)), sharedUsed: t.shared}
+	s := &Snapshot{cluster: t.c, used: t.used.share(), usedRes: t.usedRes.share(), shares: newNodeVec[*nodeShares](len(t.c.nodes)), sharedUsed: t.shared}
 	clear(t.mine)
 	t.sharedMine = false
 	s.addShares(st)
