@@ -15,8 +15,9 @@ import (
 	"github.com/gputopo/gputopo/pkg/topology"
 )
 
-// Planner plans jobs with the scheduler's allocator. It keeps nothing
-// between plans and is safe for concurrent use.
+// Planner plans jobs with the scheduler's allocator. Nothing one plan
+// decides carries over to the next (plans reuse only cleared buffers,
+// scratch.go), and it is safe for concurrent use.
 type Planner struct {
 	eval     *devicefit.Evaluator
 	workload Workload // what fragmentation is measured against (fgd.go)
