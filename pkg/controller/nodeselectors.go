@@ -107,7 +107,9 @@ func newPinSync(client kubernetes.Interface, f informers.SharedInformerFactory, 
 		{f.Resource().V1().ResourceClaimTemplates().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: ns, UpdateFunc: func(_, o any) { ns(o) }, DeleteFunc: ns}},
 		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: userClaim, DeleteFunc: userClaim}},
 		{f.Core().V1().Nodes().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(o any) { nodeLabels(nil, o) }, UpdateFunc: nodeLabels, DeleteFunc: func(o any) { nodeLabels(nil, o) }}},
-		{s.cmInf, cache.ResourceEventHandlerFuncs{UpdateFunc: func(_, o any) { ns(o) }, DeleteFunc: ns}},
+		// Added too: a sync that ran before its own create came back
+		// through the watch saw no ConfigMap, and must look again.
+		{s.cmInf, cache.ResourceEventHandlerFuncs{AddFunc: ns, UpdateFunc: func(_, o any) { ns(o) }, DeleteFunc: ns}},
 	} {
 		reg, err := h.inf.AddEventHandler(h.h)
 		if err != nil {

@@ -104,4 +104,14 @@ func TestPinSyncKeepsEachNamespacesConfigMap(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually("leaf labels of two kinds", map[string]map[string]string{})
+
+	// A ConfigMap the controller's lister had not seen when it last
+	// synced the namespace (its own create, not yet back through the
+	// watch) is synced again when it arrives: here nothing pins, so it goes.
+	stale := &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: nodepin.ConfigMapName},
+		Data: map[string]string{"template.gone": leafKey + "=leaf-0"}}
+	if _, err := client.CoreV1().ConfigMaps("other").Create(ctx, stale, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually("a ConfigMap that arrives after its namespace was synced", map[string]map[string]string{})
 }
