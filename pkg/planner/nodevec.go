@@ -61,13 +61,12 @@ func (v *nodeVec[T]) each(f func(n int, x T)) {
 // copy changes a chunk in place. A vec that owns no chunk, such as a
 // finished snapshot's, is only read, so plans may share it at once.
 func (v *nodeVec[T]) share() nodeVec[T] {
-	if slices.Contains(v.owned, true) {
-		clear(v.owned)
-	}
+	v.freeze()
 	return nodeVec[T]{chunks: slices.Clone(v.chunks), owned: make([]bool, len(v.chunks))}
 }
 
-// freeze gives up ownership of every chunk, as share does.
+// freeze gives up ownership of every chunk, so that the vec is only read
+// from then on; it writes nothing when it owns none.
 func (v *nodeVec[T]) freeze() {
 	if slices.Contains(v.owned, true) {
 		clear(v.owned)
