@@ -3,6 +3,8 @@ package scale
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,9 +46,30 @@ func ParseShape(s string) (Shape, error) {
 	return Shape{Pods: pods, GPUs: gpus}, nil
 }
 
+// Paths a burst of Jobs can take besides PathGputopo (each pod one claim
+// from the shape's demo template, the Job handed to the gputopo
+// controller): kube-scheduler alone, to say how much of the time is
+// gputopo's.
+const (
+	// PathCountOnly: the same Jobs with each pod's claim asking for the
+	// same number of GPUs and nothing else, placed by kube-scheduler alone;
+	// no gputopo controller runs.
+	PathCountOnly = "count-only"
+	// PathNoClaims: the same Jobs with pods that ask for no device: what
+	// the Job controller and kube-scheduler alone take to create and bind
+	// that many pods on the machine, the floor of every other path.
+	PathNoClaims = "no-claims"
+)
+
+// BurstPaths lists the paths of the controller benchmark, the default first.
+var BurstPaths = []string{PathGputopo, PathCountOnly, PathNoClaims}
+
 // ControllerOptions configure the controller benchmark.
 type ControllerOptions struct {
 	Jobs int
+	// Path is how the Jobs are placed: one of BurstPaths ("" is
+	// PathGputopo).
+	Path string
 	// Mix is Job shapes with weights.
 	Mix []Weighted
 	// Settle ends the run when no Job was bound for this long.
@@ -73,6 +96,8 @@ type ControllerOptions struct {
 
 // ControllerResult is one controller run.
 type ControllerResult struct {
+	// Path is the path the Jobs took (BurstPaths).
+	Path             string
 	Jobs, Pods, GPUs int
 	JobsBound        int
 	PodsBound        int
@@ -151,20 +176,19 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 		}
 		shapes[m.Name] = s
 	}
-	var tmpls []string
-	for _, name := range ShapeTemplates {
-		tmpls = append(tmpls, name)
+	path := opts.Path
+	if path == "" {
+		path = PathGputopo
 	}
-	sort.Strings(tmpls)
-	for _, name := range tmpls {
-		t, err := specs.ClaimTemplate(name)
-		if err != nil {
-			return res, err
-		}
-		if err := env.CreateTemplates(ctx, []*resourcev1.ResourceClaimTemplate{t}); err != nil {
-			return res, err
-		}
+	res.Path = path
+	tmpls, err := pathTemplates(path)
+	if err != nil {
+		return res, err
 	}
+	if err := env.CreateTemplates(ctx, slices.Collect(maps.Values(tmpls))); err != nil {
+		return res, err
+	}
+	gputopo := path == PathGputopo
 	jobs := make([]*jobInfo, opts.Jobs)
 	byName := map[string]*jobInfo{}
 	for i, name := range Sequence(opts.Mix, opts.Jobs) {
@@ -187,13 +211,15 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 	if err != nil {
 		return res, err
 	}
-	ctlBefore, err := scr.Controller(ctx)
-	if err != nil {
-		return res, err
-	}
-	cpuBefore, err := ClusterProc(env.Cluster.Dir(), "controller")
-	if err != nil {
-		return res, err
+	var ctlBefore Metrics
+	var cpuBefore ProcStat
+	if gputopo {
+		if ctlBefore, err = scr.Controller(ctx); err != nil {
+			return res, err
+		}
+		if cpuBefore, err = ClusterProc(env.Cluster.Dir(), "controller"); err != nil {
+			return res, err
+		}
 	}
 
 	var mu sync.Mutex
@@ -267,7 +293,7 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 		mu.Lock()
 		j.created = time.Now()
 		mu.Unlock()
-		if _, err := env.Client.BatchV1().Jobs(Namespace).Create(ctx, newJob(j.name, j.shape), metav1.CreateOptions{}); err != nil {
+		if _, err := env.Client.BatchV1().Jobs(Namespace).Create(ctx, newJob(j.name, j.shape, gputopo, tmpls[j.shape.GPUs]), metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create Job %s: %w", j.name, err)
 		}
 		return nil
@@ -321,30 +347,22 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 	if err != nil {
 		return res, err
 	}
-	if res.Memory = Memory(env.Cluster.Dir(), append(ControlPlane, "controller")...); len(res.Memory) == 0 {
-		return res, fmt.Errorf("read the memory of the cluster's processes: none found in %s/run", env.Cluster.Dir())
+	procs := ControlPlane
+	if gputopo {
+		procs = append(slices.Clone(ControlPlane), "controller")
 	}
-	if cpuAfter, err := ClusterProc(env.Cluster.Dir(), "controller"); err != nil {
-		return res, err
-	} else if cpuAfter.PID == cpuBefore.PID {
-		res.ControllerCPU = cpuAfter.CPUSeconds - cpuBefore.CPUSeconds
-	} else {
-		return res, fmt.Errorf("the controller restarted during the run (pid %d, then %d): see %s", cpuBefore.PID, cpuAfter.PID, env.Cluster.LogPath("controller"))
+	if res.Memory = Memory(env.Cluster.Dir(), procs...); len(res.Memory) == 0 {
+		return res, fmt.Errorf("read the memory of the cluster's processes: none found in %s/run", env.Cluster.Dir())
 	}
 	apiAfter, err := scr.APIServer(ctx)
 	if err != nil {
 		return res, err
 	}
 	res.Writes = writeDelta(apiBefore, apiAfter)
-	ctlAfter, err := scr.Controller(ctx)
-	if err != nil {
-		return res, err
-	}
-	res.Histograms = histDelta(ctlBefore, ctlAfter, "gputopo_controller_")
-	res.Decisions = map[string]float64{}
-	b := ctlBefore.SumBy("gputopo_controller_decisions_total", nil, "outcome")
-	for k, v := range ctlAfter.SumBy("gputopo_controller_decisions_total", nil, "outcome") {
-		res.Decisions[k] = v - b[k]
+	if gputopo {
+		if err := controllerFigures(ctx, env, scr, &res, ctlBefore, cpuBefore); err != nil {
+			return res, err
+		}
 	}
 	if env.auditLog != "" {
 		if res.WritesByClient, err = CountAuditWrites(env.auditLog, start, end); err != nil {
@@ -352,6 +370,61 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 		}
 	}
 	return res, nil
+}
+
+// controllerFigures adds the gputopo controller's CPU, histograms and
+// decisions since before to res.
+func controllerFigures(ctx context.Context, env *Env, scr *Scraper, res *ControllerResult, before Metrics, cpuBefore ProcStat) error {
+	cpuAfter, err := ClusterProc(env.Cluster.Dir(), "controller")
+	if err != nil {
+		return err
+	}
+	if cpuAfter.PID != cpuBefore.PID {
+		return fmt.Errorf("the controller restarted during the run (pid %d, then %d): see %s", cpuBefore.PID, cpuAfter.PID, env.Cluster.LogPath("controller"))
+	}
+	res.ControllerCPU = cpuAfter.CPUSeconds - cpuBefore.CPUSeconds
+	after, err := scr.Controller(ctx)
+	if err != nil {
+		return err
+	}
+	res.Histograms = histDelta(before, after, "gputopo_controller_")
+	res.Decisions = map[string]float64{}
+	b := before.SumBy("gputopo_controller_decisions_total", nil, "outcome")
+	for k, v := range after.SumBy("gputopo_controller_decisions_total", nil, "outcome") {
+		res.Decisions[k] = v - b[k]
+	}
+	return nil
+}
+
+// pathTemplates returns the claim template of each GPU count the Job
+// shapes use on path: the demo's on PathGputopo, count-only copies of the
+// demo's one-GPU claim on PathCountOnly, none on PathNoClaims.
+func pathTemplates(path string) (map[int]*resourcev1.ResourceClaimTemplate, error) {
+	out := map[int]*resourcev1.ResourceClaimTemplate{}
+	switch path {
+	case PathGputopo:
+		for gpus, name := range ShapeTemplates {
+			t, err := specs.ClaimTemplate(name)
+			if err != nil {
+				return nil, err
+			}
+			out[gpus] = t
+		}
+	case PathCountOnly:
+		base, err := specs.ClaimTemplate(countTemplate)
+		if err != nil {
+			return nil, err
+		}
+		for gpus := range ShapeTemplates {
+			if out[gpus], err = withCount(base, gpus); err != nil {
+				return nil, err
+			}
+		}
+	case PathNoClaims:
+	default:
+		return nil, fmt.Errorf("path %q: use %s", path, strings.Join(BurstPaths, ", "))
+	}
+	return out, nil
 }
 
 // completeJob deletes a Job and its pods, as if it had run to completion:
@@ -430,9 +503,22 @@ func summarizeJobs(res *ControllerResult, jobs []*jobInfo, start time.Time) {
 }
 
 // newJob is an Indexed Job of the shape's pods, each with one claim from
-// the shape's template, handed to the gputopo controller.
-func newJob(name string, s Shape) *batchv1.Job {
+// tmpl (none when tmpl is nil), handed to the gputopo controller when
+// gputopo is set.
+func newJob(name string, s Shape, gputopo bool, tmpl *resourcev1.ResourceClaimTemplate) *batchv1.Job {
 	pods := int32(s.Pods)
+	var ann map[string]string
+	if gputopo {
+		ann = map[string]string{placement.AnnotationPlacement: string(placement.PlacementAuto)}
+	}
+	spec := corev1.PodSpec{
+		RestartPolicy:                 corev1.RestartPolicyNever,
+		TerminationGracePeriodSeconds: ptr.To[int64](0),
+		Containers:                    []corev1.Container{{Name: "work", Image: "registry.k8s.io/pause:3.10"}},
+	}
+	if tmpl != nil {
+		spec = podSpec(tmpl.Name)
+	}
 	return &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace},
 		Spec: batchv1.JobSpec{
@@ -443,9 +529,9 @@ func newJob(name string, s Shape) *batchv1.Job {
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{
 					Labels:      map[string]string{LabelWorkload: "jobs"},
-					Annotations: map[string]string{placement.AnnotationPlacement: string(placement.PlacementAuto)},
+					Annotations: ann,
 				},
-				Spec: podSpec(ShapeTemplates[s.GPUs]),
+				Spec: spec,
 			},
 		},
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 )
 
 func TestParseShape(t *testing.T) {
@@ -116,5 +118,41 @@ func TestReadProcOfThisProcess(t *testing.T) {
 	}
 	if got := Memory(dir, "self", "absent"); len(got) != 1 || got[0].Name != "self" {
 		t.Errorf("Memory(self, absent) = %+v, want only self", got)
+	}
+}
+
+func TestBurstPathsJobs(t *testing.T) {
+	for _, path := range BurstPaths {
+		tmpls, err := pathTemplates(path)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		for gpus := range ShapeTemplates {
+			tmpl := tmpls[gpus]
+			if (tmpl == nil) != (path == PathNoClaims) {
+				t.Fatalf("%s: template for %d GPUs is %v", path, gpus, tmpl)
+			}
+			if tmpl != nil {
+				if got, err := ClaimGPUs(tmpl); err != nil || got != gpus {
+					t.Errorf("%s: template %s asks for %d GPUs (%v), want %d", path, tmpl.Name, got, err, gpus)
+				}
+				d := tmpl.Spec.Spec.Devices
+				if path == PathCountOnly && (len(d.Constraints) > 0 || len(d.Requests[0].Exactly.Selectors) > 0) {
+					t.Errorf("%s: template %s has a selector or a constraint", path, tmpl.Name)
+				}
+			}
+			job := newJob("j", Shape{Pods: 2, GPUs: gpus}, path == PathGputopo, tmpl)
+			pod := job.Spec.Template
+			_, handed := pod.Annotations[placement.AnnotationPlacement]
+			if handed != (path == PathGputopo) {
+				t.Errorf("%s: pod template handed to gputopo: %v", path, handed)
+			}
+			if n := len(pod.Spec.ResourceClaims); n != map[bool]int{true: 0, false: 1}[path == PathNoClaims] {
+				t.Errorf("%s: pod template has %d claims", path, n)
+			}
+		}
+	}
+	if _, err := pathTemplates("gang"); err == nil || !strings.Contains(err.Error(), PathCountOnly) {
+		t.Errorf("pathTemplates(gang) = %v, want an error listing the paths", err)
 	}
 }

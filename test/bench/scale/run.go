@@ -68,13 +68,22 @@ func Run(ctx context.Context, cfg RunConfig) (report []byte, result any, err err
 			opts.Manifests = []string{cfg.Manifests}
 		}
 	case ModeController:
+		opts.AuditLog = true
+		if cfg.Controller.Path != "" && cfg.Controller.Path != PathGputopo {
+			if _, err := pathTemplates(cfg.Controller.Path); err != nil {
+				return nil, nil, err
+			}
+			if cfg.Controller.ProfileDir != "" {
+				return nil, nil, fmt.Errorf("--controller-profile-dir profiles the gputopo controller, which path %s does not run", cfg.Controller.Path)
+			}
+			break
+		}
 		opts.ControllerBin = filepath.Join(cfg.BinDir, "gputopo-controller")
 		opts.ControllerArgs = cfg.ControllerArgs
 		if cfg.Controller.ProfileDir != "" {
 			opts.ControllerArgs = append([]string{"--profiling", "--contention-profiling"}, opts.ControllerArgs...)
 		}
 		opts.Manifests = []string{cfg.Manifests}
-		opts.AuditLog = true
 	case ModeNative:
 		opts.ControllerBin = filepath.Join(cfg.BinDir, "gputopo-controller")
 		opts.ControllerArgs = cfg.ControllerArgs
@@ -135,7 +144,7 @@ func Run(ctx context.Context, cfg RunConfig) (report []byte, result any, err err
 		o := cfg.Controller
 		o.Mix = jmix
 		r, err := Controller(ctx, env, o)
-		WriteController(&out, fmt.Sprintf("Controller: %s; %d Jobs, mix %s", shape, o.Jobs, cfg.JobMix), r)
+		WriteController(&out, fmt.Sprintf("Controller: %s; %d Jobs, mix %s, path %s", shape, o.Jobs, cfg.JobMix, r.Path), r)
 		result = r
 		if err != nil {
 			return out.Bytes(), result, err

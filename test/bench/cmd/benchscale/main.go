@@ -56,6 +56,7 @@ func run() error {
 	fs.IntVar(&cfg.Throughput.Rounds, "rounds", 2, "throughput: rounds of both workloads; odd rounds run the count-only workload first")
 	fs.DurationVar(&cfg.Throughput.Stall, "stall", time.Minute, "throughput: end a workload when no pod was bound for this long")
 	fs.IntVar(&cfg.Controller.Jobs, "jobs", 1000, "controller: Jobs created at once")
+	fs.StringVar(&cfg.Controller.Path, "path", scale.PathGputopo, "controller: how the Jobs are placed: "+scale.PathGputopo+" (claims from the demo templates, through gputopo-controller), "+scale.PathCountOnly+" (claims for the same GPU counts and nothing else, kube-scheduler alone) or "+scale.PathNoClaims+" (pods with no claim, kube-scheduler alone: the floor of the other two)")
 	fs.StringVar(&cfg.JobMix, "job-mix", "2x8=3,4x8=2,8x8=1,16x8=1,1x1=2,1x2=2,1x4=2", "controller: Job shapes PODSxGPUS with weights")
 	fs.DurationVar(&cfg.Controller.Settle, "settle", 3*time.Minute, "controller: end the run when no Job was bound for this long")
 	fs.DurationVar(&cfg.Controller.Spread, "spread", 0, "controller: create the Jobs evenly over this long instead of at once (0: at once)")
