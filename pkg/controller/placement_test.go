@@ -73,6 +73,25 @@ func TestPlanIsWrittenIntoClaimsBeforeGatesOpen(t *testing.T) {
 		if p.Annotations[placement.AnnotationNode] != h.allocatedNode(pod) || !strings.HasPrefix(p.Annotations[placement.AnnotationDomain], "leaf:") {
 			t.Errorf("%s annotations %v", pod, p.Annotations)
 		}
+		// kube-scheduler tries the nominated node first: it must name
+		// the claims' node before the gate opens.
+		if p.Status.NominatedNodeName != h.allocatedNode(pod) {
+			t.Errorf("%s nominated to %q, want its claims' node %s", pod, p.Status.NominatedNodeName, h.allocatedNode(pod))
+		}
+		nominated, opened := -1, -1
+		for i, a := range h.client.Actions() {
+			if pa, ok := a.(k8stesting.PatchAction); ok && a.GetResource().Resource == "pods" && pa.GetName() == pod {
+				switch {
+				case a.GetSubresource() == "status" && strings.Contains(string(pa.GetPatch()), "nominatedNodeName") && nominated < 0:
+					nominated = i
+				case a.GetSubresource() == "" && strings.Contains(string(pa.GetPatch()), placement.SchedulingGate):
+					opened = i
+				}
+			}
+		}
+		if nominated < 0 || opened < 0 || nominated > opened {
+			t.Errorf("%s: nominated in write %d, gate opened in write %d; want the nomination first", pod, nominated, opened)
+		}
 		// Should the scheduler allocate the claims again by itself, the
 		// pod still may only go to its leaf's nodes.
 		var want []string

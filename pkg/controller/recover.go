@@ -286,23 +286,57 @@ func placedCondition(p *v1.Pod) *v1.PodCondition {
 	return nil
 }
 
-// setCondition sets the pod's gputopo.dev/Placed condition; its
-// transition time moves only when its status does.
+// setCondition sets the pod's gputopo.dev/Placed condition.
 func (c *Controller) setCondition(ctx context.Context, p *v1.Pod, status v1.ConditionStatus, reason, message string) error {
-	now := metav1.Now()
+	return c.patchStatus(ctx, p, map[string]any{"conditions": []any{placedPatch(p, status, reason, message)}})
+}
+
+// placedPatch is the pod's gputopo.dev/Placed condition for a merge
+// patch; its transition time moves only when its status does.
+func placedPatch(p *v1.Pod, status v1.ConditionStatus, reason, message string) map[string]any {
 	cond := map[string]any{"type": placement.ConditionPlaced, "status": status, "reason": reason, "message": truncate(message), "lastProbeTime": nil}
 	if old := placedCondition(p); old == nil || old.Status != status {
-		cond["lastTransitionTime"] = now
+		cond["lastTransitionTime"] = metav1.Now()
 	}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
+	return cond
+}
+
+// patchStatus writes fields of the pod's status.
+func (c *Controller) patchStatus(ctx context.Context, p *v1.Pod, status map[string]any) error {
+	patch, err := json.Marshal(map[string]any{"status": status})
 	if err != nil {
 		return err
 	}
 	_, err = c.cfg.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
 	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("set condition %s of pod %s: %w", placement.ConditionPlaced, p.Name, err)
+		return fmt.Errorf("write the status of pod %s: %w", p.Name, err)
 	}
 	return nil
+}
+
+// nominate writes, before the pod's gate opens, the node the plan chose
+// into the pod's status.nominatedNodeName and, for a pod that waited, its
+// gputopo.dev/Placed condition, in one write. kube-scheduler tries a pod's
+// nominated node first and, when the pod fits there, binds it there
+// without filtering and scoring the rest of the domain; should the node
+// no longer take it, the scheduler searches the domain as before. The
+// scheduler writes the same field itself before it binds a pod with
+// claims and skips that write when the field names the node already, so
+// the write moves from the scheduler to the controller. A pod whose node
+// the scheduler picks (no node in the plan) gets only the condition.
+func (c *Controller) nominate(ctx context.Context, m *member, domain string) error {
+	status := map[string]any{}
+	if m.node != "" && m.pod.Status.NominatedNodeName != m.node {
+		status["nominatedNodeName"] = m.node
+	}
+	if cond := placedCondition(m.pod); cond != nil && cond.Status != v1.ConditionTrue {
+		// A pod that waited says it no longer does.
+		status["conditions"] = []any{placedPatch(m.pod, v1.ConditionTrue, ReasonPlaced, fmt.Sprintf("placed in %s on node %s", domain, m.node))}
+	}
+	if len(status) == 0 {
+		return nil
+	}
+	return c.patchStatus(ctx, m.pod, status)
 }
 
 // ungate opens the pod's gate, records where its claims are and, with req,
@@ -310,6 +344,9 @@ func (c *Controller) setCondition(ctx context.Context, p *v1.Pod, status v1.Cond
 // Other gates stay.
 func (c *Controller) ungate(ctx context.Context, m *member, req *v1.NodeSelectorRequirement) error {
 	domain := memberDomain(m)
+	if err := c.nominate(ctx, m, domain); err != nil {
+		return err
+	}
 	spec := map[string]any{"schedulingGates": []map[string]string{{"$patch": "delete", "name": placement.SchedulingGate}}}
 	if req != nil {
 		if sel := narrowedAffinity(m.pod, *req); sel != nil {
@@ -330,12 +367,6 @@ func (c *Controller) ungate(ctx context.Context, m *member, req *v1.NodeSelector
 	}
 	if _, err := c.cfg.Client.CoreV1().Pods(m.pod.Namespace).Patch(ctx, m.pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove scheduling gate of pod %s: %w", m.pod.Name, err)
-	}
-	if cond := placedCondition(m.pod); cond != nil && cond.Status != v1.ConditionTrue {
-		// A pod that waited says it no longer does.
-		if err := c.setCondition(ctx, m.pod, v1.ConditionTrue, ReasonPlaced, fmt.Sprintf("placed in %s on node %s", domain, m.node)); err != nil {
-			return err
-		}
 	}
 	c.mu.Lock()
 	c.opened[m.pod.UID] = time.Now()
