@@ -849,7 +849,13 @@ func TestClaimOfAPodWhoseGateWasJustOpenedIsNotReleasable(t *testing.T) {
 func TestPlacedConditionFollowsTheWait(t *testing.T) {
 	h := newHarness(t, job("wide", 2), foreignClaim("busy", "n0", gpus(8)...), foreignClaim("busy2", "n2", gpus(8)...), job("quick", 1))
 	for i := range 2 {
-		h.addPod(jobPod("wide", i, "gpu-8-node", map[string]string{placement.AnnotationPlacement: string(placement.PlacementSameLeaf)}))
+		p := jobPod("wide", i, "gpu-8-node", map[string]string{placement.AnnotationPlacement: string(placement.PlacementSameLeaf)})
+		if i == 1 {
+			// Nominated by a plan whose claims were taken back before the
+			// gate opened.
+			p.Status.NominatedNodeName = "n3"
+		}
+		h.addPod(p)
 	}
 	h.addPod(jobPod("quick", 0, "gpu-1", nil))
 	h.place("default/job/quick")
@@ -860,6 +866,9 @@ func TestPlacedConditionFollowsTheWait(t *testing.T) {
 	c := placedCondition(h.pod("wide-0"))
 	if c == nil || c.Status != v1.ConditionFalse || c.Reason != ReasonUnschedulable || !strings.Contains(c.Message, "leaf") || c.LastTransitionTime.IsZero() {
 		t.Fatalf("condition of a waiting pod: %+v", c)
+	}
+	if n := h.pod("wide-1").Status.NominatedNodeName; n != "" {
+		t.Errorf("a waiting pod is still nominated to %s", n)
 	}
 	for _, name := range []string{"busy", "busy2"} {
 		if err := h.client.ResourceV1().ResourceClaims("default").Delete(h.ctx, name, metav1.DeleteOptions{}); err != nil {

@@ -242,7 +242,8 @@ func (c *Controller) annotate(ctx context.Context, p *v1.Pod, ann map[string]any
 // annotation differs, and, unless they only wait for their group's pods
 // and claims to exist, the same in their gputopo.dev/Placed condition. In
 // the same write it records the reservation the group holds, or removes
-// one that ended.
+// one that ended. A gated pod still nominated to a node (nominate) is
+// nominated nowhere again, in the condition's write.
 func (c *Controller) setStatus(ctx context.Context, key string, pods []*v1.Pod, reason, message string) error {
 	msg := placement.Status{Reason: reason, Message: message}.Format()
 	held := c.heldReservation(key)
@@ -258,19 +259,28 @@ func (c *Controller) setStatus(ctx context.Context, key string, pods []*v1.Pod, 
 		case held == "" && ok:
 			ann[placement.AnnotationReservation] = nil
 		}
-		if len(ann) == 0 {
-			continue
+		if len(ann) > 0 {
+			if err := c.annotate(ctx, p, ann); err != nil {
+				return err
+			}
 		}
-		if err := c.annotate(ctx, p, ann); err != nil {
-			return err
+		status := map[string]any{}
+		// Claims are created a moment after their pods: too short a wait
+		// for a status write of its own.
+		if changed && reason != placement.StatusWaitingForPods {
+			status["conditions"] = []any{placedPatch(p, v1.ConditionFalse, reason, message)}
 		}
-		if !changed || reason == placement.StatusWaitingForPods {
-			// Claims are created a moment after their pods: too short
-			// a wait for a status write of its own.
-			continue
+		if p.Status.NominatedNodeName != "" && hasGate(p) {
+			// A pod that waits again (its claims were taken back before its
+			// gate opened) has no planned node; kube-scheduler would
+			// otherwise count its requests on the node it was nominated to
+			// for other pods.
+			status["nominatedNodeName"] = nil
 		}
-		if err := c.setCondition(ctx, p, v1.ConditionFalse, reason, message); err != nil {
-			return err
+		if len(status) > 0 {
+			if err := c.patchStatus(ctx, p, status); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -284,11 +294,6 @@ func placedCondition(p *v1.Pod) *v1.PodCondition {
 		}
 	}
 	return nil
-}
-
-// setCondition sets the pod's gputopo.dev/Placed condition.
-func (c *Controller) setCondition(ctx context.Context, p *v1.Pod, status v1.ConditionStatus, reason, message string) error {
-	return c.patchStatus(ctx, p, map[string]any{"conditions": []any{placedPatch(p, status, reason, message)}})
 }
 
 // placedPatch is the pod's gputopo.dev/Placed condition for a merge
