@@ -60,9 +60,13 @@ func WriteController(w io.Writer, title string, r ControllerResult) {
 	fmt.Fprintf(w, "#### %s\n\n", title)
 	fmt.Fprintln(w, "| Jobs bound | Pods bound | GPUs asked | Jobs created in | Every Job bound after | Job wait p50 / p99 / max | Most later Jobs bound first | Controller CPU |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
-	fmt.Fprintf(w, "| %d / %d | %d / %d | %d | %.1f s | %.1f s | %.1f / %.1f / %.1f s (%s) | %d (%s) | %.1f s |\n\n",
+	cpu := "none runs"
+	if r.Path == "" || r.Path == PathGputopo {
+		cpu = fmt.Sprintf("%.1f s", r.ControllerCPU)
+	}
+	fmt.Fprintf(w, "| %d / %d | %d / %d | %d | %.1f s | %.1f s | %.1f / %.1f / %.1f s (%s) | %d (%s) | %s |\n\n",
 		r.JobsBound, r.Jobs, r.PodsBound, r.Pods, r.GPUs, r.CreateSeconds, r.AllBoundSeconds,
-		r.WaitP50, r.WaitP99, r.WaitMax, r.WaitMaxJob, r.MaxOvertaken, r.MaxOvertakenJob, r.ControllerCPU)
+		r.WaitP50, r.WaitP99, r.WaitMax, r.WaitMaxJob, r.MaxOvertaken, r.MaxOvertakenJob, cpu)
 	fmt.Fprintf(w, "GPUs asked: %.0f %% of the cluster's. Longest wait by shape (s): %s. Longest wait behind later arrivals (from the first bind of a Job created after it to its own): %.1f s (%s); counting only later Jobs bound on the nodes it got in the end: %.1f s (%s).\n\n",
 		100*r.Demand, joinFloats(r.WaitMaxByShape), r.MaxBehind, r.MaxBehindJob, r.MaxBehindOnItsNodes, r.MaxBehindOnItsNodesJob)
 	if r.HoldSeconds > 0 {
