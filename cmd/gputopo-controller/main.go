@@ -42,7 +42,7 @@ func run() error {
 	ctx, stop := command.Context()
 	defer stop()
 	command.SetMemoryLimit(ctx, memlimit.FromCgroup)
-	client, err := command.Client(opts.Kubeconfig, command.ClientOptions{QPS: opts.KubeAPIQPS, Burst: opts.KubeAPIBurst, NoCompression: !opts.KubeAPICompression})
+	client, err := command.Client(opts.Kubeconfig, command.ClientOptions{QPS: opts.KubeAPIQPS, Burst: opts.KubeAPIBurst, NoCompression: !opts.KubeAPICompression, ContentType: opts.KubeAPIContentType})
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/component-base/logs"
 	logsapi "k8s.io/component-base/logs/api/v1"
@@ -111,21 +112,47 @@ type ClientOptions struct {
 	// saving the CPU that compressing and inflating the watches of a
 	// large cluster costs on both ends for traffic inside the cluster.
 	NoCompression bool
+	// ContentType is the wire format of requests and responses:
+	// ContentTypeProtobuf (with JSON accepted for any API that has no
+	// protobuf) or ContentTypeJSON; empty is JSON.
+	ContentType string
 }
+
+// Wire formats of ClientOptions.ContentType.
+const (
+	ContentTypeProtobuf = "application/vnd.kubernetes.protobuf"
+	ContentTypeJSON     = "application/json"
+)
 
 // Client builds a clientset from a kubeconfig file, or from the in-cluster
 // configuration when the path is empty.
 func Client(kubeconfig string, opts ClientOptions) (kubernetes.Interface, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	cfg, err := restConfig(kubeconfig, opts)
 	if err != nil {
-		return nil, fmt.Errorf("load kubeconfig %q: %w", kubeconfig, err)
+		return nil, err
 	}
-	cfg.QPS, cfg.Burst, cfg.DisableCompression = opts.QPS, opts.Burst, opts.NoCompression
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create Kubernetes client: %w", err)
 	}
 	return client, nil
+}
+
+func restConfig(kubeconfig string, opts ClientOptions) (*rest.Config, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("load kubeconfig %q: %w", kubeconfig, err)
+	}
+	cfg.QPS, cfg.Burst, cfg.DisableCompression = opts.QPS, opts.Burst, opts.NoCompression
+	switch opts.ContentType {
+	case "", ContentTypeJSON:
+	case ContentTypeProtobuf:
+		cfg.ContentType = ContentTypeProtobuf
+		cfg.AcceptContentTypes = ContentTypeProtobuf + "," + ContentTypeJSON
+	default:
+		return nil, fmt.Errorf("API content type %q: use %s or %s", opts.ContentType, ContentTypeProtobuf, ContentTypeJSON)
+	}
+	return cfg, nil
 }
 
 // Registry returns a registry with the Go and process collectors.

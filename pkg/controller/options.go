@@ -30,6 +30,7 @@ type Options struct {
 	KubeAPIQPS              float32
 	KubeAPIBurst            int
 	KubeAPICompression      bool
+	KubeAPIContentType      string
 	ClaimNodeSelectors      bool
 	LabelMapping            labelmapping.Options
 	AllocationMode          string
@@ -53,6 +54,7 @@ func NewOptions() *Options {
 		ReserveAfter:            30 * time.Second,
 		ReservationTimeout:      5 * time.Minute,
 		KubeAPIQPS:              300,
+		KubeAPIContentType:      command.ContentTypeProtobuf,
 		KubeAPIBurst:            600,
 		ClaimNodeSelectors:      true,
 		LabelMapping:            labelmapping.NewOptions(),
@@ -75,6 +77,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ReservationTimeout, "reservation-timeout", o.ReservationTimeout, "How long a reservation lasts unplaced; then the next waiting group may reserve, and this one may again after as long.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "Requests per second to the API server. Placing a pod costs about three writes (its claim's finalizer and allocation, its gate), so the default keeps a burst of 1,000 Jobs from waiting on this limit; the API server's priority and fairness still protects it.")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "Burst of requests to the API server, so a large group is pinned and released at once.")
+	fs.StringVar(&o.KubeAPIContentType, "kube-api-content-type", o.KubeAPIContentType, "Content type of requests to and responses from the API server: "+command.ContentTypeProtobuf+" (as kube-scheduler and kube-controller-manager use; every API the controller reads is built in) or "+command.ContentTypeJSON+". Protobuf costs the API server and the controller a fraction of JSON's CPU for each watched pod, claim and slice.")
 	fs.BoolVar(&o.KubeAPICompression, "kube-api-compression", o.KubeAPICompression, "Ask the API server for gzip-compressed responses. Off by default: the controller watches every ResourceSlice, pod and claim, and compressing them costs the API server and the controller CPU for bytes that stay inside the cluster.")
 	fs.BoolVar(&o.ClaimNodeSelectors, "claim-node-selectors", o.ClaimNodeSelectors, "Keep, in each namespace whose ResourceClaimTemplates or ResourceClaims select a leaf or spine by CEL equality, the ConfigMap "+nodepin.ConfigMapName+" that the gputopo-claim-node-selector admission policy reads to give new pods the equivalent node selector, so kube-scheduler filters them by label before it runs the claim's CEL on every node.")
 	fs.StringVar(&o.AllocationMode, "allocation-mode", o.AllocationMode, "Who writes the devices of a placed group into its ResourceClaims: controller (gputopo, all or nothing for every group), scheduler (kube-scheduler, within the domain gputopo chose, all or nothing only for groups with a gang PodGroup), or auto (scheduler for groups whose pods name a gang PodGroup where the API server serves PodGroups, controller for the rest).")
