@@ -167,7 +167,11 @@ type jobInfo struct {
 // Controller creates the Jobs at once and follows them until every Job is
 // bound or none was bound for Settle.
 func Controller(ctx context.Context, env *Env, opts ControllerOptions) (ControllerResult, error) {
-	var res ControllerResult
+	res := ControllerResult{Path: opts.Path}
+	if res.Path == "" {
+		res.Path = PathGputopo
+	}
+	path := res.Path
 	shapes := map[string]Shape{}
 	for _, m := range opts.Mix {
 		s, err := ParseShape(m.Name)
@@ -176,11 +180,6 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 		}
 		shapes[m.Name] = s
 	}
-	path := opts.Path
-	if path == "" {
-		path = PathGputopo
-	}
-	res.Path = path
 	tmpls, err := pathTemplates(path)
 	if err != nil {
 		return res, err
@@ -511,13 +510,9 @@ func newJob(name string, s Shape, gputopo bool, tmpl *resourcev1.ResourceClaimTe
 	if gputopo {
 		ann = map[string]string{placement.AnnotationPlacement: string(placement.PlacementAuto)}
 	}
-	spec := corev1.PodSpec{
-		RestartPolicy:                 corev1.RestartPolicyNever,
-		TerminationGracePeriodSeconds: ptr.To[int64](0),
-		Containers:                    []corev1.Container{{Name: "work", Image: "registry.k8s.io/pause:3.10"}},
-	}
+	template := ""
 	if tmpl != nil {
-		spec = podSpec(tmpl.Name)
+		template = tmpl.Name
 	}
 	return &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace},
@@ -531,7 +526,7 @@ func newJob(name string, s Shape, gputopo bool, tmpl *resourcev1.ResourceClaimTe
 					Labels:      map[string]string{LabelWorkload: "jobs"},
 					Annotations: ann,
 				},
-				Spec: spec,
+				Spec: podSpec(template),
 			},
 		},
 	}

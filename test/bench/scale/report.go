@@ -61,7 +61,7 @@ func WriteController(w io.Writer, title string, r ControllerResult) {
 	fmt.Fprintln(w, "| Jobs bound | Pods bound | GPUs asked | Jobs created in | Every Job bound after | Job wait p50 / p99 / max | Most later Jobs bound first | Controller CPU |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
 	cpu := "none runs"
-	if r.Path == "" || r.Path == PathGputopo {
+	if r.Path == PathGputopo {
 		cpu = fmt.Sprintf("%.1f s", r.ControllerCPU)
 	}
 	fmt.Fprintf(w, "| %d / %d | %d / %d | %d | %.1f s | %.1f s | %.1f / %.1f / %.1f s (%s) | %d (%s) | %s |\n\n",

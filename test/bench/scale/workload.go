@@ -258,14 +258,17 @@ func NewPod(name, workload, template, leaf string) *corev1.Pod {
 	return pod
 }
 
+// podSpec is a benchmark pod that does nothing, with one claim from
+// template, or none when template is empty.
 func podSpec(template string) corev1.PodSpec {
-	return corev1.PodSpec{
+	spec := corev1.PodSpec{
 		RestartPolicy:                 corev1.RestartPolicyNever,
 		TerminationGracePeriodSeconds: ptr.To[int64](0),
-		Containers: []corev1.Container{{
-			Name: "work", Image: "registry.k8s.io/pause:3.10",
-			Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: claimName}}},
-		}},
-		ResourceClaims: []corev1.PodResourceClaim{{Name: claimName, ResourceClaimTemplateName: ptr.To(template)}},
+		Containers:                    []corev1.Container{{Name: "work", Image: "registry.k8s.io/pause:3.10"}},
 	}
+	if template != "" {
+		spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: claimName}}
+		spec.ResourceClaims = []corev1.PodResourceClaim{{Name: claimName, ResourceClaimTemplateName: ptr.To(template)}}
+	}
+	return spec
 }
