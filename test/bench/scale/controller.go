@@ -84,7 +84,8 @@ type ControllerOptions struct {
 	Hold time.Duration
 	// ProfileDir, when set, receives the controller's Go profiles: CPU
 	// from the first create for ProfileFor, then its heap, mutex and
-	// block profiles at the end of the run. The controller must run with
+	// block profiles at the end of the run; and kube-apiserver's CPU
+	// profile over the controller's window. The controller must run with
 	// --profiling --contention-profiling (RunConfig adds them).
 	ProfileDir string
 	ProfileFor time.Duration
@@ -269,11 +270,14 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 
 	start := time.Now()
 	profiled := make(chan error, 1)
+	apiProfiled := make(chan error, 1)
 	traced := make(chan error, 1)
 	if opts.ProfileDir != "" {
 		go func() { profiled <- scr.ControllerProfile(ctx, "profile", opts.ProfileFor, opts.ProfileDir) }()
+		go func() { apiProfiled <- scr.APIServerProfile(ctx, opts.ProfileFor, opts.ProfileDir) }()
 	} else {
 		profiled <- nil
+		apiProfiled <- nil
 	}
 	if opts.ProfileDir != "" && opts.TraceFor > 0 {
 		go func() { traced <- scr.ControllerProfile(ctx, "trace", opts.TraceFor, opts.ProfileDir) }()
@@ -328,6 +332,9 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 		return res, err
 	}
 	if err := <-traced; err != nil {
+		return res, err
+	}
+	if err := <-apiProfiled; err != nil {
 		return res, err
 	}
 	if opts.ProfileDir != "" {

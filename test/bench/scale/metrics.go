@@ -279,6 +279,22 @@ func (s *Scraper) ControllerProfile(ctx context.Context, name string, d time.Dur
 	return f.Close()
 }
 
+// APIServerProfile saves kube-apiserver's CPU profile over d as
+// dir/apiserver-profile.pprof (kube-apiserver serves it by default).
+func (s *Scraper) APIServerProfile(ctx context.Context, d time.Duration, dir string) error {
+	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
+	defer cancel()
+	data, err := s.env.Cluster.Client().Discovery().RESTClient().Get().AbsPath("/debug/pprof/profile").
+		Param("seconds", fmt.Sprint(int(d.Seconds()))).DoRaw(ctx)
+	if err != nil {
+		return fmt.Errorf("kube-apiserver profile: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "apiserver-profile.pprof"), data, 0o644)
+}
+
 func (s *Scraper) get(ctx context.Context, c *http.Client, url string) (Metrics, error) {
 	body, err := fetch(ctx, c, url)
 	if err != nil {

@@ -61,7 +61,7 @@ func run() error {
 	fs.DurationVar(&cfg.Controller.Settle, "settle", 3*time.Minute, "controller: end the run when no Job was bound for this long")
 	fs.DurationVar(&cfg.Controller.Spread, "spread", 0, "controller: create the Jobs evenly over this long instead of at once (0: at once)")
 	fs.DurationVar(&cfg.Controller.Hold, "hold", 0, "controller: delete each Job and its pods this long after all its pods are bound, as if it completed, so more GPUs than the cluster has can be asked for (0: Jobs stay)")
-	fs.StringVar(&cfg.Controller.ProfileDir, "controller-profile-dir", "", "controller: save the controller's CPU profile (from the first create, for --controller-profile-for) and its heap, mutex and block profiles here")
+	fs.StringVar(&cfg.Controller.ProfileDir, "controller-profile-dir", "", "controller: save the controller's and kube-apiserver's CPU profiles (from the first create, for --controller-profile-for) and the controller's heap, mutex and block profiles here")
 	fs.DurationVar(&cfg.Controller.ProfileFor, "controller-profile-for", time.Minute, "controller: how long the CPU profile runs")
 	fs.DurationVar(&cfg.Controller.TraceFor, "controller-trace-for", 0, "controller: with --controller-profile-dir, also record the controller's Go execution trace (controller-trace.pprof, read with `go tool trace`) for this long from the first create")
 	fs.StringVar(&controllerArgs, "controller-args", "", "controller: extra flags for gputopo-controller, space-separated")
