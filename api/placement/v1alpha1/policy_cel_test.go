@@ -19,6 +19,7 @@ import (
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -114,6 +115,7 @@ func (e *expression) GetName() string            { return e.name }
 // compiledPolicy is a policy compiled as the API server compiles it.
 type compiledPolicy struct {
 	policy      admissionv1.ValidatingAdmissionPolicy
+	matches     plugincel.ConditionEvaluator
 	validations plugincel.ConditionEvaluator
 	messages    plugincel.ConditionEvaluator
 }
@@ -135,6 +137,10 @@ func compilePolicy(p admissionv1.ValidatingAdmissionPolicy, compat *version.Vers
 			errs = append(errs, fmt.Errorf("variable %s: %w", v.Name, r.Error))
 		}
 	}
+	matches := make([]plugincel.ExpressionAccessor, len(p.Spec.MatchConditions))
+	for i, m := range p.Spec.MatchConditions {
+		matches[i] = &expression{name: m.Name, expr: m.Expression, returns: []*celgo.Type{celgo.BoolType}}
+	}
 	conds := make([]plugincel.ExpressionAccessor, len(p.Spec.Validations))
 	msgs := make([]plugincel.ExpressionAccessor, len(p.Spec.Validations))
 	for i, v := range p.Spec.Validations {
@@ -145,10 +151,11 @@ func compilePolicy(p admissionv1.ValidatingAdmissionPolicy, compat *version.Vers
 	}
 	c := &compiledPolicy{
 		policy:      p,
+		matches:     compiler.CompileCondition(matches, withAuthz, mode),
 		validations: compiler.CompileCondition(conds, withAuthz, mode),
 		messages:    compiler.CompileCondition(msgs, plugincel.OptionalVariableDeclarations{}, mode),
 	}
-	for _, err := range append(c.validations.CompilationErrors(), c.messages.CompilationErrors()...) {
+	for _, err := range slices.Concat(c.matches.CompilationErrors(), c.validations.CompilationErrors(), c.messages.CompilationErrors()) {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -167,6 +174,9 @@ func (denyAll) Authorize(context.Context, authorizer.Attributes) (authorizer.Dec
 // decision is what a policy made of a request: the messages of the
 // validations that failed; none means admitted.
 type decision struct {
+	// Skipped: a match condition was false, so the API server did not
+	// evaluate the policy's validations (and admitted the request).
+	Skipped  bool
 	Messages []string
 	// Fallback: some message is a validation's fixed message, the
 	// messageExpression's result being dropped.
@@ -175,9 +185,11 @@ type decision struct {
 
 func (d decision) admitted() bool { return len(d.Messages) == 0 }
 
-// evaluate runs the policy on a request for obj (a *corev1.Pod or a
-// *batchv1.Job; old is nil on CREATE) and decides as the API server's
-// validator does with failurePolicy Fail.
+// evaluate runs the policy on a request for obj (a *corev1.Pod,
+// *batchv1.Job, *resourcev1.ResourceClaim or *resourcev1.ResourceClaimTemplate;
+// old is nil on CREATE) and decides as the API server's validator does with
+// failurePolicy Fail: its match conditions first (the API server's
+// matcher: every one must be true), then its validations.
 func (c *compiledPolicy) evaluate(obj, old runtime.Object) (decision, error) {
 	var gvk schema.GroupVersionKind
 	var gvr schema.GroupVersionResource
@@ -187,6 +199,10 @@ func (c *compiledPolicy) evaluate(obj, old runtime.Object) (decision, error) {
 		gvk, gvr, name = corev1.SchemeGroupVersion.WithKind("Pod"), corev1.SchemeGroupVersion.WithResource("pods"), o.Name
 	case *batchv1.Job:
 		gvk, gvr, name = batchv1.SchemeGroupVersion.WithKind("Job"), batchv1.SchemeGroupVersion.WithResource("jobs"), o.Name
+	case *resourcev1.ResourceClaim:
+		gvk, gvr, name = resourcev1.SchemeGroupVersion.WithKind("ResourceClaim"), resourcev1.SchemeGroupVersion.WithResource("resourceclaims"), o.Name
+	case *resourcev1.ResourceClaimTemplate:
+		gvk, gvr, name = resourcev1.SchemeGroupVersion.WithKind("ResourceClaimTemplate"), resourcev1.SchemeGroupVersion.WithResource("resourceclaimtemplates"), o.Name
 	default:
 		return decision{}, fmt.Errorf("no request for a %T", obj)
 	}
@@ -201,7 +217,19 @@ func (c *compiledPolicy) evaluate(obj, old runtime.Object) (decision, error) {
 	}
 	req := plugincel.CreateAdmissionRequest(attr, metav1.GroupVersionResource(gvr), metav1.GroupVersionKind(gvk))
 	ctx := context.Background()
-	results, budget, err := c.validations.ForInput(ctx, va, req, plugincel.OptionalVariableBindings{Authorizer: denyAll{}}, nil, celconfig.RuntimeCELCostBudget)
+	matched, budget, err := c.matches.ForInput(ctx, va, req, plugincel.OptionalVariableBindings{Authorizer: denyAll{}}, nil, celconfig.RuntimeCELCostBudget)
+	if err != nil {
+		return decision{}, fmt.Errorf("evaluating the match conditions of %s: %w", c.policy.Name, err)
+	}
+	for i, m := range matched {
+		if m.Error != nil {
+			return decision{}, fmt.Errorf("evaluating match condition %s of %s: %w", c.policy.Spec.MatchConditions[i].Name, c.policy.Name, m.Error)
+		}
+		if m.EvalResult != celtypes.True {
+			return decision{Skipped: true}, nil
+		}
+	}
+	results, budget, err := c.validations.ForInput(ctx, va, req, plugincel.OptionalVariableBindings{Authorizer: denyAll{}}, nil, budget)
 	if err != nil {
 		return decision{}, fmt.Errorf("evaluating policy %s: %w", c.policy.Name, err)
 	}
@@ -256,12 +284,13 @@ func jobWith(ann map[string]string) *batchv1.Job {
 }
 
 // requests are the requests a set of annotations reaches the policies in:
-// a new pod, an update of a pod that had them already, a new Job whose pod
-// template has them.
+// a new pod, an update that gives them to a pod that had none, a new Job
+// whose pod template has them. (An update that leaves them as they are is
+// not checked: TestPolicyChecksChangedAnnotationsOnly.)
 func requests(ann map[string]string) map[string][2]runtime.Object {
 	return map[string][2]runtime.Object{
 		"create pod": {podWith(ann), nil},
-		"update pod": {podWith(ann), podWith(ann)},
+		"update pod": {podWith(ann), podWith(nil)},
 		"create Job": {jobWith(ann), nil},
 	}
 }
@@ -779,5 +808,86 @@ func TestUnknownKeysSuggestions(t *testing.T) {
 	t.Logf("%d of %d unknown keys got a suggestion", suggested, tried)
 	if suggested == 0 || suggested == tried {
 		t.Errorf("%d of %d unknown keys got a suggestion: too few of one kind to compare", suggested, tried)
+	}
+}
+
+func claimWith(ann map[string]string) *resourcev1.ResourceClaim {
+	return &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "default", Annotations: ann}}
+}
+
+func claimTemplateWith(ann map[string]string) *resourcev1.ResourceClaimTemplate {
+	return &resourcev1.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "t", Namespace: "default"},
+		Spec:       resourcev1.ResourceClaimTemplateSpec{ObjectMeta: metav1.ObjectMeta{Annotations: ann}},
+	}
+}
+
+// TestPolicyChecksChangedAnnotationsOnly: both policies evaluate their
+// validations for a request that sets, changes or removes a gputopo.dev/
+// annotation (of a pod, a Job's pod template, a claim, or a template's
+// claims) and skip every other request, however its other annotations and
+// fields change: an update that leaves annotations Parse refuses as they
+// are is admitted, though a pod created with them is not.
+func TestPolicyChecksChangedAnnotationsOnly(t *testing.T) {
+	bad := map[string]string{AnnotationPlacement: "Auto"}
+	placed := map[string]string{AnnotationPlacement: "auto", "example.com/x": "1"}
+	relabelled := func(p *corev1.Pod) *corev1.Pod {
+		p.Labels = map[string]string{"app": "x"}
+		p.Finalizers = []string{"batch.kubernetes.io/job-tracking"}
+		return p
+	}
+	tests := []struct {
+		name     string
+		obj, old runtime.Object
+		checked  bool
+	}{
+		{"new pod without annotations", podWith(nil), nil, false},
+		{"new pod with other annotations", podWith(map[string]string{"example.com/placement": "x", "sub.gputopo.dev/x": "y"}), nil, false},
+		{"new pod with one", podWith(placed), nil, true},
+		{"new pod with an empty one", podWith(map[string]string{AnnotationGroup: ""}), nil, true},
+		{"pod update leaving them", relabelled(podWith(placed)), podWith(placed), false},
+		{"pod update leaving bad ones", relabelled(podWith(bad)), podWith(bad), false},
+		{"pod update of another annotation", podWith(map[string]string{AnnotationPlacement: "auto", "example.com/x": "2"}), podWith(placed), false},
+		{"pod update changing one", podWith(map[string]string{AnnotationPlacement: "none", "example.com/x": "1"}), podWith(placed), true},
+		{"pod update adding one", podWith(placed), podWith(map[string]string{"example.com/x": "1"}), true},
+		{"pod update removing one", podWith(map[string]string{"example.com/x": "1"}), podWith(placed), true},
+		{"pod update removing the last", podWith(nil), podWith(map[string]string{AnnotationStatus: "s"}), true},
+		{"Job update leaving them", jobWith(placed), jobWith(placed), false},
+		{"Job update changing one", jobWith(map[string]string{AnnotationPlacement: "same-leaf"}), jobWith(placed), true},
+		{"new Job with one", jobWith(placed), nil, true},
+		{"new Job without", jobWith(nil), nil, false},
+		{"new claim of a template", claimWith(map[string]string{"resource.kubernetes.io/pod-claim-name": "gpu"}), nil, false},
+		{"new claim with one", claimWith(map[string]string{AnnotationAllocatedBy: "default/job/j"}), nil, true},
+		{"claim update adding one", claimWith(map[string]string{AnnotationAllocatedBy: "default/job/j"}), claimWith(nil), true},
+		{"claim update leaving them", claimWith(map[string]string{AnnotationAllocatedBy: "default/job/j"}), claimWith(map[string]string{AnnotationAllocatedBy: "default/job/j"}), false},
+		{"new template whose claims get one", claimTemplateWith(map[string]string{AnnotationDomain: "leaf:l"}), nil, true},
+		{"new template without", claimTemplateWith(map[string]string{"example.com/x": "1"}), nil, false},
+	}
+	for _, policy := range []string{placementPolicy, keysPolicy} {
+		c := mustCompile(t, policy)
+		for _, tc := range tests {
+			switch tc.obj.(type) {
+			case *resourcev1.ResourceClaim, *resourcev1.ResourceClaimTemplate:
+				if policy == keysPolicy {
+					continue // the keys policy matches pods and Jobs only
+				}
+			}
+			t.Run(policy+"/"+tc.name, func(t *testing.T) {
+				d, err := c.evaluate(tc.obj, tc.old)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Skipped == tc.checked {
+					t.Errorf("validations evaluated: %t, want %t", !d.Skipped, tc.checked)
+				}
+			})
+		}
+	}
+	// The bad annotations the update above leaves alone are refused when set.
+	if _, err := Parse(bad); err == nil {
+		t.Fatalf("Parse(%q) accepts it", bad)
+	}
+	if d, err := mustCompile(t, placementPolicy).evaluate(podWith(bad), nil); err != nil || d.admitted() {
+		t.Errorf("a new pod with %q: %+v, %v; want it refused", bad, d, err)
 	}
 }
