@@ -46,13 +46,13 @@ func TestReadmeDocumentsTheControllerFlags(t *testing.T) {
 }
 
 // The names the controller puts on objects of others' (DeviceTaintRules
-// it writes, slices in its cache) are rows of the README's reference.
+// it writes, slices in its cache, the ConfigMap of claims' node selectors) are rows of the README's reference.
 func TestReadmeDocumentsTheControllerNames(t *testing.T) {
 	rows, err := readmetest.ReferenceNames("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{topology.LabelFence, topology.AnnotationFenceReason, topology.AnnotationPackedAttributes} {
+	for _, name := range []string{topology.LabelFence, topology.AnnotationFenceReason, topology.AnnotationPackedAttributes, topology.LabelClaimNodeSelectors} {
 		if !rows[name] {
 			t.Errorf("README.md has no reference table row for %s", name)
 		}

@@ -296,7 +296,7 @@ func (s *pinSync) sync(ctx context.Context, ns string) error {
 		return nil
 	case cur == nil:
 		cm := &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: nodepin.ConfigMapName, Namespace: ns,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "gputopo-controller"}}, Data: data}
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "gputopo-controller", topology.LabelClaimNodeSelectors: "true"}}, Data: data}
 		_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) || apierrors.IsForbidden(err) && strings.Contains(err.Error(), "being terminated") {
 			return nil // the informer brings it, or the namespace goes
@@ -306,9 +306,15 @@ func (s *pinSync) sync(ctx context.Context, ns string) error {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-	case !maps.Equal(cur.Data, data):
+	case !maps.Equal(cur.Data, data) || cur.Labels[topology.LabelClaimNodeSelectors] != "true":
+		// The label too: the admission policy selects the ConfigMap by it,
+		// and one written before it was labelled has none.
 		cm := cur.DeepCopy()
 		cm.Data = data
+		if cm.Labels == nil {
+			cm.Labels = map[string]string{}
+		}
+		cm.Labels[topology.LabelClaimNodeSelectors] = "true"
 		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
 	default:
 		return nil

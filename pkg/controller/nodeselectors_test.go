@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -44,6 +45,10 @@ func TestPinSyncKeepsEachNamespacesConfigMap(t *testing.T) {
 		&resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "shared", UID: "c1"}, Spec: celSpec(leaf0, spine1)},
 		&resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: "p-gpus", UID: "c2",
 			Annotations: map[string]string{resourceapi.PodResourceClaimAnnotation: "gpus"}}, Spec: celSpec(leaf0)},
+		// Written by a controller that did not label it: the data is
+		// right, the label the admission policy selects by is missing.
+		&v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: nodepin.ConfigMapName},
+			Data: map[string]string{"claim.shared": topology.LabelTopographLeaf + "=leaf-0," + topology.LabelTopographSpine + "=spine-1"}},
 	)
 	f := informers.NewSharedInformerFactory(client, 0)
 	s, err := newPinSync(client, f, topology.DefaultLabelMapping())
@@ -55,6 +60,9 @@ func TestPinSyncKeepsEachNamespacesConfigMap(t *testing.T) {
 	f.Start(ctx.Done())
 	go s.run(ctx)
 
+	// data is the namespace's ConfigMap's data, or nil without one; a
+	// ConfigMap without the label the admission policy selects it by
+	// (topology.LabelClaimNodeSelectors) counts as none.
 	data := func(ns string) map[string]string {
 		cm, err := client.CoreV1().ConfigMaps(ns).Get(ctx, nodepin.ConfigMapName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -62,6 +70,9 @@ func TestPinSyncKeepsEachNamespacesConfigMap(t *testing.T) {
 		}
 		if err != nil {
 			t.Fatal(err)
+		}
+		if cm.Labels[topology.LabelClaimNodeSelectors] != "true" {
+			return map[string]string{"(unlabelled)": fmt.Sprint(cm.Labels)}
 		}
 		return cm.Data
 	}

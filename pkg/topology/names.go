@@ -114,6 +114,13 @@ const (
 	LabelFence            = "gputopo.dev/fence"
 	FenceRulePrefix       = "gputopo-fence-"
 	AnnotationFenceReason = "gputopo.dev/fence-reason"
+	// LabelClaimNodeSelectors ("true") marks the ConfigMap of node
+	// selectors the controller keeps in a namespace (pkg/nodepin,
+	// ConfigMapName); the gputopo-claim-node-selector admission policy's
+	// binding selects its parameters by it, which the API server answers
+	// from its cache, where a name it does not find costs a GET of its
+	// own for every new pod with claims.
+	LabelClaimNodeSelectors = "gputopo.dev/claim-node-selectors"
 	// AnnotationPackedAttributes holds, in the controller's memory only,
 	// the device attributes of a cached ResourceSlice, serialized
 	// (pkg/slicepack). It is never written to the API server; one a slice

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -68,7 +69,7 @@ var oldestCompatibility = version.MajorMinor(1, 33)
 
 // loadPolicies reads every document of policyFile: the policies by name
 // and the validation actions of each policy's bindings.
-func loadPolicies(t *testing.T) (map[string]admissionv1.ValidatingAdmissionPolicy, map[string][]admissionv1.ValidationAction) {
+func loadPolicies(t testing.TB) (map[string]admissionv1.ValidatingAdmissionPolicy, map[string][]admissionv1.ValidationAction) {
 	t.Helper()
 	b, err := os.ReadFile(policyFile)
 	if err != nil {
@@ -295,7 +296,7 @@ func requests(ann map[string]string) map[string][2]runtime.Object {
 	}
 }
 
-func mustCompile(t *testing.T, name string) *compiledPolicy {
+func mustCompile(t testing.TB, name string) *compiledPolicy {
 	t.Helper()
 	policies, _ := loadPolicies(t)
 	p, ok := policies[name]
@@ -889,5 +890,58 @@ func TestPolicyChecksChangedAnnotationsOnly(t *testing.T) {
 	}
 	if d, err := mustCompile(t, placementPolicy).evaluate(podWith(bad), nil); err != nil || d.admitted() {
 		t.Errorf("a new pod with %q: %+v, %v; want it refused", bad, d, err)
+	}
+}
+
+// BenchmarkPolicyRequest: the CPU the API server spends in each policy on
+// one request, as it runs them (match conditions, then validations), and
+// with the match conditions removed ("every-request": the validations on
+// every request, as before the condition). Requests: pods that do not use
+// gputopo (created, relabelled), a pod of a gputopo Job (created, then
+// its gate opened by the controller, which writes gputopo.dev/ annotations),
+// and a claim kube-controller-manager makes from a template.
+func BenchmarkPolicyRequest(b *testing.B) {
+	plain := map[string]string{"example.com/owner": "team-a", "kubectl.kubernetes.io/default-container": "main"}
+	managed := map[string]string{AnnotationPlacement: "auto", AnnotationGroup: "train-7", AnnotationGroupSize: "8", "example.com/owner": "team-a"}
+	opened := maps.Clone(managed)
+	opened[AnnotationDomain], opened[AnnotationNode] = "leaf:leaf-3", "gpu-s0-l3-n2"
+	relabelled := podWith(plain)
+	relabelled.Labels = map[string]string{"app": "x"}
+	requests := []struct {
+		name     string
+		obj, old runtime.Object
+	}{
+		{"plain-pod-create", podWith(plain), nil},
+		{"plain-pod-relabel", relabelled, podWith(plain)},
+		{"gputopo-pod-create", podWith(managed), nil},
+		{"gputopo-pod-gate-opened", podWith(opened), podWith(managed)},
+		{"template-claim-create", claimWith(map[string]string{"resource.kubernetes.io/pod-claim-name": "gpu"}), nil},
+	}
+	for _, policy := range []string{placementPolicy, keysPolicy} {
+		policies, _ := loadPolicies(b)
+		p := policies[policy]
+		unconditioned := *p.DeepCopy()
+		unconditioned.Spec.MatchConditions = nil
+		for _, variant := range []struct {
+			name string
+			p    admissionv1.ValidatingAdmissionPolicy
+		}{{"as-shipped", p}, {"every-request", unconditioned}} {
+			c, err := compilePolicy(variant.p, environment.DefaultCompatibilityVersion(), environment.StoredExpressions)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, r := range requests {
+				if _, claim := r.obj.(*resourcev1.ResourceClaim); claim && policy == keysPolicy {
+					continue // the keys policy matches pods and Jobs only
+				}
+				b.Run(policy+"/"+variant.name+"/"+r.name, func(b *testing.B) {
+					for b.Loop() {
+						if _, err := c.evaluate(r.obj, r.old); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
+		}
 	}
 }
