@@ -46,7 +46,8 @@ func TestReadmeDocumentsTheControllerFlags(t *testing.T) {
 }
 
 // The names the controller puts on objects of others' (DeviceTaintRules
-// it writes, slices in its cache, the ConfigMap of claims' node selectors) are rows of the README's reference.
+// it writes, slices in its cache, the ConfigMap of claims' node
+// selectors) are rows of the README's reference.
 func TestReadmeDocumentsTheControllerNames(t *testing.T) {
 	rows, err := readmetest.ReferenceNames("../../README.md")
 	if err != nil {

@@ -37,8 +37,10 @@ import (
 // This file evaluates the admission policies of policyFile the way the API
 // server does (k8s.io/apiserver's CEL environment for admission policies,
 // its composition of variables and its activation of object, oldObject and
-// request) and requires that gputopo-placement admits a pod or Job exactly
-// when Parse accepts its annotations, with Parse's messages.
+// request) and requires that gputopo-placement admits a pod or Job that
+// sets its annotations exactly when Parse accepts them, with Parse's
+// messages; a request that leaves the gputopo.dev/ annotations as they
+// are is not checked (the policies' match condition).
 //
 // What it does not run is the API server's validating dispatcher, which
 // pulls in half the API server; compiledPolicy.evaluate repeats its rules for
