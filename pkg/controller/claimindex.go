@@ -77,6 +77,9 @@ type indexedClaim struct {
 	// seenAt orders claims of the same (or no) version as the index saw
 	// their shares.
 	sharedAt, seenAt uint64
+	// writer is the group whose write of this allocation is in flight
+	// (assume); empty once the index holds the claim as stored.
+	writer string
 }
 
 // sameShares reports whether two lists hold the same shares.
@@ -111,18 +114,55 @@ func parseVersion(rv string) uint64 {
 
 // update records the claim's allocation. An event older than what the
 // index already holds (the controller's own write arrived first) is
-// ignored. It returns the other claims that now share a device with it:
-// those that hold it too, and, when the claim's shares are new, every
-// other claim with a share of the same device, whose groups look again
-// whether the shares together fit the device (sharers).
+// ignored, and so is one without an allocation for a claim whose
+// allocation the controller is writing (assume): the write lands after
+// it. It returns the other claims that now share a device with it: those
+// that hold it too, and, when the claim's shares are new, every other
+// claim with a share of the same device, whose groups look again whether
+// the shares together fit the device (sharers).
 func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 	ix.mu.Lock()
-	v := parseVersion(claim.ResourceVersion)
+	defer ix.mu.Unlock()
 	old, had := ix.claims[claim.UID]
-	if had && v != 0 && old.version >= v {
-		ix.mu.Unlock()
+	if v := parseVersion(claim.ResourceVersion); had && v != 0 && old.version >= v {
 		return nil // older, or the same version: the controller's own write
 	}
+	if had && old.writer != "" && claim.Status.Allocation == nil {
+		return nil
+	}
+	return ix.putLocked(claim, "")
+}
+
+// assume records alloc as claim's allocation before group writer writes
+// it, so that every plan made while the write is in flight counts its
+// devices as taken. The stored claim the write returns (update) replaces
+// it; unassume withdraws it when the write fails.
+func (ix *claimIndex) assume(claim *resourceapi.ResourceClaim, alloc *resourceapi.AllocationResult, writer string) {
+	cl := *claim
+	cl.Status.Allocation = alloc
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.putLocked(&cl, writer)
+}
+
+// unassume withdraws what group writer assumed of the claim, if the
+// claim's write has not replaced it.
+func (ix *claimIndex) unassume(uid types.UID, writer string) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	old, ok := ix.claims[uid]
+	if !ok || old.writer != writer {
+		return
+	}
+	ix.removeLocked(uid)
+	ix.claims[uid] = indexedClaim{key: old.key, version: old.version}
+}
+
+// putLocked indexes the claim as it is, assumed by writer when that is
+// set, and returns the other claims that now share a device with it.
+func (ix *claimIndex) putLocked(claim *resourceapi.ResourceClaim, writer string) []types.UID {
+	v := parseVersion(claim.ResourceVersion)
+	old, had := ix.claims[claim.UID]
 	ix.removeLocked(claim.UID)
 	devs := exclusiveDevices(claim.Status.Allocation)
 	var shares []devicefit.Share
@@ -137,7 +177,7 @@ func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 		ix.shareCount++
 		seenAt = ix.shareCount
 	}
-	ix.claims[claim.UID] = indexedClaim{key: claim.Namespace + "/" + claim.Name, version: v, devices: devs, shares: shares, sharedAt: sharedAt, seenAt: seenAt}
+	ix.claims[claim.UID] = indexedClaim{key: claim.Namespace + "/" + claim.Name, version: v, devices: devs, shares: shares, sharedAt: sharedAt, seenAt: seenAt, writer: writer}
 	if len(shares) > 0 {
 		ix.sharing[claim.UID] = true
 	}
@@ -167,7 +207,6 @@ func (ix *claimIndex) update(claim *resourceapi.ResourceClaim) []types.UID {
 			ix.noteLocked(d)
 		}
 	}
-	ix.mu.Unlock()
 	return clash
 }
 
@@ -483,11 +522,12 @@ func (ix *claimIndex) key(uid types.UID) string {
 }
 
 // ahead reports whether the index holds a newer version of the claim than
-// rv: the controller wrote it and the informer has not caught up yet.
-func (ix *claimIndex) ahead(uid types.UID, rv string) bool {
+// rv (the controller wrote it and the informer has not caught up yet), or
+// an allocation of the claim that group writer is writing.
+func (ix *claimIndex) ahead(uid types.UID, rv string) (ahead bool, writer string) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	c, ok := ix.claims[uid]
 	v := parseVersion(rv)
-	return ok && v != 0 && c.version > v
+	return ok && (c.writer != "" || v != 0 && c.version > v), c.writer
 }

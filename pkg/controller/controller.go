@@ -89,6 +89,10 @@ type Config struct {
 	// AllocationMode says who allocates the devices of a placed group
 	// (native.go); empty means auto.
 	AllocationMode AllocationMode
+	// WritingGroups is how many groups' writes may be in flight while the
+	// worker plans the next groups (writebehind.go); 0 makes each group's
+	// writes in the worker, before the next sync.
+	WritingGroups int
 }
 
 // Controller is the placement loop.
@@ -168,6 +172,14 @@ type Controller struct {
 	// pins keeps the claims' node selectors (nodeselectors.go); nil when
 	// Config.ClaimNodeSelectors is off.
 	pins *pinSync
+
+	// writeSlots holds a token per group whose writes are in flight beside
+	// the worker, writing what the controller knows of them (under mu),
+	// writers the goroutines making them (writebehind.go). writeSlots is
+	// nil when Config.WritingGroups is 0.
+	writeSlots chan struct{}
+	writing    map[string]*writes
+	writers    sync.WaitGroup
 }
 
 // New wires the informers. Call Run to start.
@@ -232,6 +244,10 @@ func New(cfg Config) (*Controller, error) {
 		usageDirty:   map[string]bool{},
 		unreservable: map[string]bool{},
 		expired:      map[string]time.Time{},
+		writing:      map[string]*writes{},
+	}
+	if cfg.WritingGroups > 0 {
+		c.writeSlots = make(chan struct{}, cfg.WritingGroups)
 	}
 	c.planner = planner.New(devicefit.NewEvaluator(classLister{c.classes}))
 	c.extClasses = extendedresourcecache.NewExtendedResourceCache(klog.Background(),
@@ -532,9 +548,11 @@ func (c *Controller) requeuePending() {
 }
 
 // Run processes groups until ctx is done. One worker plans at a time, so
-// two plans never race for the same devices.
+// two plans never race for the same devices; the writes of up to
+// Config.WritingGroups groups run beside it (writebehind.go).
 func (c *Controller) Run(ctx context.Context) error {
 	defer utilruntime.HandleCrashWithContext(ctx)
+	defer c.waitWrites()
 	defer c.queue.ShutDown()
 	defer c.releases.ShutDown()
 	c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.cfg.Client.CoreV1().Events("")})

@@ -34,6 +34,7 @@ type Options struct {
 	ClaimNodeSelectors      bool
 	LabelMapping            labelmapping.Options
 	AllocationMode          string
+	ConcurrentGroupWrites   int
 }
 
 // NewOptions returns the defaults for a controller in a pod: the leader
@@ -59,6 +60,7 @@ func NewOptions() *Options {
 		ClaimNodeSelectors:      true,
 		LabelMapping:            labelmapping.NewOptions(),
 		AllocationMode:          string(AllocationAuto),
+		ConcurrentGroupWrites:   16,
 	}
 }
 
@@ -81,6 +83,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.KubeAPICompression, "kube-api-compression", o.KubeAPICompression, "Ask the API server for gzip-compressed responses. Off by default: the controller watches every ResourceSlice, pod and claim, and compressing them costs the API server and the controller CPU for bytes that stay inside the cluster.")
 	fs.BoolVar(&o.ClaimNodeSelectors, "claim-node-selectors", o.ClaimNodeSelectors, "Keep, in each namespace whose ResourceClaimTemplates or ResourceClaims select a leaf or spine by CEL equality, the ConfigMap "+nodepin.ConfigMapName+" that the gputopo-claim-node-selector admission policy reads to give new pods the equivalent node selector, so kube-scheduler filters them by label before it runs the claim's CEL on every node.")
 	fs.StringVar(&o.AllocationMode, "allocation-mode", o.AllocationMode, "Who writes the devices of a placed group into its ResourceClaims: controller (gputopo, all or nothing for every group), scheduler (kube-scheduler, within the domain gputopo chose, all or nothing only for groups with a gang PodGroup), or auto (scheduler for groups whose pods name a gang PodGroup where the API server serves PodGroups, controller for the rest).")
+	fs.IntVar(&o.ConcurrentGroupWrites, "concurrent-group-writes", o.ConcurrentGroupWrites, "How many groups' writes (claim allocations, then gates) may be in flight while the controller plans the next groups; a plan's devices count as taken from the plan on. 0 makes each group's writes before the next plan, so a burst of groups is placed at the pace of the API server's latency.")
 	o.LabelMapping.AddFlags(fs)
 }
 
@@ -88,7 +91,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 // adds the client, the label mapping in force and the metrics.
 func (o *Options) Config() Config {
 	return Config{RetryInterval: o.RetryInterval, BindTimeout: o.BindTimeout, SettleDelay: o.SettleDelay, ReserveAfter: o.ReserveAfter, ReservationTimeout: o.ReservationTimeout,
-		ClaimNodeSelectors: o.ClaimNodeSelectors, AllocationMode: AllocationMode(o.AllocationMode)}
+		ClaimNodeSelectors: o.ClaimNodeSelectors, AllocationMode: AllocationMode(o.AllocationMode), WritingGroups: o.ConcurrentGroupWrites}
 }
 
 // Validate reports every bad flag at once.
@@ -114,6 +117,9 @@ func (o *Options) Validate() error {
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		errs = append(errs, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, got %g and %d", o.KubeAPIQPS, o.KubeAPIBurst))
+	}
+	if o.ConcurrentGroupWrites < 0 {
+		errs = append(errs, fmt.Errorf("--concurrent-group-writes must not be negative, got %d", o.ConcurrentGroupWrites))
 	}
 	if o.LeaderElect && (o.LeaderElectionNamespace == "" || o.LeaderElectionIdentity == "") {
 		errs = append(errs, errors.New("--leader-elect needs --leader-election-namespace and --leader-election-identity"))

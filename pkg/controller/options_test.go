@@ -17,10 +17,12 @@ func TestOptionsValidate(t *testing.T) {
 				o.RetryInterval, o.KubeAPIQPS, o.LeaderElectionIdentity = -time.Second, 0, ""
 				o.BindTimeout, o.SettleDelay, o.ReserveAfter = 0, -time.Millisecond, 0
 				o.LabelMapping.ConfigMap = "no-namespace"
+				o.ConcurrentGroupWrites = -1
 			},
 			want: []string{"--retry-interval must be positive", "--bind-timeout must be positive", "--settle-delay must not be negative",
 				"--reserve-after must be positive",
 				"--kube-api-qps and --kube-api-burst must be positive",
+				"--concurrent-group-writes must not be negative",
 				"--leader-elect needs", "--label-mapping=\"no-namespace\": want NAMESPACE/NAME"},
 		},
 		"no identity without leader election": {change: func(o *Options) { o.LeaderElect, o.LeaderElectionIdentity = false, "" }},

@@ -166,7 +166,11 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 		}
 		m.claims = claims
 		for _, cl := range claims {
-			g.lagging = g.lagging || c.index.ahead(cl.UID, cl.ResourceVersion)
+			ahead, writer := c.index.ahead(cl.UID, cl.ResourceVersion)
+			if writer != "" && writer != key {
+				c.waitFor(writer, key)
+			}
+			g.lagging = g.lagging || ahead
 		}
 		m.ext, m.extNames = extendedClaim(p, c.extClasses)
 		if g.schedAlloc {
@@ -256,6 +260,9 @@ const (
 )
 
 func (c *Controller) sync(ctx context.Context, key string) (result, error) {
+	if c.writingNow(key) {
+		return done, nil // synced again once its writes end
+	}
 	start := time.Now() // a plan's duration includes reading the group
 	o, err := c.observe(ctx, key)
 	if err != nil {
@@ -499,13 +506,37 @@ func (c *Controller) place(ctx context.Context, o *observation, d decision, star
 	}
 	if g.schedAlloc {
 		c.steer(ctx, g, plan)
-	} else if err := c.allocate(ctx, g, plan); err != nil {
+		return done, c.placed(ctx, g, plan)
+	}
+	writes, err := c.allocationWrites(g, plan)
+	if err != nil {
 		return done, err
 	}
+	for _, w := range writes {
+		c.index.assume(w.claim, &w.result, key)
+	}
+	return done, c.writeBehind(ctx, key, func() error {
+		if err := c.allocate(ctx, g, plan.Domain.Format(), writes); err != nil {
+			return err
+		}
+		return c.placed(ctx, g, plan)
+	}, func() {
+		for _, w := range writes {
+			c.index.unassume(w.claim.UID, key)
+		}
+	})
+}
+
+// placed records a plan whose claims are written (or, for a group whose
+// devices kube-scheduler allocates, steered): pods that were planned again
+// say so, the group stops waiting, an event tells where it goes, and its
+// gates open on a later sync.
+func (c *Controller) placed(ctx context.Context, g *group, plan *planner.Plan) error {
+	key := g.key
 	for _, m := range g.toPlace {
 		if !hasGate(m.pod) && m.pod.Annotations[placement.AnnotationNode] != "" {
 			if err := c.noteReplanned(ctx, m, plan.Assignments[m.pod.Name], plan.Domain.Format()); err != nil {
-				return done, err
+				return err
 			}
 		}
 	}
@@ -535,7 +566,7 @@ func (c *Controller) place(ctx context.Context, o *observation, d decision, star
 	c.settle[key] = time.Now().Add(settle)
 	c.mu.Unlock()
 	c.releaseAfter(key, settle)
-	return done, nil
+	return nil
 }
 
 // planGroup plans the group's pods that need a place on the tree and
@@ -657,25 +688,25 @@ func (p *planTimes) add(o planTimes) {
 // waited behind them.
 const writeParallelism = 16
 
-// allocate writes the plan into the claims, all or nothing: when one
-// write fails, the claims written are released again. A claim shared by
-// several pods of a unit is written once, reserved for all. The claims are
-// written in parallel (writeParallelism): they are independent objects.
-func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan) error {
+// claimWrite is one claim's allocation in a plan, for the pods of u.
+type claimWrite struct {
+	u      *unit
+	claim  *resourceapi.ResourceClaim
+	result resourceapi.AllocationResult
+}
+
+// allocationWrites lists the claim writes of the plan. A claim shared by
+// several pods of a unit is written once, reserved for all.
+func (c *Controller) allocationWrites(g *group, plan *planner.Plan) ([]claimWrite, error) {
 	domain := plan.Domain.Format()
-	type write struct {
-		u      *unit
-		claim  *resourceapi.ResourceClaim
-		result resourceapi.AllocationResult
-	}
-	var writes []write
+	var writes []claimWrite
 	for _, u := range g.units {
 		results := plan.Allocations[u.name()]
 		if len(results) != len(u.claims)+len(u.exts()) {
-			return fmt.Errorf("plan for pod %s has %d allocations for %d claims", u.name(), len(results), len(u.claims)+len(u.exts()))
+			return nil, fmt.Errorf("plan for pod %s has %d allocations for %d claims", u.name(), len(results), len(u.claims)+len(u.exts()))
 		}
 		for i, claim := range u.claims {
-			writes = append(writes, write{u: u, claim: claim, result: results[i]})
+			writes = append(writes, claimWrite{u: u, claim: claim, result: results[i]})
 		}
 	}
 	for _, u := range g.units {
@@ -689,6 +720,13 @@ func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan)
 			}
 		}
 	}
+	return writes, nil
+}
+
+// allocate writes the plan's claim writes, all or nothing: when one
+// write fails, the claims written are released again. The claims are
+// written in parallel (writeParallelism): they are independent objects.
+func (c *Controller) allocate(ctx context.Context, g *group, domain string, writes []claimWrite) error {
 	stored := make([]*resourceapi.ResourceClaim, len(writes))
 	errs := make([]error, len(writes))
 	workqueue.ParallelizeUntil(ctx, writeParallelism, len(writes), func(i int) {
@@ -723,21 +761,23 @@ func (c *Controller) allocate(ctx context.Context, g *group, plan *planner.Plan)
 // affinity to the group's domain; writeParallelism pods at once.
 func (c *Controller) openGates(ctx context.Context, g *group) error {
 	req := c.groupRequirement(ctx, g)
-	errs := make([]error, len(g.held))
-	workqueue.ParallelizeUntil(ctx, writeParallelism, len(g.held), func(i int) {
-		errs[i] = c.ungate(ctx, g.held[i], req)
-	})
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	c.mu.Lock()
-	delete(c.settle, g.key)
-	c.mu.Unlock()
-	c.queue.AddAfter(g.key, c.cfg.BindTimeout+time.Second)
-	return nil
+	return c.writeBehind(ctx, g.key, func() error {
+		errs := make([]error, len(g.held))
+		workqueue.ParallelizeUntil(ctx, writeParallelism, len(g.held), func(i int) {
+			errs[i] = c.ungate(ctx, g.held[i], req)
+		})
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		delete(c.settle, g.key)
+		c.mu.Unlock()
+		c.queue.AddAfter(g.key, c.cfg.BindTimeout+time.Second)
+		return nil
+	}, func() {})
 }
 
 // refuse records why the group waits: an event, an annotation on every

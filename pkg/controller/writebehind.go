@@ -1,0 +1,106 @@
+package controller
+
+import (
+	"context"
+	"slices"
+
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+)
+
+// A group's writes (its claims' allocations, then its gates) take an API
+// round trip or two each, however many of them go in parallel, while its
+// plan takes a few milliseconds. With one worker making both, a burst of
+// groups was placed at the pace of the API server's latency, not of its
+// capacity: the worker waited on writes most of the time. So the writes
+// of up to Config.WritingGroups groups run beside the worker, which plans
+// the next groups meanwhile:
+//
+//   - a plan's allocations enter the claim index before their writes start
+//     (claimIndex.assume), so every later plan counts those devices as
+//     taken, as kube-scheduler counts its in-flight allocations;
+//   - a group is not synced while its writes are in flight; a sync asked
+//     for meanwhile runs once they end;
+//   - a group that reads a claim another group is writing waits (its claims
+//     are lagging) and is synced again when that group's writes end;
+//   - a failed write withdraws what it assumed and backs the group off,
+//     as a failed sync does.
+
+// writes is what the controller knows of one group's writes in flight.
+type writes struct {
+	// missed is set when the group was to be synced meanwhile.
+	missed bool
+	// waiters are the groups waiting for these writes to end.
+	waiters []string
+}
+
+// writeBehind runs write, a group's writes and what follows them, beside
+// the worker when Config.WritingGroups allows (waiting for a free slot),
+// else at once; undo runs after write either way, to withdraw what the
+// worker assumed for it. Its error is the sync's when write ran at once;
+// beside the worker, a failure backs the group off.
+func (c *Controller) writeBehind(ctx context.Context, key string, write func() error, undo func()) error {
+	if c.writeSlots == nil {
+		defer undo()
+		return write()
+	}
+	select {
+	case c.writeSlots <- struct{}{}:
+	case <-ctx.Done():
+		undo()
+		return context.Cause(ctx)
+	}
+	c.mu.Lock()
+	c.writing[key] = &writes{}
+	c.mu.Unlock()
+	c.writers.Add(1)
+	go func() {
+		defer c.writers.Done()
+		err := write()
+		undo()
+		c.mu.Lock()
+		w := c.writing[key]
+		delete(c.writing, key)
+		c.mu.Unlock()
+		<-c.writeSlots
+		for _, k := range w.waiters {
+			c.queue.Add(k)
+		}
+		switch {
+		case err != nil:
+			utilruntime.HandleErrorWithContext(ctx, err, "Writing pod group failed", "group", key)
+			c.queue.AddRateLimited(key)
+		case w.missed:
+			c.queue.Add(key)
+		}
+	}()
+	return nil
+}
+
+// writingNow reports whether the group's writes are in flight, and notes
+// that it is to be synced once they end.
+func (c *Controller) writingNow(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w, ok := c.writing[key]
+	if ok {
+		w.missed = true
+	}
+	return ok
+}
+
+// waitFor has group key synced once group writer's writes end, or at once
+// when they ended already.
+func (c *Controller) waitFor(writer, key string) {
+	c.mu.Lock()
+	w, ok := c.writing[writer]
+	if ok && !slices.Contains(w.waiters, key) {
+		w.waiters = append(w.waiters, key)
+	}
+	c.mu.Unlock()
+	if !ok {
+		c.queue.Add(key)
+	}
+}
+
+// waitWrites waits until no group's writes are in flight.
+func (c *Controller) waitWrites() { c.writers.Wait() }
