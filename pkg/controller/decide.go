@@ -34,7 +34,9 @@ type observation struct {
 	// once they may open.
 	gatesIn time.Duration
 	// unseen names a held claim the claim index does not show yet at the
-	// version the controller wrote; the gates stay closed until it does.
+	// version the controller wrote, or a held pod whose gate this process
+	// opened and the informer shows closed yet; nothing is done until the
+	// object's event requeues the group.
 	unseen string
 }
 

@@ -377,11 +377,9 @@ func (c *Controller) ungate(ctx context.Context, m *member, req *v1.NodeSelector
 	c.opened[m.pod.UID] = time.Now()
 	c.mu.Unlock()
 	if _, err := c.cfg.Client.CoreV1().Pods(m.pod.Namespace).Patch(ctx, m.pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		if !apierrors.IsTimeout(err) && !apierrors.IsServerTimeout(err) {
-			c.mu.Lock()
-			delete(c.opened, m.pod.UID)
-			c.mu.Unlock()
-		}
+		c.mu.Lock()
+		delete(c.opened, m.pod.UID)
+		c.mu.Unlock()
 		return fmt.Errorf("remove scheduling gate of pod %s: %w", m.pod.Name, err)
 	}
 	return nil

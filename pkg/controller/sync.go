@@ -304,9 +304,14 @@ func (c *Controller) observe(ctx context.Context, key string) (*observation, err
 	o.gatesIn = time.Until(c.settle[key])
 	c.mu.Unlock()
 	for _, m := range g.held {
+		if o.unseen == "" && c.gateOpened(m.pod.UID) {
+			// Opened by this process; the informer shows the pod gated
+			// still, and its event requeues the group.
+			o.unseen = "pod " + m.pod.Namespace + "/" + m.pod.Name
+		}
 		for _, cl := range m.claims {
 			if o.unseen == "" && !c.index.seen(cl.UID, cl.ResourceVersion) {
-				o.unseen = cl.Namespace + "/" + cl.Name
+				o.unseen = "claim " + cl.Namespace + "/" + cl.Name
 			}
 		}
 	}
@@ -391,7 +396,7 @@ func (c *Controller) act(ctx context.Context, o *observation, d decision, start 
 			klog.FromContext(ctx).V(4).Info("Waiting for the informer to show the controller's own claim writes")
 		}
 		if o.unseen != "" {
-			klog.FromContext(ctx).V(4).Info("Gates stay closed until the index shows the claim", "claim", o.unseen)
+			klog.FromContext(ctx).V(4).Info("Waiting for the informer to show a write", "object", o.unseen)
 		}
 	case nextRefuse:
 		c.refuse(ctx, g, d.pods, d.outcome, d.reason, d.message)

@@ -188,3 +188,24 @@ func TestGroupReadingAClaimInFlightWaitsForItsWrites(t *testing.T) {
 		t.Errorf("queued %v after a's writes ended, want c", queued)
 	}
 }
+
+// Once a group's gates are opened beside the worker, the informer may
+// still show its pods gated when the group is synced next: the gates are
+// not opened again (the pods may be bound by then, and nominating a bound
+// pod is refused), the group waits for the pods' events.
+func TestGatesOpenedButNotSeenYetAreNotOpenedAgain(t *testing.T) {
+	h := placeOnePodJob(t, "j", "gpu-8-node")
+	time.Sleep(h.c.cfg.SettleDelay)
+	h.c.mu.Lock()
+	h.c.opened[h.pod("j-0").UID] = time.Now()
+	h.c.mu.Unlock()
+	before := len(h.client.Actions())
+	if _, err := h.c.sync(h.ctx, "default/job/j"); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range h.client.Actions()[before:] {
+		if a.GetVerb() == "patch" && a.GetResource().Resource == "pods" {
+			t.Errorf("the sync wrote the pod again (%s %s) although its gate was opened", a.GetVerb(), a.GetSubresource())
+		}
+	}
+}
