@@ -9,6 +9,7 @@ type Metrics struct {
 	PlanDuration    *prometheus.HistogramVec
 	TreeDuration    *prometheus.HistogramVec
 	PendingGroups   prometheus.Gauge
+	WritingGroups   prometheus.Gauge
 	LeafUtilization *prometheus.GaugeVec
 	Fragmentation   prometheus.Gauge
 	LeafFragment    prometheus.Gauge
@@ -82,6 +83,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "gputopo", Subsystem: "controller", Name: "pending_groups",
 			Help: "Pod groups with gated pods that are not placed yet.",
 		}),
+		WritingGroups: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gputopo", Subsystem: "controller", Name: "writing_groups",
+			Help: "Pod groups whose writes (claim allocations, gates) are in flight beside the planning worker; at --concurrent-group-writes the worker waits for one to end.",
+		}),
 		LeafUtilization: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "gputopo", Subsystem: "controller", Name: "leaf_gpu_utilization",
 			Help: "Fraction of a leaf's GPUs that are allocated or reserved.",
@@ -108,7 +113,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Decisions, m.PlanDuration, m.TreeDuration, m.PendingGroups, m.LeafUtilization, m.Fragmentation, m.LeafFragment, m.Released, m.Conflicts, m.Fences)
+		reg.MustRegister(m.Decisions, m.PlanDuration, m.TreeDuration, m.PendingGroups, m.WritingGroups, m.LeafUtilization, m.Fragmentation, m.LeafFragment, m.Released, m.Conflicts, m.Fences)
 	}
 	return m
 }

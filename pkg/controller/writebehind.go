@@ -52,6 +52,7 @@ func (c *Controller) writeBehind(ctx context.Context, key string, write func() e
 	c.mu.Lock()
 	c.writing[key] = &writes{}
 	c.mu.Unlock()
+	c.cfg.Metrics.WritingGroups.Inc()
 	c.writers.Add(1)
 	go func() {
 		defer c.writers.Done()
@@ -62,6 +63,7 @@ func (c *Controller) writeBehind(ctx context.Context, key string, write func() e
 		delete(c.writing, key)
 		c.mu.Unlock()
 		<-c.writeSlots
+		c.cfg.Metrics.WritingGroups.Dec()
 		for _, k := range w.waiters {
 			c.queue.Add(k)
 		}

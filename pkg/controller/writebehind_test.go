@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -81,6 +82,9 @@ func TestNextGroupIsPlannedAroundWritesInFlight(t *testing.T) {
 	h.syncReturns("default/job/a")
 	nodeA := heldNode(t, held)
 	h.syncReturns("default/job/a") // deferred: its writes are in flight
+	if n := testutil.ToFloat64(h.c.cfg.Metrics.WritingGroups); n != 1 {
+		t.Errorf("writing_groups = %v while a's writes are in flight, want 1", n)
+	}
 	h.syncReturns("default/job/b")
 	h.eventually("b's allocation", func() bool {
 		cl, err := h.c.claims.ResourceClaims("default").Get("b-0-gpus")

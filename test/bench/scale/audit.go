@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -31,28 +32,45 @@ type auditEvent struct {
 	ObjectRef *struct {
 		Resource    string `json:"resource"`
 		Subresource string `json:"subresource"`
+		Namespace   string `json:"namespace"`
+		Name        string `json:"name"`
 	} `json:"objectRef"`
+	ResponseStatus struct {
+		Code int `json:"code"`
+	} `json:"responseStatus"`
 }
 
-// CountAuditWrites counts the writes received in [from, to] by client and
-// "verb resource[/subresource]".
-func CountAuditWrites(path string, from, to time.Time) (map[string]map[string]int, error) {
+// readAudit calls each for every request the audit log records as
+// completed, received in [from, to].
+func readAudit(path string, from, to time.Time, each func(ev *auditEvent)) error {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("open audit log: %w", err)
+		return fmt.Errorf("open audit log: %w", err)
 	}
 	defer f.Close()
-	out := map[string]map[string]int{}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for line := 1; sc.Scan(); line++ {
 		var ev auditEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return nil, fmt.Errorf("audit log %s line %d: %w", path, line, err)
+			return fmt.Errorf("audit log %s line %d: %w", path, line, err)
 		}
 		if ev.Stage != "ResponseComplete" || ev.Received.Before(from) || ev.Received.After(to) {
 			continue
 		}
+		each(&ev)
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("read audit log %s: %w", path, err)
+	}
+	return nil
+}
+
+// CountAuditWrites counts the writes received in [from, to] by client and
+// "verb resource[/subresource]".
+func CountAuditWrites(path string, from, to time.Time) (map[string]map[string]int, error) {
+	out := map[string]map[string]int{}
+	err := readAudit(path, from, to, func(ev *auditEvent) {
 		what := ev.Verb
 		if ev.ObjectRef != nil {
 			what += " " + ev.ObjectRef.Resource
@@ -65,9 +83,105 @@ func CountAuditWrites(path string, from, to time.Time) (map[string]map[string]in
 			out[who] = map[string]int{}
 		}
 		out[who][what]++
+	})
+	return out, err
+}
+
+// StageSummary is how long the pods of a burst spent in one stage of
+// their way from their Job's create request to their binding.
+type StageSummary struct {
+	Stage              string
+	Pods               int
+	P50, P90, P99, Max float64
+}
+
+// Stages of a pod's way, each ended by one client's write (PodStages).
+const (
+	StageClaims = "Job created → claims created (kube-controller-manager: Job and claim controllers)"
+	StageGate   = "claims created → gate opened (gputopo controller)"
+	StageBind   = "gate opened → bound (kube-scheduler)"
+)
+
+// PodStages splits the wait of every pod bound in [from, to] at the
+// writes that end each stage, from the audit log: its Job's create
+// request, the claim controller's write of the pod's claims into its
+// status, the controller's last write of the pod (the one that opens its
+// gate) and its binding. A pod is counted in a stage only where both ends
+// are in the log (no gate on paths without gputopo). Indexed Jobs' pods
+// are named after their Job, index and a random suffix.
+func PodStages(path string, from, to time.Time) ([]StageSummary, error) {
+	type key struct{ ns, name string }
+	jobs := map[key]time.Time{}
+	type way struct{ claims, gate, bound time.Time }
+	pods := map[key]*way{}
+	at := func(k key) *way {
+		if pods[k] == nil {
+			pods[k] = &way{}
+		}
+		return pods[k]
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read audit log %s: %w", path, err)
+	err := readAudit(path, from, to, func(ev *auditEvent) {
+		o := ev.ObjectRef
+		if o == nil || ev.ResponseStatus.Code >= 300 {
+			return
+		}
+		k := key{o.Namespace, o.Name}
+		who := Client(ev.UserAgent, ev.User.Username)
+		switch {
+		case o.Resource == "jobs" && o.Subresource == "" && ev.Verb == "create" && who == "benchscale":
+			jobs[k] = ev.Received
+		case o.Resource != "pods":
+		case o.Subresource == "status" && who == "kube-controller-manager resource-claim-controller":
+			if w := at(k); w.claims.IsZero() {
+				w.claims = ev.Received
+			}
+		case o.Subresource == "" && ev.Verb == "patch" && who == "gputopo-controller":
+			if w := at(k); w.bound.IsZero() {
+				w.gate = ev.Received
+			}
+		case o.Subresource == "binding":
+			at(k).bound = ev.Received
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	spans := map[string][]float64{}
+	for k, w := range pods {
+		if w.bound.IsZero() {
+			continue
+		}
+		job := k.name
+		for range 2 {
+			if i := strings.LastIndexByte(job, '-'); i > 0 {
+				job = job[:i]
+			}
+		}
+		created, ok := jobs[key{k.ns, job}]
+		if !ok {
+			continue
+		}
+		prev := created
+		for _, st := range []struct {
+			name string
+			end  time.Time
+		}{{StageClaims, w.claims}, {StageGate, w.gate}, {StageBind, w.bound}} {
+			if st.end.IsZero() {
+				continue
+			}
+			spans[st.name] = append(spans[st.name], st.end.Sub(prev).Seconds())
+			prev = st.end
+		}
+	}
+	var out []StageSummary
+	for _, name := range []string{StageClaims, StageGate, StageBind} {
+		xs := spans[name]
+		if len(xs) == 0 {
+			continue
+		}
+		slices.Sort(xs)
+		q := func(p float64) float64 { return xs[int(p*float64(len(xs)-1))] }
+		out = append(out, StageSummary{Stage: name, Pods: len(xs), P50: q(0.5), P90: q(0.9), P99: q(0.99), Max: xs[len(xs)-1]})
 	}
 	return out, nil
 }

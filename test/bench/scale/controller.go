@@ -141,6 +141,9 @@ type ControllerResult struct {
 	Writes map[string]float64
 	// WritesByClient are the same from the audit log, by client.
 	WritesByClient map[string]map[string]int
+	// Stages splits the pods' waits at the writes that end each stage
+	// (PodStages).
+	Stages []StageSummary
 	// ControllerCPU is the controller's CPU seconds during the run.
 	ControllerCPU float64
 	Memory        []ProcStat
@@ -372,6 +375,9 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 	}
 	if env.auditLog != "" {
 		if res.WritesByClient, err = CountAuditWrites(env.auditLog, start, end); err != nil {
+			return res, err
+		}
+		if res.Stages, err = PodStages(env.auditLog, start, end); err != nil {
 			return res, err
 		}
 	}

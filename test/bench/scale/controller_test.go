@@ -1,6 +1,7 @@
 package scale
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -94,6 +95,47 @@ func TestCountAuditWrites(t *testing.T) {
 	}
 	if _, err := CountAuditWrites(path, t0, t0); err == nil || !strings.Contains(err.Error(), "line 1") {
 		t.Errorf("CountAuditWrites(garbage) = %v, want an error naming line 1", err)
+	}
+}
+
+func TestPodStages(t *testing.T) {
+	ev := func(sec int, verb, ua, user, res, sub, ns, name string, code int) string {
+		return fmt.Sprintf(`{"stage":"ResponseComplete","verb":%q,"userAgent":%q,"user":{"username":%q},"objectRef":{"resource":%q,"subresource":%q,"namespace":%q,"name":%q},"responseStatus":{"code":%d},"requestReceivedTimestamp":"2026-01-01T00:00:%02d.000000Z"}`+"\n",
+			verb, ua, user, res, sub, ns, name, code, sec)
+	}
+	const (
+		claimCtl = "system:serviceaccount:kube-system:resource-claim-controller"
+		kcm      = "kube-controller-manager/v1.37.1"
+		ctl      = "gputopo-controller/v0.0.0"
+	)
+	log := ev(1, "create", "benchscale/v0.0.0", "admin", "jobs", "", "b", "job-0001-2x8", 201) +
+		ev(3, "patch", kcm, claimCtl, "pods", "status", "b", "job-0001-2x8-0-abcde", 200) +
+		ev(4, "patch", kcm, claimCtl, "pods", "status", "b", "job-0001-2x8-1-fghij", 200) +
+		ev(5, "patch", ctl, "admin", "pods", "", "b", "job-0001-2x8-0-abcde", 200) + // waiting: an annotation
+		ev(6, "patch", ctl, "admin", "pods", "status", "b", "job-0001-2x8-0-abcde", 200) +
+		ev(7, "patch", ctl, "admin", "pods", "", "b", "job-0001-2x8-0-abcde", 200) + // the gate
+		ev(7, "patch", ctl, "admin", "pods", "", "b", "job-0001-2x8-1-fghij", 200) +
+		ev(8, "create", "kube-scheduler/v1.37.1", "system:kube-scheduler", "pods", "binding", "b", "job-0001-2x8-0-abcde", 409) +
+		ev(9, "create", "kube-scheduler/v1.37.1", "system:kube-scheduler", "pods", "binding", "b", "job-0001-2x8-0-abcde", 201) +
+		ev(10, "create", "kube-scheduler/v1.37.1", "system:kube-scheduler", "pods", "binding", "b", "job-0001-2x8-1-fghij", 201) +
+		ev(11, "patch", ctl, "admin", "pods", "", "b", "job-0001-2x8-1-fghij", 200) + // after binding: not the gate
+		ev(12, "patch", kcm, claimCtl, "pods", "status", "b", "job-0002-1x1-0-zzzzz", 200) // never bound
+	path := filepath.Join(t.TempDir(), "audit.log")
+	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	got, err := PodStages(path, t0, t0.Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []StageSummary{
+		{Stage: StageClaims, Pods: 2, P50: 2, P90: 2, P99: 2, Max: 3},
+		{Stage: StageGate, Pods: 2, P50: 3, P90: 3, P99: 3, Max: 4},
+		{Stage: StageBind, Pods: 2, P50: 2, P90: 2, P99: 2, Max: 3},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("PodStages (-want +got):\n%s", diff)
 	}
 }
 

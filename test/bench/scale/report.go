@@ -98,6 +98,14 @@ func WriteController(w io.Writer, title string, r ControllerResult) {
 		}
 		fmt.Fprintln(w)
 	}
+	if len(r.Stages) > 0 {
+		fmt.Fprintln(w, "| Stage of a pod's wait (audit log) | Pods | p50 | p90 | p99 | Max |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|")
+		for _, st := range r.Stages {
+			fmt.Fprintf(w, "| %s | %d | %.1f s | %.1f s | %.1f s | %.1f s |\n", st.Stage, st.Pods, st.P50, st.P90, st.P99, st.Max)
+		}
+		fmt.Fprintln(w)
+	}
 	total := 0.0
 	for _, v := range r.Writes {
 		total += v
