@@ -470,12 +470,12 @@ func TestControllerMetrics(t *testing.T) {
 		if n := m[treeCount+`{kind="build"}`] + m[treeCount+`{kind="patch"}`]; n < 1 {
 			return false, "no tree update timed in " + treeCount + " though the controller planned"
 		}
-		for _, g := range []string{"gputopo_controller_pending_groups", "gputopo_controller_fragmentation_ratio", "gputopo_controller_leaf_fragmentation_ratio"} {
+		for _, g := range []string{"gputopo_controller_pending_groups", "gputopo_controller_writing_groups", "gputopo_controller_fragmentation_ratio", "gputopo_controller_leaf_fragmentation_ratio"} {
 			v, ok := m[g]
 			if !ok {
 				return false, "no " + g + " series"
 			}
-			if v < 0 || (g != "gputopo_controller_pending_groups" && v > 1) {
+			if v < 0 || (strings.HasSuffix(g, "_ratio") && v > 1) {
 				t.Errorf("%s = %v, out of range", g, v)
 			}
 		}
