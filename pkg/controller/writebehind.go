@@ -64,6 +64,9 @@ func (c *Controller) writeBehind(ctx context.Context, key string, write func() e
 		c.mu.Unlock()
 		<-c.writeSlots
 		c.cfg.Metrics.WritingGroups.Dec()
+		if w == nil { // not reached: only this goroutine deletes it
+			w = &writes{}
+		}
 		for _, k := range w.waiters {
 			c.queue.Add(k)
 		}
