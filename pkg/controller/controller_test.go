@@ -280,6 +280,19 @@ func (h *harness) settle() {
 	})
 }
 
+// drain takes every key out of the group queue, forgetting its backoff,
+// and returns them in the queue's order.
+func (h *harness) drain() []string {
+	var keys []string
+	for h.c.queue.Len() > 0 {
+		k, _ := h.c.queue.Get()
+		keys = append(keys, k)
+		h.c.queue.Forget(k)
+		h.c.queue.Done(k)
+	}
+	return keys
+}
+
 func (h *harness) pod(name string) *v1.Pod {
 	h.t.Helper()
 	p, err := h.client.CoreV1().Pods("default").Get(h.ctx, name, metav1.GetOptions{})

@@ -490,12 +490,7 @@ func TestPendingGroupsAreRetriedOldestFirst(t *testing.T) {
 		h.c.setPending(p.key, true, waiting{created: p.created})
 	}
 	h.c.requeuePending()
-	var got []string
-	for h.c.queue.Len() > 0 {
-		key, _ := h.c.queue.Get()
-		got = append(got, key)
-		h.c.queue.Done(key)
-	}
+	got := h.drain()
 	want := []string{"default/job/big-first", "default/job/a-same-second", "default/job/b-same-second", "default/job/small-late"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("retry order (-want +got):\n%s", diff)

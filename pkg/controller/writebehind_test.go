@@ -164,11 +164,7 @@ func TestGroupReadingAClaimInFlightWaitsForItsWrites(t *testing.T) {
 	h.settle()
 	h.syncReturns("default/job/a")
 	heldNode(t, held)
-	for h.c.queue.Len() > 0 {
-		k, _ := h.c.queue.Get()
-		h.c.queue.Forget(k)
-		h.c.queue.Done(k)
-	}
+	h.drain()
 	before := len(h.client.Actions())
 	h.syncReturns("default/job/c")
 	if n := len(h.client.Actions()) - before; n != 0 {
@@ -182,13 +178,7 @@ func TestGroupReadingAClaimInFlightWaitsForItsWrites(t *testing.T) {
 	}
 	release()
 	h.c.waitWrites()
-	var queued []string
-	for h.c.queue.Len() > 0 {
-		k, _ := h.c.queue.Get()
-		queued = append(queued, k)
-		h.c.queue.Done(k)
-	}
-	if !slices.Contains(queued, "default/job/c") {
+	if queued := h.drain(); !slices.Contains(queued, "default/job/c") {
 		t.Errorf("queued %v after a's writes ended, want c", queued)
 	}
 }
