@@ -178,7 +178,7 @@ type Controller struct {
 	// writers the goroutines making them (writebehind.go). writeSlots is
 	// nil when Config.WritingGroups is 0.
 	writeSlots chan struct{}
-	writing    map[string]*writes
+	writing    map[string]*groupWrites
 	writers    sync.WaitGroup
 }
 
@@ -244,7 +244,7 @@ func New(cfg Config) (*Controller, error) {
 		usageDirty:   map[string]bool{},
 		unreservable: map[string]bool{},
 		expired:      map[string]time.Time{},
-		writing:      map[string]*writes{},
+		writing:      map[string]*groupWrites{},
 	}
 	if cfg.WritingGroups > 0 {
 		c.writeSlots = make(chan struct{}, cfg.WritingGroups)

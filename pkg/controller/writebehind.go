@@ -25,8 +25,8 @@ import (
 //   - a failed write withdraws what it assumed and backs the group off,
 //     as a failed sync does.
 
-// writes is what the controller knows of one group's writes in flight.
-type writes struct {
+// groupWrites is what the controller knows of one group's writes in flight.
+type groupWrites struct {
 	// missed is set when the group was to be synced meanwhile.
 	missed bool
 	// waiters are the groups waiting for these writes to end.
@@ -50,7 +50,7 @@ func (c *Controller) writeBehind(ctx context.Context, key string, write func() e
 		return context.Cause(ctx)
 	}
 	c.mu.Lock()
-	c.writing[key] = &writes{}
+	c.writing[key] = &groupWrites{}
 	c.mu.Unlock()
 	c.cfg.Metrics.WritingGroups.Inc()
 	c.writers.Add(1)
@@ -65,7 +65,7 @@ func (c *Controller) writeBehind(ctx context.Context, key string, write func() e
 		<-c.writeSlots
 		c.cfg.Metrics.WritingGroups.Dec()
 		if w == nil { // not reached: only this goroutine deletes it
-			w = &writes{}
+			w = &groupWrites{}
 		}
 		for _, k := range w.waiters {
 			c.queue.Add(k)
