@@ -100,15 +100,22 @@ const (
 	StageClaims = "Job created → claims created (kube-controller-manager: Job and claim controllers)"
 	StageGate   = "claims created → gate opened (gputopo controller)"
 	StageBind   = "gate opened → bound (kube-scheduler)"
+	// Paths without gputopo have no gate: the scheduler's stage starts
+	// when the claims are created, or, for pods without claims, when the
+	// Job is.
+	StageBindNoGate   = "claims created → bound (kube-scheduler)"
+	StageBindNoClaims = "Job created → bound (Job controller, kube-scheduler)"
 )
 
 // PodStages splits the wait of every pod bound in [from, to] at the
 // writes that end each stage, from the audit log: its Job's create
 // request, the claim controller's write of the pod's claims into its
 // status, the controller's last write of the pod (the one that opens its
-// gate) and its binding. A pod is counted in a stage only where both ends
-// are in the log (no gate on paths without gputopo). Indexed Jobs' pods
-// are named after their Job, index and a random suffix.
+// gate) and its binding. A pod's stages are those whose ends are in the
+// log: on paths without gputopo the scheduler's stage starts at the
+// claims (StageBindNoGate), or without claims at the Job
+// (StageBindNoClaims). Indexed Jobs' pods are named after their Job,
+// index and a random suffix.
 func PodStages(path string, from, to time.Time) ([]StageSummary, error) {
 	type key struct{ ns, name string }
 	jobs := map[key]time.Time{}
@@ -161,11 +168,18 @@ func PodStages(path string, from, to time.Time) ([]StageSummary, error) {
 		if !ok {
 			continue
 		}
+		bind := StageBind
+		switch {
+		case w.claims.IsZero() && w.gate.IsZero():
+			bind = StageBindNoClaims
+		case w.gate.IsZero():
+			bind = StageBindNoGate
+		}
 		prev := created
 		for _, st := range []struct {
 			name string
 			end  time.Time
-		}{{StageClaims, w.claims}, {StageGate, w.gate}, {StageBind, w.bound}} {
+		}{{StageClaims, w.claims}, {StageGate, w.gate}, {bind, w.bound}} {
 			if st.end.IsZero() {
 				continue
 			}
@@ -174,7 +188,7 @@ func PodStages(path string, from, to time.Time) ([]StageSummary, error) {
 		}
 	}
 	var out []StageSummary
-	for _, name := range []string{StageClaims, StageGate, StageBind} {
+	for _, name := range []string{StageClaims, StageGate, StageBind, StageBindNoGate, StageBindNoClaims} {
 		xs := spans[name]
 		if len(xs) == 0 {
 			continue

@@ -119,7 +119,12 @@ func TestPodStages(t *testing.T) {
 		ev(9, "create", "kube-scheduler/v1.37.1", "system:kube-scheduler", "pods", "binding", "b", "job-0001-2x8-0-abcde", 201) +
 		ev(10, "create", "kube-scheduler/v1.37.1", "system:kube-scheduler", "pods", "binding", "b", "job-0001-2x8-1-fghij", 201) +
 		ev(11, "patch", ctl, "admin", "pods", "", "b", "job-0001-2x8-1-fghij", 200) + // after binding: not the gate
-		ev(12, "patch", kcm, claimCtl, "pods", "status", "b", "job-0002-1x1-0-zzzzz", 200) // never bound
+		ev(12, "patch", kcm, claimCtl, "pods", "status", "b", "job-0002-1x1-0-zzzzz", 200) + // never bound
+		ev(13, "create", "benchscale/v0.0.0", "admin", "jobs", "", "c", "job-0003-1x1", 201) +
+		ev(15, "patch", kcm, claimCtl, "pods", "status", "c", "job-0003-1x1-0-aaaaa", 200) +
+		ev(16, "create", "kube-scheduler/v1.37.1", "system:kube-scheduler", "pods", "binding", "c", "job-0003-1x1-0-aaaaa", 201) + // count-only: no gate
+		ev(17, "create", "benchscale/v0.0.0", "admin", "jobs", "", "d", "job-0004-1x1", 201) +
+		ev(20, "create", "kube-scheduler/v1.37.1", "system:kube-scheduler", "pods", "binding", "d", "job-0004-1x1-0-bbbbb", 201) // no claims
 	path := filepath.Join(t.TempDir(), "audit.log")
 	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
 		t.Fatal(err)
@@ -130,9 +135,11 @@ func TestPodStages(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []StageSummary{
-		{Stage: StageClaims, Pods: 2, P50: 2, P90: 2, P99: 2, Max: 3},
+		{Stage: StageClaims, Pods: 3, P50: 2, P90: 2, P99: 2, Max: 3},
 		{Stage: StageGate, Pods: 2, P50: 3, P90: 3, P99: 3, Max: 4},
 		{Stage: StageBind, Pods: 2, P50: 2, P90: 2, P99: 2, Max: 3},
+		{Stage: StageBindNoGate, Pods: 1, P50: 1, P90: 1, P99: 1, Max: 1},
+		{Stage: StageBindNoClaims, Pods: 1, P50: 3, P90: 3, P99: 3, Max: 3},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("PodStages (-want +got):\n%s", diff)
