@@ -782,7 +782,7 @@ func (c *Controller) openGates(ctx context.Context, g *group) error {
 		c.mu.Unlock()
 		c.queue.AddAfter(g.key, c.cfg.BindTimeout+time.Second)
 		return nil
-	}, func() {})
+	}, nil)
 }
 
 // refuse records why the group waits: an event, an annotation on every

@@ -35,10 +35,13 @@ type groupWrites struct {
 
 // writeBehind runs write, a group's writes and what follows them, beside
 // the worker when Config.WritingGroups allows (waiting for a free slot),
-// else at once; undo runs after write either way, to withdraw what the
-// worker assumed for it. Its error is the sync's when write ran at once;
-// beside the worker, a failure backs the group off.
+// else at once; undo, when set, runs after write either way, to withdraw
+// what the worker assumed for it. Its error is the sync's when write ran
+// at once; beside the worker, a failure backs the group off.
 func (c *Controller) writeBehind(ctx context.Context, key string, write func() error, undo func()) error {
+	if undo == nil {
+		undo = func() {}
+	}
 	if c.writeSlots == nil {
 		defer undo()
 		return write()
@@ -49,8 +52,9 @@ func (c *Controller) writeBehind(ctx context.Context, key string, write func() e
 		undo()
 		return context.Cause(ctx)
 	}
+	w := &groupWrites{}
 	c.mu.Lock()
-	c.writing[key] = &groupWrites{}
+	c.writing[key] = w
 	c.mu.Unlock()
 	c.cfg.Metrics.WritingGroups.Inc()
 	c.writers.Add(1)
@@ -59,14 +63,11 @@ func (c *Controller) writeBehind(ctx context.Context, key string, write func() e
 		err := write()
 		undo()
 		c.mu.Lock()
-		w := c.writing[key]
 		delete(c.writing, key)
 		c.mu.Unlock()
 		<-c.writeSlots
 		c.cfg.Metrics.WritingGroups.Dec()
-		if w == nil { // not reached: only this goroutine deletes it
-			w = &groupWrites{}
-		}
+		// w is no longer in c.writing: nobody else changes it now.
 		for _, k := range w.waiters {
 			c.queue.Add(k)
 		}

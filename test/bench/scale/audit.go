@@ -40,9 +40,9 @@ type auditEvent struct {
 	} `json:"responseStatus"`
 }
 
-// readAudit calls each for every request the audit log records as
-// completed, received in [from, to].
-func readAudit(path string, from, to time.Time, each func(ev *auditEvent)) error {
+// readAudit calls each of each, in one pass over the log, for every
+// request the audit log records as completed, received in [from, to].
+func readAudit(path string, from, to time.Time, each ...func(ev *auditEvent)) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("open audit log: %w", err)
@@ -58,7 +58,9 @@ func readAudit(path string, from, to time.Time, each func(ev *auditEvent)) error
 		if ev.Stage != "ResponseComplete" || ev.Received.Before(from) || ev.Received.After(to) {
 			continue
 		}
-		each(&ev)
+		for _, f := range each {
+			f(&ev)
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("read audit log %s: %w", path, err)
@@ -66,25 +68,38 @@ func readAudit(path string, from, to time.Time, each func(ev *auditEvent)) error
 	return nil
 }
 
+// ReadAudit reads the log once for both CountAuditWrites and PodStages.
+func ReadAudit(path string, from, to time.Time) (map[string]map[string]int, []StageSummary, error) {
+	writes, stages := writeCounts{}, newPodWays()
+	if err := readAudit(path, from, to, writes.add, stages.add); err != nil {
+		return nil, nil, err
+	}
+	return writes, stages.summary(), nil
+}
+
 // CountAuditWrites counts the writes received in [from, to] by client and
 // "verb resource[/subresource]".
 func CountAuditWrites(path string, from, to time.Time) (map[string]map[string]int, error) {
-	out := map[string]map[string]int{}
-	err := readAudit(path, from, to, func(ev *auditEvent) {
-		what := ev.Verb
-		if ev.ObjectRef != nil {
-			what += " " + ev.ObjectRef.Resource
-			if ev.ObjectRef.Subresource != "" {
-				what += "/" + ev.ObjectRef.Subresource
-			}
+	out := writeCounts{}
+	return out, readAudit(path, from, to, out.add)
+}
+
+// writeCounts counts writes by client and "verb resource[/subresource]".
+type writeCounts map[string]map[string]int
+
+func (out writeCounts) add(ev *auditEvent) {
+	what := ev.Verb
+	if ev.ObjectRef != nil {
+		what += " " + ev.ObjectRef.Resource
+		if ev.ObjectRef.Subresource != "" {
+			what += "/" + ev.ObjectRef.Subresource
 		}
-		who := Client(ev.UserAgent, ev.User.Username)
-		if out[who] == nil {
-			out[who] = map[string]int{}
-		}
-		out[who][what]++
-	})
-	return out, err
+	}
+	who := Client(ev.UserAgent, ev.User.Username)
+	if out[who] == nil {
+		out[who] = map[string]int{}
+	}
+	out[who][what]++
 }
 
 // StageSummary is how long the pods of a burst spent in one stage of
@@ -117,44 +132,62 @@ const (
 // (StageBindNoClaims). Indexed Jobs' pods are named after their Job,
 // index and a random suffix.
 func PodStages(path string, from, to time.Time) ([]StageSummary, error) {
-	type key struct{ ns, name string }
-	jobs := map[key]time.Time{}
-	type way struct{ claims, gate, bound time.Time }
-	pods := map[key]*way{}
-	at := func(k key) *way {
-		if pods[k] == nil {
-			pods[k] = &way{}
-		}
-		return pods[k]
-	}
-	err := readAudit(path, from, to, func(ev *auditEvent) {
-		o := ev.ObjectRef
-		if o == nil || ev.ResponseStatus.Code >= 300 {
-			return
-		}
-		k := key{o.Namespace, o.Name}
-		who := Client(ev.UserAgent, ev.User.Username)
-		switch {
-		case o.Resource == "jobs" && o.Subresource == "" && ev.Verb == "create" && who == "benchscale":
-			jobs[k] = ev.Received
-		case o.Resource != "pods":
-		case o.Subresource == "status" && who == "kube-controller-manager resource-claim-controller":
-			if w := at(k); w.claims.IsZero() {
-				w.claims = ev.Received
-			}
-		case o.Subresource == "" && ev.Verb == "patch" && who == "gputopo-controller":
-			if w := at(k); w.bound.IsZero() {
-				w.gate = ev.Received
-			}
-		case o.Subresource == "binding":
-			at(k).bound = ev.Received
-		}
-	})
-	if err != nil {
+	ways := newPodWays()
+	if err := readAudit(path, from, to, ways.add); err != nil {
 		return nil, err
 	}
+	return ways.summary(), nil
+}
+
+// podWays collects, from audit events, when each Job was created and
+// when each pod reached the end of each stage (PodStages).
+type podWays struct {
+	jobs map[podKey]time.Time
+	pods map[podKey]*podWay
+}
+
+type podKey struct{ ns, name string }
+
+type podWay struct{ claims, gate, bound time.Time }
+
+func newPodWays() *podWays {
+	return &podWays{jobs: map[podKey]time.Time{}, pods: map[podKey]*podWay{}}
+}
+
+func (p *podWays) at(k podKey) *podWay {
+	if p.pods[k] == nil {
+		p.pods[k] = &podWay{}
+	}
+	return p.pods[k]
+}
+
+func (p *podWays) add(ev *auditEvent) {
+	o := ev.ObjectRef
+	if o == nil || ev.ResponseStatus.Code >= 300 {
+		return
+	}
+	k := podKey{o.Namespace, o.Name}
+	who := Client(ev.UserAgent, ev.User.Username)
+	switch {
+	case o.Resource == "jobs" && o.Subresource == "" && ev.Verb == "create" && who == "benchscale":
+		p.jobs[k] = ev.Received
+	case o.Resource != "pods":
+	case o.Subresource == "status" && who == "kube-controller-manager resource-claim-controller":
+		if w := p.at(k); w.claims.IsZero() {
+			w.claims = ev.Received
+		}
+	case o.Subresource == "" && ev.Verb == "patch" && who == "gputopo-controller":
+		if w := p.at(k); w.bound.IsZero() {
+			w.gate = ev.Received
+		}
+	case o.Subresource == "binding":
+		p.at(k).bound = ev.Received
+	}
+}
+
+func (p *podWays) summary() []StageSummary {
 	spans := map[string][]float64{}
-	for k, w := range pods {
+	for k, w := range p.pods {
 		if w.bound.IsZero() {
 			continue
 		}
@@ -164,7 +197,7 @@ func PodStages(path string, from, to time.Time) ([]StageSummary, error) {
 				job = job[:i]
 			}
 		}
-		created, ok := jobs[key{k.ns, job}]
+		created, ok := p.jobs[podKey{k.ns, job}]
 		if !ok {
 			continue
 		}
@@ -197,7 +230,7 @@ func PodStages(path string, from, to time.Time) ([]StageSummary, error) {
 		q := func(p float64) float64 { return xs[int(p*float64(len(xs)-1))] }
 		out = append(out, StageSummary{Stage: name, Pods: len(xs), P50: q(0.5), P90: q(0.9), P99: q(0.99), Max: xs[len(xs)-1]})
 	}
-	return out, nil
+	return out
 }
 
 // Client names who made a request: the program of its user agent, and for

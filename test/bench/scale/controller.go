@@ -374,10 +374,7 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 		}
 	}
 	if env.auditLog != "" {
-		if res.WritesByClient, err = CountAuditWrites(env.auditLog, start, end); err != nil {
-			return res, err
-		}
-		if res.Stages, err = PodStages(env.auditLog, start, end); err != nil {
+		if res.WritesByClient, res.Stages, err = ReadAudit(env.auditLog, start, end); err != nil {
 			return res, err
 		}
 	}
