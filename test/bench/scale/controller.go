@@ -154,6 +154,10 @@ type HistSummary struct {
 	Name, Labels        string
 	Count               float64
 	Mean, P50, P90, P99 float64
+	// OverGoal counts the observations above the plan goal
+	// (PlanGoal), exact from the bucket bound there; -1 for a
+	// histogram without that bound.
+	OverGoal float64
 }
 
 // jobInfo is what the benchmark tracks of one Job.
@@ -577,8 +581,12 @@ func histDelta(before, after Metrics, prefix string) []HistSummary {
 			if d.Count == 0 {
 				continue
 			}
+			over, ok := d.Above(PlanGoal.Seconds())
+			if !ok {
+				over = -1
+			}
 			out = append(out, HistSummary{Name: name, Labels: k, Count: d.Count, Mean: d.Mean(),
-				P50: d.Quantile(0.5), P90: d.Quantile(0.9), P99: d.Quantile(0.99)})
+				P50: d.Quantile(0.5), P90: d.Quantile(0.9), P99: d.Quantile(0.99), OverGoal: over})
 		}
 	}
 	return out

@@ -210,6 +210,23 @@ func (h Hist) Quantile(q float64) float64 {
 	return lower // observations beyond the last bound, which is not +Inf
 }
 
+// PlanGoal is the plan time the benchmarks hold the controller's plans to.
+// The controller's plan_duration_seconds has a bucket bound there
+// (controller.PlanGoal), so the plans above it are counted exactly.
+const PlanGoal = 50 * time.Millisecond
+
+// Above counts the observations above bound, which must be one of the
+// histogram's bucket bounds for the count to be exact; ok is false when it
+// is not.
+func (h Hist) Above(bound float64) (n float64, ok bool) {
+	for i, ub := range h.Bounds {
+		if ub == bound {
+			return h.Count - h.Buckets[i], true
+		}
+	}
+	return 0, false
+}
+
 // Scraper reads the control plane's and the controller's metrics.
 type Scraper struct {
 	env    *Env

@@ -108,15 +108,18 @@ func TestHistQuantileAndSub(t *testing.T) {
 func TestHistDeltaPerSeries(t *testing.T) {
 	before := parse(t, `# TYPE gputopo_controller_plan_duration_seconds histogram
 gputopo_controller_plan_duration_seconds_bucket{le="0.01"} 1
-gputopo_controller_plan_duration_seconds_bucket{le="+Inf"} 1
-gputopo_controller_plan_duration_seconds_sum 0.005
-gputopo_controller_plan_duration_seconds_count 1
+gputopo_controller_plan_duration_seconds_bucket{le="0.05"} 1
+gputopo_controller_plan_duration_seconds_bucket{le="+Inf"} 2
+gputopo_controller_plan_duration_seconds_sum 0.105
+gputopo_controller_plan_duration_seconds_count 2
 `)
+	// Four plans under 10 ms and two over the 50 ms goal since then.
 	after := parse(t, `# TYPE gputopo_controller_plan_duration_seconds histogram
 gputopo_controller_plan_duration_seconds_bucket{le="0.01"} 5
-gputopo_controller_plan_duration_seconds_bucket{le="+Inf"} 5
-gputopo_controller_plan_duration_seconds_sum 0.025
-gputopo_controller_plan_duration_seconds_count 5
+gputopo_controller_plan_duration_seconds_bucket{le="0.05"} 5
+gputopo_controller_plan_duration_seconds_bucket{le="+Inf"} 8
+gputopo_controller_plan_duration_seconds_sum 0.325
+gputopo_controller_plan_duration_seconds_count 8
 # TYPE gputopo_controller_sync_duration_seconds histogram
 gputopo_controller_sync_duration_seconds_bucket{kind="job",le="0.01"} 2
 gputopo_controller_sync_duration_seconds_bucket{kind="job",le="+Inf"} 2
@@ -129,8 +132,9 @@ other_seconds_count 2
 `)
 	got := histDelta(before, after, "gputopo_controller_")
 	want := []HistSummary{
-		{Name: "gputopo_controller_plan_duration_seconds", Count: 4, Mean: 0.005, P50: 0.005, P90: 0.009, P99: 0.0099},
-		{Name: "gputopo_controller_sync_duration_seconds", Labels: `kind="job"`, Count: 2, Mean: 0.005, P50: 0.005, P90: 0.009, P99: 0.0099},
+		{Name: "gputopo_controller_plan_duration_seconds", Count: 6, Mean: 0.22 / 6, P50: 0.0075, P90: 0.05, P99: 0.05, OverGoal: 2},
+		// No bucket bound at the goal: nothing counted.
+		{Name: "gputopo_controller_sync_duration_seconds", Labels: `kind="job"`, Count: 2, Mean: 0.005, P50: 0.005, P90: 0.009, P99: 0.0099, OverGoal: -1},
 	}
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b float64) bool { return math.Abs(a-b) < 1e-9 })); diff != "" {
 		t.Errorf("histDelta (-want +got):\n%s", diff)

@@ -79,10 +79,14 @@ func WriteController(w io.Writer, title string, r ControllerResult) {
 		fmt.Fprintf(w, "Controller decisions: %s.\n\n", joinFloats(r.Decisions))
 	}
 	if len(r.Histograms) > 0 {
-		fmt.Fprintln(w, "| Controller histogram | Series | Count | p50 | p90 | p99 | Mean |")
-		fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+		fmt.Fprintf(w, "| Controller histogram | Series | Count | p50 | p90 | p99 | Mean | Over %s |\n", PlanGoal)
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
 		for _, h := range r.Histograms {
-			fmt.Fprintf(w, "| %s | %s | %.0f | %s | %s | %s | %s |\n", h.Name, h.Labels, h.Count, ms(h.P50), ms(h.P90), ms(h.P99), ms(h.Mean))
+			over := "–"
+			if h.OverGoal >= 0 {
+				over = fmt.Sprintf("%.0f", h.OverGoal)
+			}
+			fmt.Fprintf(w, "| %s | %s | %.0f | %s | %s | %s | %s | %s |\n", h.Name, h.Labels, h.Count, ms(h.P50), ms(h.P90), ms(h.P99), ms(h.Mean), over)
 		}
 		fmt.Fprintln(w)
 	}
