@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"time"
@@ -614,11 +615,15 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 	c.mu.Lock()
 	t2 := time.Now()
 	pt.wait += t2.Sub(t1)
+	// Regions name the plan's steps in a Go execution trace (--profiling,
+	// /debug/pprof/trace): where a slow plan's goroutine waited.
+	region := trace.StartRegion(ctx, "snapshot")
 	// The newest tree: one patched since updateTree returned is as good,
 	// and the snapshot tracker follows the newest.
 	snap := c.planSnapshot(c.cluster)
 	c.mu.Unlock()
 	reserved := c.reservation(ctx)
+	region.End()
 	t3 := time.Now()
 	pt.snapshot = t3.Sub(t2)
 	for pod, node := range job.Pinned {
@@ -633,7 +638,9 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 		// The reserved nodes wait for the group that reserved them.
 		view = snap.Holding(reserved.hold.Nodes)
 	}
+	region = trace.StartRegion(ctx, "planner")
 	plan, err := c.planner.Plan(ctx, view, c.inflight, job)
+	region.End()
 	var unsched *planner.Unschedulable
 	if errors.As(err, &unsched) && held {
 		// Say so when the reservation is what keeps the group waiting.
