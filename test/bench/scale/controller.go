@@ -3,7 +3,10 @@ package scale
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -147,6 +150,11 @@ type ControllerResult struct {
 	// ControllerCPU is the controller's CPU seconds during the run.
 	ControllerCPU float64
 	Memory        []ProcStat
+	// Planner sums the planner regions of the controller's execution trace
+	// (ControllerOptions.TraceFor) and SlowPlanner breaks down the slowest
+	// of them over half the plan goal.
+	Planner     RegionStats
+	SlowPlanner []TraceRegion
 }
 
 // HistSummary is one histogram series over a run.
@@ -340,6 +348,13 @@ func Controller(ctx context.Context, env *Env, opts ControllerOptions) (Controll
 	}
 	if err := <-traced; err != nil {
 		return res, err
+	}
+	if opts.ProfileDir != "" && opts.TraceFor > 0 {
+		file := filepath.Join(opts.ProfileDir, "controller-trace.pprof")
+		open := func() (io.ReadCloser, error) { return os.Open(file) }
+		if res.Planner, res.SlowPlanner, err = ReadTraceRegions(open, "planner", PlanGoal/2); err != nil {
+			return res, fmt.Errorf("%s: %w", file, err)
+		}
 	}
 	if err := <-apiProfiled; err != nil {
 		return res, err

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 )
 
 // ms renders seconds as milliseconds.
@@ -89,6 +90,9 @@ func WriteController(w io.Writer, title string, r ControllerResult) {
 			fmt.Fprintf(w, "| %s | %s | %.0f | %s | %s | %s | %s | %s |\n", h.Name, h.Labels, h.Count, ms(h.P50), ms(h.P90), ms(h.P99), ms(h.Mean), over)
 		}
 		fmt.Fprintln(w)
+	}
+	if r.Planner.Count > 0 {
+		writeSlowPlanner(w, r.Planner, r.SlowPlanner)
 	}
 	if len(r.WritesByClient) > 0 {
 		fmt.Fprintln(w, "| Client (audit log) | Writes | Per Job | Largest |")
@@ -182,4 +186,23 @@ func topFloats(m map[string]float64, n int) string {
 		parts = append(parts, fmt.Sprintf("%s %.0f", k, m[k]))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// writeSlowPlanner reports where the slowest plans' time went, from the
+// controller's execution trace.
+func writeSlowPlanner(w io.Writer, all RegionStats, slow []TraceRegion) {
+	fmt.Fprintf(w, "Execution trace: %d planner regions, %s in all, %d CPU samples of the planning goroutine inside them (about %d ms of CPU); %d of %s or more.\n\n",
+		all.Count, all.Took.Round(time.Millisecond), all.Samples, all.Samples*10, all.Long, PlanGoal/2)
+	if len(slow) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "| Planner region (slowest) | At | On a P | Waiting for a P | Blocked | GC assist / mark overlap / workers | Other goroutines on a P | CPU samples: planner / process |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	d := func(x time.Duration) string { return fmt.Sprintf("%.1f", float64(x)/float64(time.Millisecond)) }
+	for _, r := range slow {
+		fmt.Fprintf(w, "| %s ms | %.1f s | %s | %s | %s | %s / %s / %s | %s | %d / %d |\n", d(r.Took), r.Start.Seconds(),
+			d(r.Running), d(r.Runnable), d(r.Blocked), d(r.Assist), d(r.GCMark), d(r.GCWorkers), d(r.Others), r.Samples, r.ProcessSamples)
+	}
+	fmt.Fprintln(w, "\nTimes in ms. CPU samples come about every 10 ms of CPU a thread uses; a goroutine on a P with no sample was waiting for the kernel to give the process a core.")
+	fmt.Fprintln(w)
 }
