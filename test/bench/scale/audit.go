@@ -226,9 +226,8 @@ func (p *podWays) summary() []StageSummary {
 		if len(xs) == 0 {
 			continue
 		}
-		slices.Sort(xs)
-		q := func(p float64) float64 { return xs[int(p*float64(len(xs)-1))] }
-		out = append(out, StageSummary{Stage: name, Pods: len(xs), P50: q(0.5), P90: q(0.9), P99: q(0.99), Max: xs[len(xs)-1]})
+		q := func(p float64) float64 { return percentile(xs, p) }
+		out = append(out, StageSummary{Stage: name, Pods: len(xs), P50: q(0.5), P90: q(0.9), P99: q(0.99), Max: slices.Max(xs)})
 	}
 	return out
 }

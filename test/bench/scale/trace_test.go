@@ -6,6 +6,7 @@ import (
 	"io"
 	"runtime"
 	rtrace "runtime/trace"
+	"strings"
 	"testing"
 	"time"
 )
@@ -81,5 +82,29 @@ func TestReadTraceRegions(t *testing.T) {
 	}
 	if _, _, err := ReadTraceRegions(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader([]byte("not a trace"))), nil }, "compute", 0); err == nil {
 		t.Error("a file that is not a trace was read without an error")
+	}
+}
+
+// The report says how much of the slowest plans was spent off a CPU.
+func TestReportSlowPlanner(t *testing.T) {
+	var b bytes.Buffer
+	WriteController(&b, "burst", ControllerResult{
+		Planner: RegionStats{Count: 1000, Long: 15, Took: 4076 * time.Millisecond, Samples: 243},
+		SlowPlanner: []TraceRegion{{Type: "planner", Start: 50 * time.Second, Took: 51900 * time.Microsecond,
+			Running: 41500 * time.Microsecond, Runnable: 10400 * time.Microsecond, Others: 59700 * time.Microsecond, Samples: 1, ProcessSamples: 1}},
+	})
+	out := b.String()
+	for _, want := range []string{
+		"1000 planner regions, 4.076s in all, 243 CPU samples of the planning goroutine inside them (about 2430 ms of CPU); 15 of 25ms or more",
+		"| 51.9 ms | 50.0 s | 41.5 | 10.4 | 0.0 | 0.0 / 0.0 / 0.0 | 59.7 | 1 / 1 |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	b.Reset()
+	WriteController(&b, "burst", ControllerResult{})
+	if strings.Contains(b.String(), "planner regions") {
+		t.Errorf("report without a trace speaks of planner regions:\n%s", b.String())
 	}
 }
