@@ -203,6 +203,6 @@ func writeSlowPlanner(w io.Writer, all RegionStats, slow []TraceRegion) {
 		fmt.Fprintf(w, "| %s ms | %.1f s | %s | %s | %s | %s / %s / %s | %s | %d / %d |\n", d(r.Took), r.Start.Seconds(),
 			d(r.Running), d(r.Runnable), d(r.Blocked), d(r.Assist), d(r.GCMark), d(r.GCWorkers), d(r.Others), r.Samples, r.ProcessSamples)
 	}
-	fmt.Fprintln(w, "\nTimes in ms. CPU samples come about every 10 ms of CPU a thread uses; a goroutine on a P with no sample was waiting for the kernel to give the process a core.")
+	fmt.Fprintln(w, "\nTimes in ms. A thread is sampled about once per 10 ms of CPU it uses, so a goroutine that held a P much longer than its samples account for spent that time waiting for the kernel to give the process a core.")
 	fmt.Fprintln(w)
 }

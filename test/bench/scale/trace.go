@@ -30,10 +30,11 @@ type TraceRegion struct {
 	// the region, GCWorkers how long the collector's own workers did.
 	Others, GCWorkers time.Duration
 	// Samples counts the CPU profile's samples of the goroutine in the
-	// region and ProcessSamples those of the whole process: only threads
-	// that are on a CPU are sampled, so a region whose goroutine holds a P
-	// with no sample was waiting for the kernel to give the process a
-	// core. Both are 0 unless the CPU profiler ran with the trace.
+	// region and ProcessSamples those of the whole process: a thread is
+	// sampled about once per 10 ms of CPU it uses, so a goroutine that held
+	// a P much longer than its samples account for was waiting for the
+	// kernel to give the process a core. Both are 0 unless the CPU profiler
+	// ran with the trace.
 	Samples, ProcessSamples int
 }
 
