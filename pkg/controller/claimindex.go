@@ -3,6 +3,7 @@ package controller
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -173,9 +174,20 @@ func (ix *claimIndex) putLocked(claim *resourceapi.ResourceClaim, writer string)
 	var seenAt uint64
 	if had && sameShares(old.shares, shares) {
 		sharedAt, seenAt, newShares = old.sharedAt, old.seenAt, false
+		if old.writer != "" && writer == "" {
+			// An assumed allocation's write is stored: the API server took
+			// its shares at this version, after any share stored between
+			// the plan and the write, not at the version planned from.
+			sharedAt = v
+		}
 	} else if newShares {
 		ix.shareCount++
 		seenAt = ix.shareCount
+	}
+	if writer != "" {
+		// Assumed: the API server has not taken these shares yet, so they
+		// come after every share it has.
+		sharedAt = math.MaxUint64
 	}
 	ix.claims[claim.UID] = indexedClaim{key: claim.Namespace + "/" + claim.Name, version: v, devices: devs, shares: shares, sharedAt: sharedAt, seenAt: seenAt, writer: writer}
 	if len(shares) > 0 {

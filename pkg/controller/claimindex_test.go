@@ -6,6 +6,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
@@ -72,5 +73,44 @@ func TestClaimIndexCountsShares(t *testing.T) {
 	ix.remove("claim-b")
 	if diff := cmp.Diff(view{Whole: []string{"gpu-1"}, Shares: 1, Milli: 250}, look()); diff != "" {
 		t.Errorf("allocated after a share is gone (-want +got):\n%s", diff)
+	}
+}
+
+// A share the controller is writing comes after every share the API
+// server holds, and once stored it is ordered by the version it was stored
+// at, not by the claim's version it was planned from: a share the
+// scheduler stored between the plan and the write came first.
+func TestAssumedSharesComeAfterSharesStoredMeanwhile(t *testing.T) {
+	dev := structured.MakeDeviceID("gpu.example.com", "pool", "gpu-0")
+	alloc := func(id string, gi int64) *resourceapi.AllocationResult {
+		return &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
+			Request: "r", Driver: "gpu.example.com", Pool: "pool", Device: "gpu-0", ShareID: ptr.To(types.UID(id)),
+			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": *resource.NewQuantity(gi, resource.DecimalSI)},
+		}}}}
+	}
+	claim := func(name, rv string, a *resourceapi.AllocationResult) *resourceapi.ResourceClaim {
+		cl := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name), ResourceVersion: rv}}
+		cl.Status.Allocation = a
+		return cl
+	}
+	capacity := func(structured.DeviceID) (map[resourceapi.QualifiedName]resourceapi.DeviceCapacity, bool) {
+		return map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: *resource.NewQuantity(100, resource.DecimalSI)}}, true
+	}
+	ix := newClaimIndex()
+	ix.update(claim("z", "5", alloc("z", 30)))                        // stored at 5
+	ix.assume(claim("x", "10", nil), alloc("x", 40), "default/job/x") // planned from x at 10
+	ix.update(claim("y", "11", alloc("y", 40)))                       // the scheduler's, stored at 11
+	// z (30) and y (40) fit; x (40) is the one past 100, in flight.
+	if got := ix.sharers("z", capacity)[dev].with; !cmp.Equal(got, []string{"default/x"}) {
+		t.Errorf("while x is written, z clashes with %v, want [default/x]", got)
+	}
+	ix.update(claim("x", "12", alloc("x", 40))) // x's write, stored at 12
+	if got := ix.sharers("z", capacity)[dev].with; !cmp.Equal(got, []string{"default/x"}) {
+		t.Errorf("once x is stored, z clashes with %v, want [default/x]: y, stored before x, is judged over", got)
+	}
+	// A share stored after x's write comes after x: past 100 as well.
+	ix.update(claim("w", "13", alloc("w", 20)))
+	if got := ix.sharers("z", capacity)[dev].with; !cmp.Equal(got, []string{"default/x", "default/w"}) {
+		t.Errorf("after w, z clashes with %v, want [default/x default/w]: x, stored before w, still counts as taken last", got)
 	}
 }

@@ -180,6 +180,10 @@ type Controller struct {
 	writeSlots chan struct{}
 	writing    map[string]*groupWrites
 	writers    sync.WaitGroup
+	// lagging names, per claim, the groups that read it older than the
+	// claim index holds it (the controller's own write, not in the
+	// informer yet): the claim's next event syncs them (under mu).
+	lagging map[types.UID][]string
 }
 
 // New wires the informers. Call Run to start.
@@ -245,6 +249,7 @@ func New(cfg Config) (*Controller, error) {
 		unreservable: map[string]bool{},
 		expired:      map[string]time.Time{},
 		writing:      map[string]*groupWrites{},
+		lagging:      map[types.UID][]string{},
 	}
 	if cfg.WritingGroups > 0 {
 		c.writeSlots = make(chan struct{}, cfg.WritingGroups)
@@ -439,6 +444,36 @@ func (c *Controller) onClaim(obj any) {
 		c.syncClaimGroups(c.index.key(uid))
 	}
 	c.syncClaimGroups(claim.Namespace + "/" + claim.Name)
+	c.wakeLagging(claim.UID)
+}
+
+// lagBehind notes that group key read claim older than the claim index
+// holds it, so that the claim's next event syncs the group. It reports
+// false when the informer caught up meanwhile (the event may have come
+// between the read and the note): the caller syncs the group again then.
+func (c *Controller) lagBehind(key string, claim *resourceapi.ResourceClaim) bool {
+	c.mu.Lock()
+	if !slices.Contains(c.lagging[claim.UID], key) {
+		c.lagging[claim.UID] = append(c.lagging[claim.UID], key)
+	}
+	c.mu.Unlock()
+	fresh, err := c.claims.ResourceClaims(claim.Namespace).Get(claim.Name)
+	if err != nil || fresh.UID != claim.UID {
+		return false
+	}
+	ahead, _ := c.index.ahead(fresh.UID, fresh.ResourceVersion)
+	return ahead
+}
+
+// wakeLagging syncs the groups that wait for the claim's event.
+func (c *Controller) wakeLagging(uid types.UID) {
+	c.mu.Lock()
+	keys := c.lagging[uid]
+	delete(c.lagging, uid)
+	c.mu.Unlock()
+	for _, k := range keys {
+		c.queue.Add(k)
+	}
 }
 
 func (c *Controller) onClaimAdd(obj any) {
@@ -468,6 +503,7 @@ func (c *Controller) onClaimDelete(obj any) {
 	c.index.remove(claim.UID)
 	c.index.observe(claim, nil)
 	c.syncClaimGroups(claim.Namespace + "/" + claim.Name)
+	c.wakeLagging(claim.UID)
 	if claim.Status.Allocation != nil {
 		c.requeuePending()
 	}
@@ -723,6 +759,8 @@ func (c *Controller) syncKey(ctx context.Context, key string) {
 		c.queue.AddRateLimited(key)
 	case res == backoff:
 		c.queue.AddRateLimited(key)
+	case res == writing:
+		// The end of the group's writes forgets or backs off.
 	default:
 		c.queue.Forget(key)
 	}

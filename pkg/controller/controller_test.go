@@ -90,6 +90,12 @@ type harness struct {
 }
 
 func newHarness(t *testing.T, extra ...any) *harness {
+	return newHarnessWith(t, nil, extra...)
+}
+
+// newHarnessWith is newHarness with hook, when set, run on the harness
+// before any object is created and the informers start (reactors).
+func newHarnessWith(t *testing.T, hook func(*harness), extra ...any) *harness {
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
@@ -98,6 +104,9 @@ func newHarness(t *testing.T, extra ...any) *harness {
 	client.Resources = []*metav1.APIResourceList{{GroupVersion: resourceapi.SchemeGroupVersion.String(),
 		APIResources: []metav1.APIResource{{Name: "devicetaintrules", Kind: "DeviceTaintRule"}}}}
 	h := &harness{t: t, ctx: ctx, client: client}
+	if hook != nil {
+		hook(h)
+	}
 	for _, o := range append(testObjects(t), extra...) {
 		h.create(o)
 	}

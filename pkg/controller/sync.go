@@ -171,6 +171,9 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 			if writer != "" && writer != key {
 				c.waitFor(writer, key)
 			}
+			if ahead && !c.lagBehind(key, cl) {
+				c.queue.Add(key) // the informer caught up since the read
+			}
 			g.lagging = g.lagging || ahead
 		}
 		m.ext, m.extNames = extendedClaim(p, c.extClasses)
@@ -258,11 +261,14 @@ type result int
 const (
 	done    result = iota // forget the key's backoff
 	backoff               // try again later, backing off per group
+	// writing leaves the key's backoff as it is: the group's writes run
+	// beside the worker, and their end forgets it or backs the group off.
+	writing
 )
 
 func (c *Controller) sync(ctx context.Context, key string) (result, error) {
 	if c.writingNow(key) {
-		return done, nil // synced again once its writes end
+		return writing, nil // synced again once its writes end
 	}
 	start := time.Now() // a plan's duration includes reading the group
 	o, err := c.observe(ctx, key)
@@ -426,7 +432,7 @@ func (c *Controller) act(ctx context.Context, o *observation, d decision, start 
 		c.releaseAfter(g.key, o.gatesIn)
 		return done, nil
 	case nextOpenGates:
-		return done, c.openGates(ctx, g)
+		return c.openGates(ctx, g)
 	}
 	return c.place(ctx, o, d, start)
 }
@@ -521,7 +527,7 @@ func (c *Controller) place(ctx context.Context, o *observation, d decision, star
 	for _, w := range writes {
 		c.index.assume(w.claim, &w.result, key)
 	}
-	return done, c.writeBehind(ctx, key, func() error {
+	return c.writeBehind(ctx, key, func() error {
 		if err := c.allocate(ctx, g, plan.Domain.Format(), writes); err != nil {
 			return err
 		}
@@ -771,7 +777,7 @@ func (c *Controller) allocate(ctx context.Context, g *group, domain string, writ
 // openGates opens the gates of the group's held pods, whose claims the
 // claim index shows as the controller wrote them, and narrows their node
 // affinity to the group's domain; writeParallelism pods at once.
-func (c *Controller) openGates(ctx context.Context, g *group) error {
+func (c *Controller) openGates(ctx context.Context, g *group) (result, error) {
 	req := c.groupRequirement(ctx, g)
 	return c.writeBehind(ctx, g.key, func() error {
 		errs := make([]error, len(g.held))

@@ -23,7 +23,8 @@ import (
 //   - a group that reads a claim another group is writing waits (its claims
 //     are lagging) and is synced again when that group's writes end;
 //   - a failed write withdraws what it assumed and backs the group off,
-//     as a failed sync does.
+//     as a failed sync does, and only the end of the writes forgets a
+//     group's backoff.
 
 // groupWrites is what the controller knows of one group's writes in flight.
 type groupWrites struct {
@@ -36,21 +37,31 @@ type groupWrites struct {
 // writeBehind runs write, a group's writes and what follows them, beside
 // the worker when Config.WritingGroups allows (waiting for a free slot),
 // else at once; undo, when set, runs after write either way, to withdraw
-// what the worker assumed for it. Its error is the sync's when write ran
-// at once; beside the worker, a failure backs the group off.
-func (c *Controller) writeBehind(ctx context.Context, key string, write func() error, undo func()) error {
+// what the worker assumed for it. When write ran at once its error is the
+// sync's; beside the worker the sync's result is writing, and the end of
+// the writes forgets the group's backoff or, on a failure, backs it off
+// further, as the worker does after a sync.
+func (c *Controller) writeBehind(ctx context.Context, key string, write func() error, undo func()) (result, error) {
 	if undo == nil {
 		undo = func() {}
 	}
 	if c.writeSlots == nil {
 		defer undo()
-		return write()
+		return done, write()
 	}
+	took := false
 	select {
 	case c.writeSlots <- struct{}{}:
+		took = true
 	case <-ctx.Done():
+	}
+	if ctx.Err() != nil {
+		// Stopping: select picks at random when a slot is free too.
+		if took {
+			<-c.writeSlots
+		}
 		undo()
-		return context.Cause(ctx)
+		return done, context.Cause(ctx)
 	}
 	w := &groupWrites{}
 	c.mu.Lock()
@@ -76,10 +87,13 @@ func (c *Controller) writeBehind(ctx context.Context, key string, write func() e
 			utilruntime.HandleErrorWithContext(ctx, err, "Writing pod group failed", "group", key)
 			c.queue.AddRateLimited(key)
 		case w.missed:
+			c.queue.Forget(key)
 			c.queue.Add(key)
+		default:
+			c.queue.Forget(key)
 		}
 	}()
-	return nil
+	return writing, nil
 }
 
 // writingNow reports whether the group's writes are in flight, and notes

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -11,8 +12,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 )
@@ -202,4 +205,147 @@ func TestGatesOpenedButNotSeenYetAreNotOpenedAgain(t *testing.T) {
 			t.Errorf("the sync wrote the pod again (%s %s) although its gate was opened", a.GetVerb(), a.GetSubresource())
 		}
 	}
+}
+
+// A group whose writes keep failing backs off further on each failure,
+// whether its writes run beside the worker or not: the sync that starts
+// writes beside the worker does not forget the group's failures, their
+// end does.
+func TestFailedWritesBackOffFurtherEachTime(t *testing.T) {
+	for _, slots := range []int{0, 4} {
+		t.Run(fmt.Sprint("WritingGroups=", slots), func(t *testing.T) {
+			h := newHarness(t, job("a", 1))
+			if slots > 0 {
+				h.c.cfg.WritingGroups = slots
+				h.c.writeSlots = make(chan struct{}, slots)
+			}
+			h.client.PrependReactor("update", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				if u, ok := a.(k8stesting.UpdateAction); ok && a.GetSubresource() == "status" && u.GetObject().(*resourceapi.ResourceClaim).Name == "a-0-gpus" {
+					return true, nil, apierrors.NewForbidden(resourceapi.Resource("resourceclaims"), "a-0-gpus", errors.New("denied by policy"))
+				}
+				return false, nil, nil
+			})
+			h.addPod(jobPod("a", 0, "gpu-8-node", nil))
+			h.settle()
+			var got []int
+			for range 4 {
+				h.c.syncKey(h.ctx, "default/job/a") // as the worker does
+				h.c.waitWrites()
+				got = append(got, h.c.queue.NumRequeues("default/job/a"))
+			}
+			if want := []int{1, 2, 3, 4}; !slices.Equal(got, want) {
+				t.Errorf("failures counted after each failed write: %v, want %v (the backoff does not grow towards RetryInterval)", got, want)
+			}
+		})
+	}
+}
+
+// A group that reads a claim another group is writing waits for those
+// writes; when they end before the informer shows them, the group is
+// synced again once the informer does, though the claim's event syncs
+// only the claim's allocating group and its owner's.
+func TestGroupWaitingOnAnotherGroupsWriteIsSyncedWhenTheInformerShowsIt(t *testing.T) {
+	var pmu sync.Mutex
+	paused := false
+	resume := sync.NewCond(&pmu)
+	h := newHarnessWith(t, func(h *harness) {
+		versionClaims(h)
+		// A claim watch that holds its events while paused.
+		h.client.PrependWatchReactor("resourceclaims", func(a k8stesting.Action) (bool, watch.Interface, error) {
+			var opts metav1.ListOptions
+			if wa, ok := a.(k8stesting.WatchActionImpl); ok {
+				opts = wa.ListOptions
+			}
+			in, err := h.client.Tracker().Watch(a.GetResource(), a.GetNamespace(), opts)
+			if err != nil {
+				return false, nil, err
+			}
+			ch := make(chan watch.Event)
+			out := watch.NewProxyWatcher(ch)
+			go func() {
+				defer out.Stop()
+				for ev := range in.ResultChan() {
+					pmu.Lock()
+					for paused {
+						resume.Wait()
+					}
+					pmu.Unlock()
+					select {
+					case ch <- ev:
+					case <-out.StopChan():
+						in.Stop()
+						return
+					}
+				}
+			}()
+			return true, out, nil
+		})
+	}, job("a", 1), job("c", 1))
+	h.c.cfg.WritingGroups = 4
+	h.c.writeSlots = make(chan struct{}, 4)
+	held := make(chan struct{}, 4)
+	released := make(chan struct{})
+	release := sync.OnceFunc(func() { close(released) })
+	t.Cleanup(release)
+	h.c.cfg.Client = heldClaimWrites{Interface: h.client, hold: func(cl *resourceapi.ResourceClaim) func() {
+		if cl.Name == "a-0-gpus" && cl.Status.Allocation != nil {
+			held <- struct{}{}
+			<-released
+		}
+		return func() {}
+	}}
+	h.addPod(jobPod("a", 0, "gpu-8-node", nil))
+	c := jobPod("c", 0, "gpu-8-node", nil)
+	c.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To("a-0-gpus")}}
+	h.create(c)
+	h.settle()
+	h.syncReturns("default/job/a")
+	<-held
+	h.drain()
+	h.syncReturns("default/job/c") // waits for a's writes
+	pmu.Lock()
+	paused = true // the informer lags behind a's write
+	pmu.Unlock()
+	release()
+	h.c.waitWrites()
+	h.drain()
+	h.c.syncKey(h.ctx, "default/job/c") // woken by a's writes; the claim lags
+	pmu.Lock()
+	paused = false
+	resume.Broadcast()
+	pmu.Unlock()
+	h.eventually("a's allocation in the informer", func() bool {
+		cl, err := h.c.claims.ResourceClaims("default").Get("a-0-gpus")
+		return err == nil && cl.Status.Allocation != nil
+	})
+	h.eventually("group c queued again", func() bool {
+		return slices.Contains(h.drain(), "default/job/c")
+	})
+}
+
+// versionClaims makes the fake API server give claims resourceVersions
+// and refuse updates from a stale one, as the real one does.
+func versionClaims(h *harness) {
+	var mu sync.Mutex
+	rv := int64(1000)
+	h.client.PrependReactor("*", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetVerb() != "create" && a.GetVerb() != "update" {
+			return false, nil, nil
+		}
+		obj, ok := a.(interface{ GetObject() runtime.Object }).GetObject().(*resourceapi.ResourceClaim)
+		if !ok {
+			return false, nil, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if a.GetVerb() == "update" && obj.ResourceVersion != "" {
+			cur, err := h.client.Tracker().Get(a.GetResource(), obj.Namespace, obj.Name)
+			if err == nil && cur.(*resourceapi.ResourceClaim).ResourceVersion != obj.ResourceVersion {
+				return true, nil, apierrors.NewConflict(resourceapi.Resource("resourceclaims"), obj.Name, errors.New("the object has been modified"))
+			}
+		}
+		rv++
+		obj.ResourceVersion = fmt.Sprint(rv)
+		return false, nil, nil
+	})
 }
