@@ -193,6 +193,14 @@ func decide(o *observation, bindTimeout time.Duration) decision {
 		return d
 	}
 
+	if o.unseen != "" {
+		// A gate this process opened, or a claim it wrote, is not in the
+		// informer yet: planning now would take back and plan again pods
+		// on their way to the scheduler. The event requeues the group.
+		d.next = nextNothing
+		return d
+	}
+
 	// A group none of whose pods runs yet is planned as a whole. Claims an
 	// interrupted earlier attempt allocated are taken back first, so the
 	// plan is all or nothing.

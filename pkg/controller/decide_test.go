@@ -217,6 +217,15 @@ func TestDecide(t *testing.T) {
 			o:     func(o *observation) { o.unseen = "default/a-gpus" },
 			want:  got{Next: nextNothing, Lists: [4][]string{nil, {"a"}}},
 		},
+		"a placed group whose gates were opened but not seen yet waits for the informer, though a new pod asks for a place": {
+			size: 2,
+			build: func(g *group, _ map[*member]facts) {
+				g.held = []*member{dm("a", "gated", "own")}
+				g.toPlace = []*member{dm("b", "gated", "pending")}
+			},
+			o:    func(o *observation) { o.unseen = "pod default/a" },
+			want: got{Next: nextNothing, Lists: [4][]string{{"b"}, {"a"}}},
+		},
 		"a placed group waits out a settle delay when one is set": {
 			build: func(g *group, _ map[*member]facts) { g.held = []*member{dm("a", "gated", "own")} },
 			o:     func(o *observation) { o.gatesIn = time.Second },
