@@ -160,12 +160,7 @@ func TestFailedWriteInFlightGivesItsDevicesBack(t *testing.T) {
 // synced again once those writes end.
 func TestGroupReadingAClaimInFlightWaitsForItsWrites(t *testing.T) {
 	h, held, release := writeBehindHarness(t, "a-0-gpus", job("a", 1), job("c", 1))
-	h.addPod(jobPod("a", 0, "gpu-8-node", nil))
-	c := jobPod("c", 0, "gpu-8-node", nil)
-	c.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To("a-0-gpus")}}
-	h.create(c)
-	h.settle()
-	h.syncReturns("default/job/a")
+	addClaimSharers(h)
 	heldNode(t, held)
 	h.drain()
 	before := len(h.client.Actions())
@@ -294,12 +289,7 @@ func TestGroupWaitingOnAnotherGroupsWriteIsSyncedWhenTheInformerShowsIt(t *testi
 		}
 		return func() {}
 	}}
-	h.addPod(jobPod("a", 0, "gpu-8-node", nil))
-	c := jobPod("c", 0, "gpu-8-node", nil)
-	c.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To("a-0-gpus")}}
-	h.create(c)
-	h.settle()
-	h.syncReturns("default/job/a")
+	addClaimSharers(h)
 	<-held
 	h.drain()
 	h.syncReturns("default/job/c") // waits for a's writes
@@ -348,4 +338,15 @@ func versionClaims(h *harness) {
 		obj.ResourceVersion = fmt.Sprint(rv)
 		return false, nil, nil
 	})
+}
+
+// addClaimSharers adds pod a-0 with a claim of its own and pod c-0, of
+// group c, naming that claim, and syncs group a, which writes the claim.
+func addClaimSharers(h *harness) {
+	h.addPod(jobPod("a", 0, "gpu-8-node", nil))
+	c := jobPod("c", 0, "gpu-8-node", nil)
+	c.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To("a-0-gpus")}}
+	h.create(c)
+	h.settle()
+	h.syncReturns("default/job/a")
 }
