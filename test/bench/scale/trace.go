@@ -36,6 +36,7 @@ type TraceRegion struct {
 	// kernel to give the process a core. Both are 0 unless the CPU profiler
 	// ran with the trace.
 	Samples, ProcessSamples int
+	g                       trace.GoID // the region's goroutine
 }
 
 // RegionStats sums the regions of one type in a trace.
@@ -60,7 +61,6 @@ const maxDetailed = 20
 func ReadTraceRegions(open func() (io.ReadCloser, error), typ string, atLeast time.Duration) (RegionStats, []TraceRegion, error) {
 	var all RegionStats
 	var long []TraceRegion
-	var gs []trace.GoID
 	spans := map[trace.GoID][][2]trace.Time{} // every region, by goroutine, in time order
 	begun := map[trace.GoID]trace.Time{}
 	var first trace.Time
@@ -84,8 +84,7 @@ func ReadTraceRegions(open func() (io.ReadCloser, error), typ string, atLeast ti
 			all.Took += took
 			spans[ev.Goroutine()] = append(spans[ev.Goroutine()], [2]trace.Time{t0, ev.Time()})
 			if took >= atLeast {
-				long = append(long, TraceRegion{Type: typ, Start: t0.Sub(first), Took: took})
-				gs = append(gs, ev.Goroutine())
+				long = append(long, TraceRegion{Type: typ, Start: t0.Sub(first), Took: took, g: ev.Goroutine()})
 			}
 		}
 	})
@@ -93,17 +92,9 @@ func ReadTraceRegions(open func() (io.ReadCloser, error), typ string, atLeast ti
 		return all, nil, err
 	}
 	all.Long = len(long)
-	order := make([]int, len(long))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return int(long[b].Took - long[a].Took) })
-	order = order[:min(len(order), maxDetailed)]
-	w := &regionWindows{first: first, spans: spans, state: map[trace.GoID]goState{}, gc: map[trace.GoID]bool{}, assist: map[trace.GoID]trace.Time{}}
-	for _, i := range order {
-		w.regions = append(w.regions, long[i])
-		w.gs = append(w.gs, gs[i])
-	}
+	slices.SortStableFunc(long, func(a, b TraceRegion) int { return int(b.Took - a.Took) })
+	w := &regionWindows{regions: long[:min(len(long), maxDetailed)], first: first, spans: spans,
+		state: map[trace.GoID]goState{}, gc: map[trace.GoID]bool{}, assist: map[trace.GoID]trace.Time{}}
 	if err := eachEvent(open, w.event); err != nil {
 		return all, nil, err
 	}
@@ -143,7 +134,6 @@ type goState struct {
 // charged to the long regions they overlap.
 type regionWindows struct {
 	regions []TraceRegion
-	gs      []trace.GoID // the goroutine of each region
 	first   trace.Time
 	state   map[trace.GoID]goState
 	gc      map[trace.GoID]bool // the collector's workers
@@ -219,7 +209,7 @@ func (w *regionWindows) event(ev trace.Event) {
 			if t0, ok := w.assist[g]; ok {
 				delete(w.assist, g)
 				w.overlap(t0, ev.Time(), func(i int, d time.Duration) {
-					if w.gs[i] == g {
+					if w.regions[i].g == g {
 						w.regions[i].Assist += d
 					}
 				})
@@ -233,7 +223,7 @@ func (w *regionWindows) event(ev trace.Event) {
 		}
 		w.overlap(t, t+1, func(i int, _ time.Duration) {
 			w.regions[i].ProcessSamples++
-			if w.gs[i] == g {
+			if w.regions[i].g == g {
 				w.regions[i].Samples++
 			}
 		})
@@ -246,15 +236,15 @@ func (w *regionWindows) charge(g trace.GoID, s trace.GoState, a, b trace.Time) {
 	w.overlap(a, b, func(i int, d time.Duration) {
 		r := &w.regions[i]
 		switch {
-		case w.gs[i] == g && s == trace.GoRunning:
+		case r.g == g && s == trace.GoRunning:
 			r.Running += d
-		case w.gs[i] == g && s == trace.GoRunnable:
+		case r.g == g && s == trace.GoRunnable:
 			r.Runnable += d
-		case w.gs[i] == g && s != trace.GoNotExist && s != trace.GoUndetermined:
+		case r.g == g && s != trace.GoNotExist && s != trace.GoUndetermined:
 			r.Blocked += d
-		case w.gs[i] != g && s == trace.GoRunning && w.gc[g]:
+		case r.g != g && s == trace.GoRunning && w.gc[g]:
 			r.GCWorkers += d
-		case w.gs[i] != g && s == trace.GoRunning:
+		case r.g != g && s == trace.GoRunning:
 			r.Others += d
 		}
 	})
