@@ -98,6 +98,11 @@ func ReadTraceRegions(open func() (io.ReadCloser, error), typ string, atLeast ti
 	if err := eachEvent(open, w.event); err != nil {
 		return all, nil, err
 	}
+	// Each goroutine's last state lasts to the end of the trace: a region
+	// that ends after its goroutine's last transition is charged too.
+	for g, st := range w.state {
+		w.charge(g, st.state, st.since, w.last)
+	}
 	all.Samples = w.samples
 	return all, w.regions, nil
 }
@@ -140,7 +145,8 @@ type regionWindows struct {
 	assist  map[trace.GoID]trace.Time
 	markAt  trace.Time // a GC mark phase began; 0 when none runs
 	spans   map[trace.GoID][][2]trace.Time
-	samples int // the samples of every region's goroutine inside it
+	samples int        // the samples of every region's goroutine inside it
+	last    trace.Time // the trace's last event so far
 }
 
 // inSpan reports whether goroutine g was inside one of its regions at t.
@@ -175,6 +181,7 @@ func (w *regionWindows) overlap(a, b trace.Time, fn func(i int, d time.Duration)
 }
 
 func (w *regionWindows) event(ev trace.Event) {
+	w.last = max(w.last, ev.Time())
 	switch ev.Kind() {
 	case trace.EventStateTransition:
 		st := ev.StateTransition()

@@ -73,8 +73,10 @@ func TestReadTraceRegions(t *testing.T) {
 	if len(long) != 1 {
 		t.Fatalf("shared: %d long regions, want 1", len(long))
 	}
-	if r := long[0]; r.Runnable < r.Took/5 || r.Others < r.Took/5 || r.Running+r.Runnable < r.Took*8/10 {
-		t.Errorf("shared region: running %s, runnable %s, others ran %s of %s; want it runnable while the other goroutine ran", r.Running, r.Runnable, r.Others, r.Took)
+	// With one P, the region's goroutine waits exactly while the other
+	// runs; how often the scheduler switches them depends on the load.
+	if r := long[0]; r.Runnable == 0 || (r.Runnable-r.Others).Abs() > time.Millisecond || r.Running+r.Runnable < r.Took*95/100 {
+		t.Errorf("shared region: running %s, runnable %s, blocked %s, others ran %s of %s; want it runnable while the other goroutine ran, and nothing left uncounted", r.Running, r.Runnable, r.Blocked, r.Others, r.Took)
 	}
 
 	if _, long, err := ReadTraceRegions(open, "absent", 0); err != nil || long != nil {
