@@ -919,3 +919,50 @@ func TestMissingTemplateIsNamed(t *testing.T) {
 		t.Errorf("pod still gated once its template exists: %s", p.Annotations[placement.AnnotationStatus])
 	}
 }
+
+// TestPodAntiAffinityKeepsTheGroupApart: two four-GPU pods that the
+// consolidated strategy would plan onto one node, each refusing to share
+// a node with the other (required pod anti-affinity on the hostname, as
+// kube-scheduler weighs it), are planned onto two nodes; so is a
+// replacement, away from the pod of the group that still runs.
+func TestPodAntiAffinityKeepsTheGroupApart(t *testing.T) {
+	apart := func(p *v1.Pod, terms bool) *v1.Pod {
+		p.Labels = map[string]string{"app": "train"}
+		if terms {
+			p.Spec.Affinity = &v1.Affinity{PodAntiAffinity: &v1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []v1.PodAffinityTerm{{
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "train"}}, TopologyKey: v1.LabelHostname}}}}
+		}
+		return p
+	}
+	consolidated := map[string]string{placement.AnnotationStrategy: "consolidated"}
+	for _, terms := range []bool{false, true} {
+		t.Run(fmt.Sprintf("terms=%v", terms), func(t *testing.T) {
+			h := newHarness(t, job("train", 2))
+			h.addPod(apart(jobPod("train", 0, "gpu-4-nvlink", consolidated), terms))
+			h.addPod(apart(jobPod("train", 1, "gpu-4-nvlink", consolidated), terms))
+			h.settle()
+			h.place("default/job/train")
+			n0, n1 := h.allocatedNode("train-0"), h.allocatedNode("train-1")
+			if n0 == "" || (n0 == n1) == terms {
+				t.Fatalf("pods planned onto %s and %s; want one node without the terms, two with them", n0, n1)
+			}
+			if !terms {
+				return
+			}
+			h.bind("train-0")
+			h.bind("train-1")
+			if err := h.client.CoreV1().Pods("default").Delete(h.ctx, "train-1", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.client.ResourceV1().ResourceClaims("default").Delete(h.ctx, "train-1-gpus", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			h.addPod(apart(jobPod("train", 2, "gpu-4-nvlink", consolidated), terms))
+			h.settle()
+			h.place("default/job/train")
+			if got := h.allocatedNode("train-2"); got == "" || got == n0 {
+				t.Errorf("replacement planned onto %q, want a node other than %s, where train-0 runs", got, n0)
+			}
+		})
+	}
+}

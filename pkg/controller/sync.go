@@ -604,6 +604,10 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 		}
 		if m.node != "" {
 			job.Pinned[m.pod.Name] = m.node
+			if job.PinnedPods == nil {
+				job.PinnedPods = map[string]planner.Pod{}
+			}
+			job.PinnedPods[m.pod.Name] = planner.PodFor(m.pod, nil)
 		}
 	}
 	units := planUnits(g.toPlace)

@@ -116,9 +116,14 @@ func refusedNode(p *v1.Pod) string {
 
 // pod is the planner's view of the unit: the first member's node
 // constraints, held to the nodes of the allocated claims, and every
-// member's requests and pod slot.
+// member's requests, pod slot, labels and required pod anti-affinity.
 func (u *unit) pod() planner.Pod {
 	p := planner.PodFor(u.members[0].pod, u.claims)
+	for _, m := range u.members[1:] {
+		o := planner.PodFor(m.pod, nil)
+		p.AntiAffinity = append(slices.Clip(p.AntiAffinity), o.AntiAffinity...)
+		p.Members = append(p.Members, o.Members...)
+	}
 	if len(u.members) > 1 {
 		sum := v1.ResourceList{}
 		for _, m := range u.members {

@@ -166,6 +166,9 @@ func (st *state) refuse(failures []levelFailure) error {
 	if len(st.job.TopologyKeys) > 0 && !strings.Contains(u.Reason, "within one value") {
 		u.Reason += fmt.Sprintf(", and its pod group's topology constraint allows no larger domain than one value of %s", st.keysPhrase())
 	}
+	if st.apartBy != "" {
+		u.Reason += fmt.Sprintf(", its pods kept apart by %s (their required pod anti-affinity)", st.apartBy)
+	}
 	for _, fl := range failures {
 		u.Details = append(u.Details, fl.sentence())
 	}

@@ -356,11 +356,15 @@ func TestPodForAndNodeUsage(t *testing.T) {
 	pod.Spec.Overhead = resources("cpu", "250m")
 	pod.Spec.NodeSelector = map[string]string{"pool": "a"}
 	pod.Spec.Tolerations = []v1.Toleration{{Key: "gpu", Operator: v1.TolerationOpExists}}
-	pod.Spec.Affinity = &v1.Affinity{NodeAffinity: &v1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{}}}
+	anti := []v1.PodAffinityTerm{{LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "a"}}, TopologyKey: v1.LabelHostname}}
+	pod.Spec.Affinity = &v1.Affinity{NodeAffinity: &v1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{}},
+		PodAntiAffinity: &v1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: anti}}
+	pod.Namespace, pod.Labels = "ns", map[string]string{"app": "a"}
 	claims := []*resourceapi.ResourceClaim{{ObjectMeta: metav1.ObjectMeta{Name: "c"}}}
 
 	want := planner.Pod{Name: "p", Claims: claims, NodeSelector: pod.Spec.NodeSelector, NodeAffinity: pod.Spec.Affinity.NodeAffinity,
-		Tolerations: pod.Spec.Tolerations, Requests: resources("cpu", "3250m", "memory", "4Gi")}
+		Tolerations: pod.Spec.Tolerations, Requests: resources("cpu", "3250m", "memory", "4Gi"),
+		AntiAffinity: anti, Members: []planner.Member{{Namespace: "ns", Labels: pod.Labels}}}
 	if diff := cmp.Diff(want, planner.PodFor(pod, claims)); diff != "" {
 		t.Errorf("PodFor (-want +got):\n%s", diff)
 	}

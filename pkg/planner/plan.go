@@ -60,7 +60,11 @@ type state struct {
 	// split says, per level label, a candidate of that size that
 	// Job.TopologyKeys left out (topologykey.go).
 	split map[string]string
-	sc    *scratch // the node-length buffers, handed back when the plan returns
+	// apart is, by pod, the pods of the job it must not share a value of
+	// a topology key with (antiaffinity.go); nil when none.
+	apart   [][]apart
+	apartBy string   // the keys of apart, for reasons
+	sc      *scratch // the node-length buffers, handed back when the plan returns
 }
 
 type preference struct {
@@ -259,6 +263,9 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 			return nil, bad("pinned pod %s is on node %s, which is not in the cluster", pod, job.Pinned[pod])
 		}
 		st.pinned = append(st.pinned, i)
+	}
+	if err := st.findApart(); err != nil {
+		return nil, bad("%v", err)
 	}
 	return st, nil
 }

@@ -53,6 +53,12 @@ type Pod struct {
 	// pod-level resources and overhead included): what it takes from the
 	// node's allocatable besides one pod slot.
 	Requests v1.ResourceList
+	// AntiAffinity are the pod's required pod anti-affinity terms, and
+	// Members the pods it stands for (one, or the pods that share its
+	// claims) as other pods' terms select them: the planner keeps the
+	// job's pods apart as those terms ask (antiaffinity.go).
+	AntiAffinity []v1.PodAffinityTerm
+	Members      []Member
 }
 
 // Job is a group of pods placed together.
@@ -72,6 +78,9 @@ type Job struct {
 	// Snapshot. They keep the group together: without Domain, the new pods
 	// must go into the smallest domain that holds the pinned nodes.
 	Pinned map[string]string
+	// PinnedPods are the pinned pods' anti-affinity terms and labels, by
+	// the names in Pinned; a pinned pod missing here keeps no pod apart.
+	PinnedPods map[string]Pod
 	// Domain, when set, is the only domain the plan may use, e.g. the
 	// domain of a placed group whose pod is being replaced.
 	Domain *Domain

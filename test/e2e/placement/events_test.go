@@ -602,41 +602,85 @@ func deleteClaim(t *testing.T, name string) {
 	})
 }
 
+// TestPodAntiAffinityPlansTheGroupApart: two four-GPU pods that the
+// consolidated strategy would put onto one node, each refusing to share a
+// node with the other (required pod anti-affinity on
+// kubernetes.io/hostname, as kube-scheduler weighs it), are planned onto
+// two nodes of the leaf and bind where they were planned, neither
+// released nor moved.
+func TestPodAntiAffinityPlansTheGroupApart(t *testing.T) {
+	dumpOnFailure(t)
+	leaf := fakeLeaf(t)
+	ann := withStrategy(placementapi.PlacementSameLeaf, placementapi.StrategyConsolidated)
+	ann[placementapi.AnnotationPreferredDomain] = leaf
+	ann[placementapi.AnnotationPreferredRequired] = "true"
+	job := createJobFrom(t, "ev-apart", 2, "gpu-4-nvlink", ann, antiAffine("ev-apart"))
+	b := waitBound(t, jobSelector(job.Name), 2)
+	if b.nodes[0] == b.nodes[1] {
+		t.Fatalf("both pods on %s despite their pod anti-affinity", b.nodes[0])
+	}
+	if len(b.leaves) != 1 || b.leaves[0] != leaf {
+		t.Errorf("pods in leaves %v, want only %s", b.leaves, leaf)
+	}
+	for i := range b.pods {
+		p := &b.pods[i]
+		if got := p.Annotations[placementapi.AnnotationNode]; got != p.Spec.NodeName {
+			t.Errorf("pod %s planned onto %q, bound to %s: the plan should have kept the pods apart", p.Name, got, p.Spec.NodeName)
+		}
+		for _, reason := range []string{"Moved", "Released"} {
+			if msg := podEventMessage(t, p, reason); msg != "" {
+				t.Errorf("pod %s: %s event %q; the plan should have kept the pods apart", p.Name, reason, msg)
+			}
+		}
+		if _, ok := p.Annotations[placementapi.AnnotationReleased]; ok {
+			t.Errorf("pod %s was released (%s)", p.Name, p.Annotations[placementapi.AnnotationReleased])
+		}
+	}
+}
+
+// antiAffine gives a Job's pods required pod anti-affinity on
+// kubernetes.io/hostname against the pods of Job other.
+func antiAffine(other string) func(*batchv1.Job) {
+	return func(j *batchv1.Job) {
+		j.Spec.Template.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{batchv1.JobNameLabel: other}},
+				TopologyKey:   corev1.LabelHostname,
+			}},
+		}}
+	}
+}
+
 // TestRefusedPodEndsOffItsPlannedNode: a pod kept off its planned node
 // by something the controller does not weigh ends on another node of its
-// domain, at once. Two four-GPU pods, consolidated into one leaf, are
-// planned onto one node (as TestClaimStrategies proves), but each refuses
-// to share a node with the other (required pod anti-affinity on
-// kubernetes.io/hostname, which kube-scheduler weighs and the controller
-// does not). The scheduler binds the first there; for the second it finds
-// no node and takes its claim back (DynamicResources PostFilter: reserved
-// for that pod alone). Then either the scheduler allocates it again on
-// another node of the leaf, which the node affinity the gates opened
-// with keeps it in, and the controller says so (a Normal Moved event
-// naming the planned node), or the controller plans it again first,
-// leaving the refused node out (a Released event, Unschedulable): never
-// back onto the refused node, so at most one release. Either way
-// gputopo.dev/node follows the pod.
+// domain, at once. A four-GPU pod of one Job runs on a node of the leaf;
+// a four-GPU pod of a second Job, consolidated into the same leaf, is
+// planned onto that node, the fullest, but refuses to share a node with
+// the first Job's pods (required pod anti-affinity against pods outside
+// its group, which kube-scheduler weighs and the controller leaves to
+// it). The scheduler finds no node for it and takes its claim back
+// (DynamicResources PostFilter: reserved for that pod alone). Then either
+// the scheduler allocates it again on another node of the leaf, which the
+// node affinity the gate opened with keeps it in, and the controller says
+// so (a Normal Moved event naming the planned node), or the controller
+// plans it again first, leaving the refused node out (a Released event,
+// Unschedulable): never back onto the refused node, so at most one
+// release. Either way gputopo.dev/node follows the pod.
 func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
 	ann := withStrategy(placementapi.PlacementSameLeaf, placementapi.StrategyConsolidated)
 	ann[placementapi.AnnotationPreferredDomain] = leaf
 	ann[placementapi.AnnotationPreferredRequired] = "true"
-	job := createJobFrom(t, "ev-moved", 2, "gpu-4-nvlink", ann, func(j *batchv1.Job) {
-		j.Spec.Template.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
-			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
-				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{batchv1.JobNameLabel: "ev-moved"}},
-				TopologyKey:   corev1.LabelHostname,
-			}},
-		}}
-	})
-	b := waitBound(t, jobSelector(job.Name), 2)
-	if b.nodes[0] == b.nodes[1] {
-		t.Fatalf("both pods on %s despite their pod anti-affinity", b.nodes[0])
+	anchor := createJobFrom(t, "ev-anchor", 1, "gpu-4-nvlink", ann)
+	a := waitBound(t, jobSelector(anchor.Name), 1)
+	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, antiAffine(anchor.Name))
+	b := waitBound(t, jobSelector(job.Name), 1)
+	if b.nodes[0] == a.nodes[0] {
+		t.Fatalf("pod %s on %s beside %s despite its pod anti-affinity", b.pods[0].Name, b.nodes[0], a.pods[0].Name)
 	}
 	if len(b.leaves) != 1 || b.leaves[0] != leaf {
-		t.Errorf("pods in leaves %v, want only %s: the domain affinity keeps a moved pod in its leaf", b.leaves, leaf)
+		t.Errorf("pod in leaves %v, want only %s: the domain affinity keeps a moved pod in its leaf", b.leaves, leaf)
 	}
 	// Which pod was refused: the one with a Moved or a Released event.
 	var refused *corev1.Pod
@@ -654,12 +698,8 @@ func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 		return false, "no Moved or Released event yet"
 	})
 	t.Logf("pod %s %s", refused.Name, how)
-	other := b.nodes[0]
-	if b.pods[0].Name == refused.Name {
-		other = b.nodes[1]
-	}
-	if !strings.Contains(how, other) {
-		t.Errorf("the event %q should name the node %s the pod was refused on (where the other pod is)", how, other)
+	if other := a.nodes[0]; !strings.Contains(how, other) {
+		t.Errorf("the event %q should name the node %s the pod was refused on (where the other Job's pod is)", how, other)
 	}
 	framework.Eventually(t, waitStatus, "gputopo.dev/node of "+refused.Name+" to follow it", func() (bool, string) {
 		p, err := client.CoreV1().Pods(namespace).Get(context.Background(), refused.Name, metav1.GetOptions{})
