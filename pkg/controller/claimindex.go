@@ -81,6 +81,9 @@ type indexedClaim struct {
 	// writer is the group whose write of this allocation is in flight
 	// (assume); empty once the index holds the claim as stored.
 	writer string
+	// unheld: the index held no entry for the claim when it was assumed
+	// (its deletion came between the plan and the assumption).
+	unheld bool
 }
 
 // sameShares reports whether two lists hold the same shares.
@@ -143,7 +146,13 @@ func (ix *claimIndex) assume(claim *resourceapi.ResourceClaim, alloc *resourceap
 	cl.Status.Allocation = alloc
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	_, had := ix.claims[claim.UID]
 	ix.putLocked(&cl, writer)
+	if !had {
+		e := ix.claims[claim.UID]
+		e.unheld = true
+		ix.claims[claim.UID] = e
+	}
 }
 
 // unassume withdraws what group writer assumed of the claim, if the
@@ -156,6 +165,11 @@ func (ix *claimIndex) unassume(uid types.UID, writer string) {
 		return
 	}
 	ix.removeLocked(uid)
+	if old.unheld {
+		// Deleted before it was assumed: no event will remove it now.
+		delete(ix.claims, uid)
+		return
+	}
 	ix.claims[uid] = indexedClaim{key: old.key, version: old.version}
 }
 

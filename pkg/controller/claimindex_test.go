@@ -114,3 +114,33 @@ func TestAssumedSharesComeAfterSharesStoredMeanwhile(t *testing.T) {
 		t.Errorf("after w, z clashes with %v, want [default/x default/w]: x, stored before w, still counts as taken last", got)
 	}
 }
+
+// A write that fails withdraws what it assumed, and leaves the index as
+// it was: a claim deleted between the plan and the assumption (its
+// deletion event already handled) leaves no entry behind, as no later
+// event would remove one; a claim the index holds keeps its entry and
+// version.
+func TestFailedWriteOfADeletedClaimLeavesNoEntry(t *testing.T) {
+	alloc := foreignClaim("any", "n0", "gpu-0").Status.Allocation
+	claim := func(name string) *resourceapi.ResourceClaim {
+		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name), ResourceVersion: "5"}}
+	}
+	ix := newClaimIndex()
+	gone, kept := claim("gone"), claim("kept")
+	ix.update(gone)
+	ix.update(kept)
+	ix.remove(gone.UID) // deleted; the plan read it just before
+	for _, c := range []*resourceapi.ResourceClaim{gone, kept} {
+		ix.assume(c, alloc, "default/job/j")
+		ix.unassume(c.UID, "default/job/j")
+	}
+	if e, ok := ix.claims[gone.UID]; ok {
+		t.Errorf("the deleted claim keeps an entry %+v", e)
+	}
+	if e, ok := ix.claims[kept.UID]; !ok || e.version != 5 || len(e.devices) != 0 {
+		t.Errorf("the held claim's entry is %+v (present %v), want version 5 and no devices", e, ok)
+	}
+	if len(ix.byDevice) != 0 || ix.held.Len() != 0 {
+		t.Errorf("devices still held: %v", ix.byDevice)
+	}
+}

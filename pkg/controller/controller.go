@@ -588,7 +588,11 @@ func (c *Controller) requeuePending() {
 // Config.WritingGroups groups run beside it (writebehind.go).
 func (c *Controller) Run(ctx context.Context) error {
 	defer utilruntime.HandleCrashWithContext(ctx)
+	// On the way out: the queue shut down, the worker's last sync ended
+	// (so it starts no more writes), then the writes in flight end.
+	var worker sync.WaitGroup
 	defer c.waitWrites()
+	defer worker.Wait()
 	defer c.queue.ShutDown()
 	defer c.releases.ShutDown()
 	c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.cfg.Client.CoreV1().Events("")})
@@ -613,7 +617,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	// registrations have synced): the marker comes out of the queue after
 	// each of them has been synced once.
 	c.queue.Add(firstPassKey)
-	go wait.UntilWithContext(ctx, c.worker, time.Second)
+	worker.Go(func() { wait.UntilWithContext(ctx, c.worker, time.Second) })
 	go wait.UntilWithContext(ctx, func(context.Context) { c.requeuePending() }, c.cfg.RetryInterval)
 	go wait.UntilWithContext(ctx, c.updateUsage, 15*time.Second)
 	if c.pins != nil {
