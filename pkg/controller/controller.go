@@ -178,8 +178,11 @@ type Controller struct {
 	// writers the goroutines making them (writebehind.go). writeSlots is
 	// nil when Config.WritingGroups is 0.
 	writeSlots chan struct{}
-	writing    map[string]*groupWrites
-	writers    sync.WaitGroup
+	// statusSlots are the slots of the writes of what waiting groups wait
+	// for (statusBehind); nil with writeSlots.
+	statusSlots chan struct{}
+	writing     map[string]*groupWrites
+	writers     sync.WaitGroup
 	// lagging names, per claim, the groups that read it older than the
 	// claim index holds it (the controller's own write, not in the
 	// informer yet): the claim's next event syncs them (under mu).
@@ -253,6 +256,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.WritingGroups > 0 {
 		c.writeSlots = make(chan struct{}, cfg.WritingGroups)
+		c.statusSlots = make(chan struct{}, cfg.WritingGroups)
 	}
 	c.planner = planner.New(devicefit.NewEvaluator(classLister{c.classes}))
 	c.extClasses = extendedresourcecache.NewExtendedResourceCache(klog.Background(),

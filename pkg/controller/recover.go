@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"time"
@@ -11,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	v1helper "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -243,10 +245,42 @@ func (c *Controller) annotate(ctx context.Context, p *v1.Pod, ann map[string]any
 // and claims to exist, the same in their gputopo.dev/Placed condition. In
 // the same write it records the reservation the group holds, or removes
 // one that ended. A gated pod still nominated to a node (nominate) is
-// nominated nowhere again, in the condition's write.
+// nominated nowhere again, in the condition's write. The pods are written
+// writeParallelism at once.
 func (c *Controller) setStatus(ctx context.Context, key string, pods []*v1.Pod, reason, message string) error {
+	return c.writeStatus(ctx, c.statusPatches(key, pods, reason, message))
+}
+
+// writeStatus makes setStatus's writes.
+func (c *Controller) writeStatus(ctx context.Context, changes []statusPatch) error {
+	errs := make([]error, len(changes))
+	workqueue.ParallelizeUntil(ctx, writeParallelism, len(changes), func(i int) {
+		ch := changes[i]
+		if len(ch.ann) > 0 {
+			if errs[i] = c.annotate(ctx, ch.pod, ch.ann); errs[i] != nil {
+				return
+			}
+		}
+		if len(ch.status) > 0 {
+			errs[i] = c.patchStatus(ctx, ch.pod, ch.status)
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// statusPatch is what setStatus writes to one pod: its annotations and its
+// status, either empty when unchanged.
+type statusPatch struct {
+	pod    *v1.Pod
+	ann    map[string]any
+	status map[string]any
+}
+
+// statusPatches are setStatus's writes, only for the pods they change.
+func (c *Controller) statusPatches(key string, pods []*v1.Pod, reason, message string) []statusPatch {
 	msg := placement.Status{Reason: reason, Message: message}.Format()
 	held := c.heldReservation(key)
+	var out []statusPatch
 	for _, p := range pods {
 		ann := map[string]any{}
 		changed := p.Annotations[placement.AnnotationStatus] != msg
@@ -258,11 +292,6 @@ func (c *Controller) setStatus(ctx context.Context, key string, pods []*v1.Pod, 
 			ann[placement.AnnotationReservation] = held
 		case held == "" && ok:
 			ann[placement.AnnotationReservation] = nil
-		}
-		if len(ann) > 0 {
-			if err := c.annotate(ctx, p, ann); err != nil {
-				return err
-			}
 		}
 		status := map[string]any{}
 		// Claims are created a moment after their pods: too short a wait
@@ -277,13 +306,11 @@ func (c *Controller) setStatus(ctx context.Context, key string, pods []*v1.Pod, 
 			// for other pods.
 			status["nominatedNodeName"] = nil
 		}
-		if len(status) > 0 {
-			if err := c.patchStatus(ctx, p, status); err != nil {
-				return err
-			}
+		if len(ann) > 0 || len(status) > 0 {
+			out = append(out, statusPatch{pod: p, ann: ann, status: status})
 		}
 	}
-	return nil
+	return out
 }
 
 // placedCondition returns the pod's gputopo.dev/Placed condition, or nil.

@@ -422,7 +422,7 @@ func (c *Controller) act(ctx context.Context, o *observation, d decision, start 
 		if d.outcome != "" {
 			c.cfg.Metrics.Decisions.WithLabelValues(d.outcome).Inc()
 		}
-		return done, c.setStatus(ctx, g.key, d.pods, d.reason, d.message)
+		return c.statusBehind(ctx, g.key, d.pods, d.reason, d.message)
 	case nextNothing:
 		return done, nil
 	case nextSettled:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 
+	v1 "k8s.io/api/core/v1"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 )
 
@@ -24,7 +25,11 @@ import (
 //     are lagging) and is synced again when that group's writes end;
 //   - a failed write withdraws what it assumed and backs the group off,
 //     as a failed sync does, and only the end of the writes forgets a
-//     group's backoff.
+//     group's backoff;
+//   - what a waiting group's pods wait for (setStatus) is written beside
+//     the worker too, with slots of its own, so that a note on pods
+//     waiting for their claims never waits behind, or holds up, the
+//     allocations and gates of groups that are ready.
 
 // groupWrites is what the controller knows of one group's writes in flight.
 type groupWrites struct {
@@ -42,23 +47,39 @@ type groupWrites struct {
 // the writes forgets the group's backoff or, on a failure, backs it off
 // further, as the worker does after a sync.
 func (c *Controller) writeBehind(ctx context.Context, key string, write func() error, undo func()) (result, error) {
+	return c.behind(ctx, c.writeSlots, key, write, undo)
+}
+
+// statusBehind writes what the group's pods wait for (setStatus) beside
+// the worker, in slots of its own.
+func (c *Controller) statusBehind(ctx context.Context, key string, pods []*v1.Pod, reason, message string) (result, error) {
+	changes := c.statusPatches(key, pods, reason, message)
+	if len(changes) == 0 {
+		return done, nil
+	}
+	return c.behind(ctx, c.statusSlots, key, func() error { return c.writeStatus(ctx, changes) }, nil)
+}
+
+// behind runs write beside the worker once one of slots is free (nil:
+// at once, in the worker); see writeBehind.
+func (c *Controller) behind(ctx context.Context, slots chan struct{}, key string, write func() error, undo func()) (result, error) {
 	if undo == nil {
 		undo = func() {}
 	}
-	if c.writeSlots == nil {
+	if slots == nil {
 		defer undo()
 		return done, write()
 	}
 	took := false
 	select {
-	case c.writeSlots <- struct{}{}:
+	case slots <- struct{}{}:
 		took = true
 	case <-ctx.Done():
 	}
 	if ctx.Err() != nil {
 		// Stopping: select picks at random when a slot is free too.
 		if took {
-			<-c.writeSlots
+			<-slots
 		}
 		undo()
 		return done, context.Cause(ctx)
@@ -76,7 +97,7 @@ func (c *Controller) writeBehind(ctx context.Context, key string, write func() e
 		c.mu.Lock()
 		delete(c.writing, key)
 		c.mu.Unlock()
-		<-c.writeSlots
+		<-slots
 		c.cfg.Metrics.WritingGroups.Dec()
 		// w is no longer in c.writing: nobody else changes it now.
 		for _, k := range w.waiters {

@@ -1,9 +1,11 @@
 package controller
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,8 +18,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
+
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 )
 
 // writeBehindHarness is a harness whose controller writes up to four
@@ -25,8 +31,7 @@ import (
 // wait until release is called; held receives each of them as it starts.
 func writeBehindHarness(t *testing.T, hold string, extra ...any) (h *harness, held chan *resourceapi.ResourceClaim, release func()) {
 	h = newHarness(t, extra...)
-	h.c.cfg.WritingGroups = 4
-	h.c.writeSlots = make(chan struct{}, 4)
+	h.writeBeside(4)
 	held = make(chan *resourceapi.ResourceClaim, 8)
 	released := make(chan struct{})
 	release = sync.OnceFunc(func() { close(released) })
@@ -39,6 +44,14 @@ func writeBehindHarness(t *testing.T, hold string, extra ...any) (h *harness, he
 		return func() {}
 	}}
 	return h, held, release
+}
+
+// writeBeside has the harness's controller write the groups' claims and
+// gates, and what waiting groups wait for, beside the worker, n groups of
+// each at once, as New does with Config.WritingGroups n.
+func (h *harness) writeBeside(n int) {
+	h.c.cfg.WritingGroups = n
+	h.c.writeSlots, h.c.statusSlots = make(chan struct{}, n), make(chan struct{}, n)
 }
 
 // syncReturns runs one sync of key as the worker does and fails the test
@@ -211,8 +224,7 @@ func TestFailedWritesBackOffFurtherEachTime(t *testing.T) {
 		t.Run(fmt.Sprint("WritingGroups=", slots), func(t *testing.T) {
 			h := newHarness(t, job("a", 1))
 			if slots > 0 {
-				h.c.cfg.WritingGroups = slots
-				h.c.writeSlots = make(chan struct{}, slots)
+				h.writeBeside(slots)
 			}
 			h.client.PrependReactor("update", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
 				if u, ok := a.(k8stesting.UpdateAction); ok && a.GetSubresource() == "status" && u.GetObject().(*resourceapi.ResourceClaim).Name == "a-0-gpus" {
@@ -276,8 +288,7 @@ func TestGroupWaitingOnAnotherGroupsWriteIsSyncedWhenTheInformerShowsIt(t *testi
 			return true, out, nil
 		})
 	}, job("a", 1), job("c", 1))
-	h.c.cfg.WritingGroups = 4
-	h.c.writeSlots = make(chan struct{}, 4)
+	h.writeBeside(4)
 	held := make(chan struct{}, 4)
 	released := make(chan struct{})
 	release := sync.OnceFunc(func() { close(released) })
@@ -349,4 +360,83 @@ func addClaimSharers(h *harness) {
 	h.create(c)
 	h.settle()
 	h.syncReturns("default/job/a")
+}
+
+// heldPodPatches wraps a client so that patches of pod hold, other than
+// of its status, wait until release is called; held receives each as it
+// starts.
+type heldPodPatches struct {
+	kubernetes.Interface
+	hold    string
+	held    chan string
+	release chan struct{}
+}
+
+func (c heldPodPatches) CoreV1() corev1client.CoreV1Interface {
+	return heldCoreV1{c.Interface.CoreV1(), c}
+}
+
+type heldCoreV1 struct {
+	corev1client.CoreV1Interface
+	c heldPodPatches
+}
+
+func (c heldCoreV1) Pods(ns string) corev1client.PodInterface {
+	return heldPods{c.CoreV1Interface.Pods(ns), c.c}
+}
+
+type heldPods struct {
+	corev1client.PodInterface
+	c heldPodPatches
+}
+
+func (p heldPods) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*v1.Pod, error) {
+	if name == p.c.hold && len(sub) == 0 {
+		p.c.held <- string(data)
+		<-p.c.release
+	}
+	return p.PodInterface.Patch(ctx, name, pt, data, opts, sub...)
+}
+
+// What a waiting group's pods wait for is written beside the worker: a
+// slow status write neither holds the worker nor keeps another group,
+// ready meanwhile, from being planned and written; the waiting group
+// itself, synced meanwhile, is synced again once its status is written.
+func TestWaitingStatusIsWrittenBesideTheWorker(t *testing.T) {
+	h := newHarness(t, job("a", 2), job("b", 1))
+	h.writeBeside(4)
+	held, release := make(chan string, 4), make(chan struct{})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce)
+	h.c.cfg.Client = heldPodPatches{Interface: h.client, hold: "a-0", held: held, release: release}
+	h.addPod(jobPod("a", 0, "gpu-8-node", nil)) // a-1 does not exist yet
+	h.settle()
+	h.syncReturns("default/job/a")
+	select {
+	case patch := <-held:
+		if !strings.Contains(patch, placement.StatusWaitingForPods) {
+			t.Errorf("a-0's held patch %s does not say it waits for its group's pods", patch)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a-0's status was never written")
+	}
+	h.syncReturns("default/job/a") // deferred: its status write is in flight
+	h.addPod(jobPod("b", 0, "gpu-8-node", nil))
+	h.settle()
+	h.syncReturns("default/job/b")
+	h.eventually("b's allocation", func() bool {
+		cl, err := h.c.claims.ResourceClaims("default").Get("b-0-gpus")
+		return err == nil && cl.Status.Allocation != nil
+	})
+	h.c.mu.Lock()
+	w := h.c.writing["default/job/a"]
+	h.c.mu.Unlock()
+	if w == nil || !w.missed {
+		t.Errorf("a's status write in flight: %+v, want one that a's deferred sync marked missed", w)
+	}
+	releaseOnce()
+	h.c.waitWrites()
+	if got := h.pod("a-0").Annotations[placement.AnnotationStatus]; !strings.HasPrefix(got, placement.StatusWaitingForPods) {
+		t.Errorf("a-0's status %q, want %s", got, placement.StatusWaitingForPods)
+	}
 }
