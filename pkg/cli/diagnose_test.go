@@ -206,7 +206,7 @@ func TestExplainManagedWaitingForClaimsShowsCreationFailure(t *testing.T) {
 	w := newWaitCase(t)
 	w.pod.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: placement.SchedulingGate}}
 	w.pod.Annotations = map[string]string{placement.AnnotationStatus: placement.Status{Reason: placement.StatusWaitingForPods,
-		Message: "waiting for the pods' ResourceClaims to be created"}.Format()}
+		Message: placement.WaitingForPodsMessage}.Format()}
 	w.pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpus", ResourceClaimTemplateName: ptr.To("gpu-one")}}
 	msg := `PodResourceClaim gpus: resource claim template "gpu-one": resourceclaimtemplate.resource.k8s.io "gpu-one" not found`
 	w.event(cli.EventFailedResourceClaimCreation, v1.EventTypeWarning, "resource_claim", msg)

@@ -179,7 +179,7 @@ func decide(o *observation, bindTimeout time.Duration) decision {
 		case len(g.foreign) > 0:
 			d.status(placement.StatusWaitingForGates, g.foreignMessage(), g.pods(g.foreign), "")
 		case len(g.waiting) > 0:
-			d.status(placement.StatusWaitingForPods, "waiting for the pods' ResourceClaims to be created", g.gatedWaiting(), "")
+			d.status(placement.StatusWaitingForPods, placement.WaitingForPodsMessage, g.gatedWaiting(), "")
 		case len(g.held) == 0:
 			d.next = nextSettled
 		case o.gatesIn > 0:
@@ -215,7 +215,7 @@ func decide(o *observation, bindTimeout time.Duration) decision {
 			d.status(placement.StatusWaitingForPodGroup, fmt.Sprintf("waiting for PodGroup %s, which the pods name in spec.schedulingGroup: its gang size and topology constraint are part of the plan", g.podGroupName), waiting, OutcomeWaiting)
 			return d
 		case g.members() < g.size || len(g.waiting) > 0:
-			d.status(placement.StatusWaitingForPods, fmt.Sprintf("waiting for all %d pods of the group and their ResourceClaims to exist", g.size), waiting, OutcomeWaiting)
+			d.status(placement.StatusWaitingForPods, placement.WaitingForPodsMessage, waiting, OutcomeWaiting)
 			return d
 		}
 		for _, m := range g.held {

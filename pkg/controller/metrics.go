@@ -90,7 +90,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		WritingGroups: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gputopo", Subsystem: "controller", Name: "writing_groups",
-			Help: "Pod groups whose writes (claim allocations, gates) are in flight beside the planning worker; at --concurrent-group-writes the worker waits for one to end.",
+			Help: "Pod groups whose writes (claim allocations, gates, or what waiting pods wait for) are in flight beside the planning worker; when the allocations and gates reach --concurrent-group-writes the worker waits for one to end.",
 		}),
 		LeafUtilization: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "gputopo", Subsystem: "controller", Name: "leaf_gpu_utilization",

@@ -187,6 +187,15 @@ const (
 	StatusWaitingForPodGroup = "WaitingForPodGroup"
 )
 
+// WaitingForPodsMessage is the message of StatusWaitingForPods. The
+// scheduling-gate admission policy writes that status on every pod it
+// gates, as it is created (AdmittedStatus), so the controller writes it
+// only on pods gated some other way.
+const WaitingForPodsMessage = "waiting for the group's pods and their ResourceClaims to exist"
+
+// AdmittedStatus is the status a gated pod is created with.
+var AdmittedStatus = Status{Reason: StatusWaitingForPods, Message: WaitingForPodsMessage}.Format()
+
 // MaxStatusMessage bounds a status message in bytes.
 const MaxStatusMessage = 1000
 

@@ -92,3 +92,31 @@ func strs[T ~string](values []T) []string {
 	}
 	return out
 }
+
+// The scheduling-gate policy writes AdmittedStatus on every pod it gates,
+// and the validation policy lets exactly that note through on a new pod,
+// which it otherwise refuses as the controller's.
+func TestPoliciesSpellTheAdmittedStatus(t *testing.T) {
+	const gateFile = "../../../deployments/admission/scheduling-gate.yaml"
+	b, err := os.ReadFile(gateFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, _, _ := bytes.Cut(b, []byte("\n---\n"))
+	var gate admissionv1.MutatingAdmissionPolicy
+	if err := yaml.UnmarshalStrict(doc, &gate); err != nil {
+		t.Fatalf("%s: %v", gateFile, err)
+	}
+	want := `{"` + AnnotationStatus + `": "` + AdmittedStatus + `"}`
+	if len(gate.Spec.Mutations) != 1 || gate.Spec.Mutations[0].ApplyConfiguration == nil ||
+		!strings.Contains(gate.Spec.Mutations[0].ApplyConfiguration.Expression, want) {
+		t.Errorf("the mutation of %s does not write %s", gateFile, want)
+	}
+	found := false
+	for _, v := range loadPolicy(t).Spec.Variables {
+		found = found || (v.Name == "touched" && strings.Contains(v.Expression, `'`+AnnotationStatus+`'`) && strings.Contains(v.Expression, `"`+AdmittedStatus+`"`))
+	}
+	if !found {
+		t.Errorf("variable touched of %s does not let %s=%q through", policyFile, AnnotationStatus, AdmittedStatus)
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -306,5 +308,35 @@ func refusedBy(t *testing.T, policy string, isReason func(error) bool, what stri
 	}
 	if !isReason(err) || !strings.Contains(err.Error(), policy) || !strings.Contains(err.Error(), want) {
 		t.Errorf("%s failed with %v (reason %s); want the %s policy's %q", what, err, apierrors.ReasonForError(err), policy, want)
+	}
+}
+
+// TestGatedPodIsCreatedWithItsNote: the scheduling-gate policy writes on
+// every pod it gates what the pod waits for, the note the controller
+// would write (placement.AdmittedStatus), which the validation policy lets
+// through; a pod created with a note of its own is refused, not
+// overwritten.
+func TestGatedPodIsCreatedWithItsNote(t *testing.T) {
+	ctx := framework.Ctx(t)
+	opted := map[string]string{placementapi.AnnotationPlacement: string(placementapi.PlacementAuto)}
+	pod, err := client.CoreV1().Pods(namespace).Create(ctx, heldPod("note", opted), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create an opted-in pod: %v", err)
+	}
+	defer deletePodNow(t, pod.Name)
+	if got := pod.Annotations[placementapi.AnnotationStatus]; got != placementapi.AdmittedStatus {
+		t.Errorf("new pod's %s = %q, want %q", placementapi.AnnotationStatus, got, placementapi.AdmittedStatus)
+	}
+	if !slices.ContainsFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == placementapi.SchedulingGate }) {
+		t.Errorf("new pod's gates %v lack %s", pod.Spec.SchedulingGates, placementapi.SchedulingGate)
+	}
+	own := maps.Clone(opted)
+	own[placementapi.AnnotationStatus] = "Unschedulable: made up"
+	bad := heldPod("note-own", own)
+	if _, err := client.CoreV1().Pods(namespace).Create(ctx, bad, metav1.CreateOptions{}); err == nil {
+		deletePodNow(t, bad.Name)
+		t.Errorf("a pod created with %s=%q was admitted", placementapi.AnnotationStatus, own[placementapi.AnnotationStatus])
+	} else if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), placementapi.AnnotationStatus+" is written by the gputopo controller") {
+		t.Errorf("a pod created with its own %s: %v, want Forbidden naming it", placementapi.AnnotationStatus, err)
 	}
 }

@@ -386,7 +386,7 @@ func TestExplainGroupWaits(t *testing.T) {
 		}
 	})
 	checkExplain(t, explainCase{target: "pod/explain-pair-0", state: "waiting (gated)",
-		why: []string{"WaitingForPods: waiting for all 2 pods of the group and their ResourceClaims to exist"}, doc: "4. "})
+		why: []string{"WaitingForPods: waiting for the group's pods and their ResourceClaims to exist"}, doc: "4. "})
 	p, err := client.CoreV1().Pods(namespace).Get(framework.Ctx(t), "explain-pair-0", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
