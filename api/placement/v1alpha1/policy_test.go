@@ -18,19 +18,26 @@ const policyFile = "../../../deployments/admission/placement-validation.yaml"
 
 func loadPolicy(t *testing.T) admissionv1.ValidatingAdmissionPolicy {
 	t.Helper()
-	b, err := os.ReadFile(policyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, _, _ := bytes.Cut(b, []byte("\n---\n"))
-	var p admissionv1.ValidatingAdmissionPolicy
-	if err := yaml.UnmarshalStrict(doc, &p); err != nil {
-		t.Fatalf("%s: %v", policyFile, err)
-	}
+	p := firstDoc[admissionv1.ValidatingAdmissionPolicy](t, policyFile)
 	if p.Kind != "ValidatingAdmissionPolicy" {
 		t.Fatalf("%s: first document is a %s", policyFile, p.Kind)
 	}
 	return p
+}
+
+// firstDoc reads the first YAML document of file.
+func firstDoc[T any](t *testing.T, file string) T {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, _, _ := bytes.Cut(b, []byte("\n---\n"))
+	var out T
+	if err := yaml.UnmarshalStrict(doc, &out); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return out
 }
 
 var quoted = regexp.MustCompile(`'([^']*)'`)
@@ -98,15 +105,7 @@ func strs[T ~string](values []T) []string {
 // which it otherwise refuses as the controller's.
 func TestPoliciesSpellTheAdmittedStatus(t *testing.T) {
 	const gateFile = "../../../deployments/admission/scheduling-gate.yaml"
-	b, err := os.ReadFile(gateFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, _, _ := bytes.Cut(b, []byte("\n---\n"))
-	var gate admissionv1.MutatingAdmissionPolicy
-	if err := yaml.UnmarshalStrict(doc, &gate); err != nil {
-		t.Fatalf("%s: %v", gateFile, err)
-	}
+	gate := firstDoc[admissionv1.MutatingAdmissionPolicy](t, gateFile)
 	want := `{"` + AnnotationStatus + `": "` + AdmittedStatus + `"}`
 	if len(gate.Spec.Mutations) != 1 || gate.Spec.Mutations[0].ApplyConfiguration == nil ||
 		!strings.Contains(gate.Spec.Mutations[0].ApplyConfiguration.Expression, want) {

@@ -611,9 +611,7 @@ func deleteClaim(t *testing.T, name string) {
 func TestPodAntiAffinityPlansTheGroupApart(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
-	ann := withStrategy(placementapi.PlacementSameLeaf, placementapi.StrategyConsolidated)
-	ann[placementapi.AnnotationPreferredDomain] = leaf
-	ann[placementapi.AnnotationPreferredRequired] = "true"
+	ann := consolidatedIn(leaf)
 	job := createJobFrom(t, "ev-apart", 2, "gpu-4-nvlink", ann, antiAffine("ev-apart"))
 	b := waitBound(t, jobSelector(job.Name), 2)
 	if b.nodes[0] == b.nodes[1] {
@@ -636,6 +634,15 @@ func TestPodAntiAffinityPlansTheGroupApart(t *testing.T) {
 			t.Errorf("pod %s was released (%s)", p.Name, p.Annotations[placementapi.AnnotationReleased])
 		}
 	}
+}
+
+// consolidatedIn asks for the consolidated strategy in one leaf, leaf
+// required.
+func consolidatedIn(leaf string) map[string]string {
+	ann := withStrategy(placementapi.PlacementSameLeaf, placementapi.StrategyConsolidated)
+	ann[placementapi.AnnotationPreferredDomain] = leaf
+	ann[placementapi.AnnotationPreferredRequired] = "true"
+	return ann
 }
 
 // antiAffine gives a Job's pods required pod anti-affinity on
@@ -669,9 +676,7 @@ func antiAffine(other string) func(*batchv1.Job) {
 func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
-	ann := withStrategy(placementapi.PlacementSameLeaf, placementapi.StrategyConsolidated)
-	ann[placementapi.AnnotationPreferredDomain] = leaf
-	ann[placementapi.AnnotationPreferredRequired] = "true"
+	ann := consolidatedIn(leaf)
 	anchor := createJobFrom(t, "ev-anchor", 1, "gpu-4-nvlink", ann)
 	a := waitBound(t, jobSelector(anchor.Name), 1)
 	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, antiAffine(anchor.Name))
