@@ -97,6 +97,13 @@ func (t antiTerm) selects(members []Member) bool {
 // label selector does not parse.
 func (st *state) findApart() error {
 	job := st.job
+	withTerms := slices.ContainsFunc(job.Pods, func(p Pod) bool { return len(p.AntiAffinity) > 0 })
+	for _, p := range job.PinnedPods {
+		withTerms = withTerms || len(p.AntiAffinity) > 0
+	}
+	if !withTerms {
+		return nil // the common case, without allocating
+	}
 	pinned := slices.Sorted(maps.Keys(job.Pinned))
 	terms := make([][]antiTerm, len(job.Pods))
 	some := false
