@@ -106,13 +106,12 @@ func (st *state) findApart() error {
 	}
 	pinned := slices.Sorted(maps.Keys(job.Pinned))
 	terms := make([][]antiTerm, len(job.Pods))
-	some := false
 	for i, p := range job.Pods {
 		t, err := compileAnti(p)
 		if err != nil {
 			return err
 		}
-		terms[i], some = t, some || len(t) > 0
+		terms[i] = t
 	}
 	pinnedTerms := make([][]antiTerm, len(pinned))
 	for i, name := range pinned {
@@ -124,10 +123,7 @@ func (st *state) findApart() error {
 		if err != nil {
 			return err
 		}
-		pinnedTerms[i], some = t, some || len(t) > 0
-	}
-	if !some {
-		return nil
+		pinnedTerms[i] = t
 	}
 	st.apart = make([][]apart, len(job.Pods))
 	keys := map[string]bool{}
