@@ -119,15 +119,16 @@ func refusedNode(p *v1.Pod) string {
 // member's requests, pod slot, labels and required pod anti-affinity.
 func (u *unit) pod() planner.Pod {
 	p := planner.PodFor(u.members[0].pod, u.claims)
-	for _, m := range u.members[1:] {
-		o := planner.PodFor(m.pod, nil)
-		p.AntiAffinity = append(slices.Clip(p.AntiAffinity), o.AntiAffinity...)
-		p.Members = append(p.Members, o.Members...)
-	}
 	if len(u.members) > 1 {
-		sum := v1.ResourceList{}
-		for _, m := range u.members {
-			for name, q := range planner.PodFor(m.pod, nil).Requests {
+		sum := p.Requests.DeepCopy()
+		if sum == nil {
+			sum = v1.ResourceList{}
+		}
+		for _, m := range u.members[1:] {
+			o := planner.PodFor(m.pod, nil)
+			p.AntiAffinity = append(slices.Clip(p.AntiAffinity), o.AntiAffinity...)
+			p.Members = append(p.Members, o.Members...)
+			for name, q := range o.Requests {
 				v := sum[name]
 				v.Add(q)
 				sum[name] = v
