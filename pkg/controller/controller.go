@@ -214,7 +214,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 10*time.Minute, informers.WithTransform(cacheTransform(newInterner(internerLimit))))
 	podInf := f.Core().V1().Pods().Informer()
-	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode, podGroupIndex: indexByPodGroup}); err != nil {
+	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode, podGroupIndex: indexByPodGroup, antiAffinityIndex: indexByAntiAffinity}); err != nil {
 		return nil, fmt.Errorf("add pod group index: %w", err)
 	}
 	bcast := record.NewBroadcaster()
@@ -425,6 +425,11 @@ func (c *Controller) onPodDelete(obj any) {
 	c.mu.Unlock()
 	c.countPod(pod, nil)
 	c.onPod(pod)
+	if pod.Status.Phase != v1.PodSucceeded && pod.Status.Phase != v1.PodFailed && usageNode(pod) != "" {
+		// A pod that leaves its node frees cpu and memory, and what its
+		// pod anti-affinity kept other pods out of.
+		c.requeuePending()
+	}
 }
 
 func claimOf(obj any) *resourceapi.ResourceClaim {

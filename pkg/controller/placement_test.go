@@ -966,3 +966,69 @@ func TestPodAntiAffinityKeepsTheGroupApart(t *testing.T) {
 		})
 	}
 }
+
+// TestPodAntiAffinityAgainstPodsOutsideTheGroup: a pod outside the group
+// on the node consolidated would fill first keeps the group's pods off
+// it when a required anti-affinity term ties them, its own term or
+// theirs, as kube-scheduler's InterPodAffinity filter does. The pod is
+// either bound there without gputopo, or another group's pod whose
+// claims the controller allocated there while its gate is still closed.
+func TestPodAntiAffinityAgainstPodsOutsideTheGroup(t *testing.T) {
+	consolidated := map[string]string{placement.AnnotationStrategy: "consolidated"}
+	against := func(p *v1.Pod, app string, selects string) *v1.Pod {
+		p.Labels = map[string]string{"app": app}
+		if selects != "" {
+			p.Spec.Affinity = &v1.Affinity{PodAntiAffinity: &v1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []v1.PodAffinityTerm{{
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": selects}}, TopologyKey: v1.LabelHostname}}}}
+		}
+		return p
+	}
+	// alone is where the group's first pod goes with no one else there.
+	alone := func() string {
+		h := newHarness(t, job("train", 2))
+		h.addPod(jobPod("train", 0, "gpu-4-nvlink", consolidated))
+		h.addPod(jobPod("train", 1, "gpu-4-nvlink", consolidated))
+		h.settle()
+		h.place("default/job/train")
+		return h.allocatedNode("train-0")
+	}()
+	for _, held := range []bool{false, true} {
+		for name, tc := range map[string]struct {
+			webSelects, trainSelects string
+			tied                     bool
+		}{
+			"no term":           {},
+			"the other's term":  {webSelects: "train", tied: true},
+			"the group's term":  {trainSelects: "web", tied: true},
+			"a term not for it": {webSelects: "infer", trainSelects: "infer"},
+		} {
+			t.Run(fmt.Sprintf("held=%v/%s", held, name), func(t *testing.T) {
+				h := newHarness(t, job("train", 2), job("web", 1))
+				var webNode string
+				if held {
+					h.addPod(against(jobPod("web", 0, "gpu-4-nvlink", consolidated), "web", tc.webSelects))
+					h.allocate("default/job/web")
+					webNode = h.allocatedNode("web-0")
+					if webNode == "" || !hasGate(h.pod("web-0")) {
+						t.Fatalf("web-0 not held: allocated on %q, gated %v", webNode, hasGate(h.pod("web-0")))
+					}
+				} else {
+					webNode = alone
+					h.create(against(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", UID: "web"},
+						Spec: v1.PodSpec{NodeName: webNode, Containers: []v1.Container{{Name: "c", Image: "img"}}}}, "web", tc.webSelects))
+				}
+				h.addPod(against(jobPod("train", 0, "gpu-4-nvlink", consolidated), "train", tc.trainSelects))
+				h.addPod(against(jobPod("train", 1, "gpu-4-nvlink", consolidated), "train", tc.trainSelects))
+				h.settle()
+				h.place("default/job/train")
+				n0, n1 := h.allocatedNode("train-0"), h.allocatedNode("train-1")
+				if n0 == "" || n1 == "" {
+					t.Fatalf("group not planned: %q, %q", n0, n1)
+				}
+				if beside := n0 == webNode || n1 == webNode; beside == tc.tied {
+					t.Errorf("pods planned onto %s and %s, the other pod on %s; want them off its node: %v", n0, n1, webNode, tc.tied)
+				}
+			})
+		}
+	}
+}

@@ -614,6 +614,7 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 	for _, u := range units {
 		job.Pods = append(job.Pods, u.pod())
 	}
+	job.Neighbours = c.neighbours(g.key, job.Pods)
 	t0 := time.Now()
 	_, treeTime, err := c.updateTree()
 	if err != nil {

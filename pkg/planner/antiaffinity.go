@@ -11,19 +11,19 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 )
 
-// Required pod anti-affinity among the job's own pods. kube-scheduler's
-// InterPodAffinity filter refuses a pod a node whose value of a term's
-// topologyKey is shared by a pod the term selects, and does the same the
-// other way round: a pod whose own required anti-affinity term selects
-// the incoming pod keeps it out of its value too. Pods of one job often
-// carry such a term against each other ("one pod per node"), and a plan
-// that ignored it would put two of them where the scheduler binds only
-// one. The planner keeps every two pods of the job that a term sets apart
-// (the pods it places and the pinned ones) in different values of the
-// term's key; a node without the label is no value and holds any of them,
-// as the scheduler's filter lets it. Terms against pods outside the job
-// are the scheduler's to weigh: a pod refused for them is planned again
-// away from the node (refusedNode in the controller).
+// Required pod anti-affinity. kube-scheduler's InterPodAffinity filter
+// refuses a pod a node whose value of a term's topologyKey is shared by a
+// pod the term selects, and does the same the other way round: a pod
+// whose own required anti-affinity term selects the incoming pod keeps it
+// out of its value too. Pods of one job often carry such a term against
+// each other ("one pod per node"), and pods of other workloads against
+// them ("not beside team X's jobs"); a plan that ignored either would put
+// a pod where the scheduler refuses to bind it. The planner keeps every
+// two pods of the job that a term sets apart in different values of the
+// term's key, and keeps each pod out of the values of the pods outside
+// the job that a term ties it to (Job.Neighbours) and of its pinned pods;
+// a node without the label is no value and holds any of them, as the
+// scheduler's filter lets it.
 
 // Member is a pod as the anti-affinity terms of the job's pods see it.
 type Member struct {
@@ -31,12 +31,55 @@ type Member struct {
 	Labels    map[string]string
 }
 
-// apart is one pod, or pinned pod, that a pod must not share a value of
-// key with.
+// apart is a pod of the job that a pod must not share a value of key
+// with.
 type apart struct {
-	key  string
-	pod  int // index into Job.Pods, or -1
-	node int // the pinned pod's node when pod is -1
+	key string
+	pod int // index into Job.Pods
+}
+
+// Neighbour is a pod outside the job that is on a node, or on its way to
+// one (planned, nominated), and that pod anti-affinity may tie to the
+// job's pods: one of its required terms selects one of them, or one of
+// theirs selects it. NeighbourFor fills it.
+type Neighbour struct {
+	Node string
+	// Pod carries the neighbour's Members (one) and AntiAffinity.
+	Pod Pod
+}
+
+// NeighbourFor is pod on node as the job's anti-affinity sees it.
+func NeighbourFor(pod *v1.Pod, node string) Neighbour {
+	return Neighbour{Node: node, Pod: Pod{Name: pod.Name, AntiAffinity: requiredAntiAffinity(pod),
+		Members: []Member{{Namespace: pod.Namespace, Labels: pod.Labels}}}}
+}
+
+// AntiAffinityTies reports whether required pod anti-affinity ties q to
+// any of pods: one of q's terms selects one of their members, or one of
+// their terms selects one of q's. A term whose selector does not parse
+// ties nothing (the API server admits none).
+func AntiAffinityTies(q Pod, pods []Pod) bool {
+	qt, err := compileAnti(q)
+	if err != nil {
+		return false
+	}
+	for _, p := range pods {
+		for _, t := range qt {
+			if t.selects(p.Members) {
+				return true
+			}
+		}
+		pt, err := compileAnti(p)
+		if err != nil {
+			continue
+		}
+		for _, t := range pt {
+			if t.selects(q.Members) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // antiTerm is a required anti-affinity term, ready to match.
@@ -92,19 +135,20 @@ func (t antiTerm) selects(members []Member) bool {
 	return false
 }
 
-// findApart fills st.apart: for every pod, the pods and pinned pods it
-// must not share a value with. It returns an error only for a term whose
+// findApart fills st.apart and st.apartVals: for every pod, the pods of
+// the job it must not share a value with, and the values it may not use,
+// those of its pinned pods and neighbours it is tied to. Both stay nil
+// when nothing ties any pod. It returns an error only for a term whose
 // label selector does not parse.
 func (st *state) findApart() error {
 	job := st.job
-	withTerms := slices.ContainsFunc(job.Pods, func(p Pod) bool { return len(p.AntiAffinity) > 0 })
+	withTerms := len(job.Neighbours) > 0 || slices.ContainsFunc(job.Pods, func(p Pod) bool { return len(p.AntiAffinity) > 0 })
 	for _, p := range job.PinnedPods {
 		withTerms = withTerms || len(p.AntiAffinity) > 0
 	}
 	if !withTerms {
 		return nil // the common case, without allocating
 	}
-	pinned := slices.Sorted(maps.Keys(job.Pinned))
 	terms := make([][]antiTerm, len(job.Pods))
 	for i, p := range job.Pods {
 		t, err := compileAnti(p)
@@ -113,24 +157,63 @@ func (st *state) findApart() error {
 		}
 		terms[i] = t
 	}
-	pinnedTerms := make([][]antiTerm, len(pinned))
-	for i, name := range pinned {
-		p, ok := job.PinnedPods[name]
-		if !ok {
+	// fixed are the pods with a node already: pinned pods of the job, and
+	// its neighbours outside it.
+	type fixedPod struct {
+		node    int
+		pod     Pod
+		terms   []antiTerm
+		outside bool
+	}
+	var fixed []fixedPod
+	for _, name := range slices.Sorted(maps.Keys(job.Pinned)) {
+		node, ok := st.c.byName[job.Pinned[name]]
+		p, known := job.PinnedPods[name]
+		if !ok || !known {
 			continue
 		}
 		t, err := compileAnti(p)
 		if err != nil {
 			return err
 		}
-		pinnedTerms[i] = t
+		fixed = append(fixed, fixedPod{node: node, pod: p, terms: t})
 	}
-	st.apart = make([][]apart, len(job.Pods))
+	for _, nb := range job.Neighbours {
+		node, ok := st.c.byName[nb.Node]
+		if !ok {
+			continue // a node outside the cluster is in no value of it
+		}
+		t, err := compileAnti(nb.Pod)
+		if err != nil {
+			return err
+		}
+		fixed = append(fixed, fixedPod{node: node, pod: nb.Pod, terms: t, outside: true})
+	}
+	apartPods := make([][]apart, len(job.Pods))
+	vals := make([]map[string]map[string]bool, len(job.Pods))
 	keys := map[string]bool{}
-	add := func(i int, a apart) {
-		if !slices.Contains(st.apart[i], a) {
-			st.apart[i] = append(st.apart[i], a)
+	tied := map[int]bool{} // the neighbours that keep a pod out
+	addPod := func(i int, a apart) {
+		if !slices.Contains(apartPods[i], a) {
+			apartPods[i] = append(apartPods[i], a)
 			keys[a.key] = true
+		}
+	}
+	addVal := func(i int, key string, f int) {
+		v, ok := st.c.nodes[fixed[f].node].obj.Labels[key]
+		if !ok {
+			return // a node without the key is in no value
+		}
+		if vals[i] == nil {
+			vals[i] = map[string]map[string]bool{}
+		}
+		if vals[i][key] == nil {
+			vals[i][key] = map[string]bool{}
+		}
+		vals[i][key][v] = true
+		keys[key] = true
+		if fixed[f].outside {
+			tied[f] = true
 		}
 	}
 	for i, p := range job.Pods {
@@ -140,54 +223,59 @@ func (st *state) findApart() error {
 			}
 			for _, t := range terms[i] {
 				if t.selects(q.Members) {
-					add(i, apart{key: t.key, pod: j})
-					add(j, apart{key: t.key, pod: i})
+					addPod(i, apart{key: t.key, pod: j})
+					addPod(j, apart{key: t.key, pod: i})
 				}
 			}
 		}
-		for k, name := range pinned {
-			node, ok := st.c.byName[job.Pinned[name]]
-			if !ok {
-				continue
-			}
-			q := job.PinnedPods[name]
+		for f := range fixed {
 			for _, t := range terms[i] {
-				if t.selects(q.Members) {
-					add(i, apart{key: t.key, pod: -1, node: node})
+				if t.selects(fixed[f].pod.Members) {
+					addVal(i, t.key, f)
 				}
 			}
-			for _, t := range pinnedTerms[k] {
+			for _, t := range fixed[f].terms {
 				if t.selects(p.Members) {
-					add(i, apart{key: t.key, pod: -1, node: node})
+					addVal(i, t.key, f)
 				}
 			}
 		}
 	}
-	if len(keys) > 0 {
-		st.apartBy = strings.Join(slices.Sorted(maps.Keys(keys)), ", ")
-		st.reasons = append(st.reasons, fmt.Sprintf("the job's pods keep apart by %s (their required pod anti-affinity)", st.apartBy))
+	if len(keys) == 0 {
+		return nil
 	}
+	st.apart, st.apartVals = apartPods, vals
+	st.apartBy = strings.Join(slices.Sorted(maps.Keys(keys)), ", ")
+	why := "their required pod anti-affinity"
+	if n := len(tied); n > 0 {
+		why += fmt.Sprintf(", with %s outside the job", pods(n))
+	}
+	st.reasons = append(st.reasons, fmt.Sprintf("the job's pods keep apart by %s (%s)", st.apartBy, why))
 	return nil
 }
 
-// keptApart says whether the pod may not go to node n because a pod of
-// the job it must keep apart from is in the same value already.
+// keptApart says whether the pod may not go to node n: a pod it must
+// keep apart from is in n's value of the key already, planned, pinned or
+// outside the job.
 func (a *attempt) keptApart(pod, n int) bool {
 	st := a.st
 	if st.apart == nil {
 		return false
 	}
 	nl := st.c.nodes[n].obj.Labels
+	for key, vs := range st.apartVals[pod] {
+		if v, ok := nl[key]; ok && vs[v] {
+			return true
+		}
+	}
 	for _, ap := range st.apart[pod] {
 		v, ok := nl[ap.key]
 		if !ok {
 			continue
 		}
-		other := ap.node
-		if ap.pod >= 0 {
-			if other = a.assign[ap.pod]; other < 0 {
-				continue
-			}
+		other := a.assign[ap.pod]
+		if other < 0 {
+			continue
 		}
 		if w, ok := st.c.nodes[other].obj.Labels[ap.key]; ok && w == v {
 			return true

@@ -152,3 +152,106 @@ func TestPodAntiAffinityOnNodesWithoutTheKey(t *testing.T) {
 	plan, err := newPlanner(t).Plan(context.Background(), planner.NewSnapshot(c, nil), nil, job)
 	checkPlan(t, plan, err, &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n0", "l0n0")}, nil)
 }
+
+// neighbour is a pod outside the job labelled app=value in namespace ns
+// on node, with terms.
+func neighbour(node, ns, value string, terms ...v1.PodAffinityTerm) planner.Neighbour {
+	return planner.Neighbour{Node: node, Pod: planner.Pod{Name: "nb-" + node,
+		Members: []planner.Member{{Namespace: ns, Labels: map[string]string{"app": value}}}, AntiAffinity: terms}}
+}
+
+// TestPodAntiAffinityAgainstPodsOutsideTheJob: a pod outside the job on
+// l0n0, the node consolidated would fill first, keeps the job's pods out
+// of its value when a term ties them, either way round, as
+// kube-scheduler's InterPodAffinity filter does; pods it does not tie to
+// (another namespace, a key its node lacks) change nothing.
+func TestPodAntiAffinityAgainstPodsOutsideTheJob(t *testing.T) {
+	hostname, leafKey := v1.LabelHostname, topology.LabelTopographLeaf
+	c := labelled().Obj(t)
+	tests := map[string]struct {
+		pods       int
+		terms      []v1.PodAffinityTerm // the job's pods', which are app=train
+		neighbours []planner.Neighbour
+		want       *placed
+		wantReason string
+	}{
+		"without a tie both share l0n0": {
+			pods:       2,
+			neighbours: []planner.Neighbour{neighbour("l0n0", "ns", "web")},
+			want:       &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n0", "l0n0")},
+		},
+		"the neighbour's term keeps them off its node": {
+			pods:       2,
+			neighbours: []planner.Neighbour{neighbour("l0n0", "ns", "web", antiTerm(hostname, "train"))},
+			want:       &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n1", "l0n1")},
+			wantReason: "the job's pods keep apart by kubernetes.io/hostname (their required pod anti-affinity, with 1 pod outside the job)",
+		},
+		"their term against the neighbour": {
+			pods:       2,
+			terms:      []v1.PodAffinityTerm{antiTerm(hostname, "web")},
+			neighbours: []planner.Neighbour{neighbour("l0n0", "ns", "web")},
+			want:       &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n1", "l0n1")},
+			wantReason: "with 1 pod outside the job",
+		},
+		"a neighbour in another namespace is not selected": {
+			pods:       2,
+			terms:      []v1.PodAffinityTerm{antiTerm(hostname, "web")},
+			neighbours: []planner.Neighbour{neighbour("l0n0", "other", "web")},
+			want:       &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n0", "l0n0")},
+		},
+		"a term on a key the nodes lack keeps nothing apart": {
+			pods:       2,
+			neighbours: []planner.Neighbour{neighbour("l0n0", "ns", "web", antiTerm("example.com/zone", "train"))},
+			want:       &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n0", "l0n0")},
+		},
+		"a term by leaf keeps them out of the leaf": {
+			pods:       2,
+			neighbours: []planner.Neighbour{neighbour("l0n0", "ns", "web", antiTerm(leafKey, "train"))},
+			want:       &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n0", "l1n0")},
+		},
+		"a one-pod job too": {
+			pods:       1,
+			neighbours: []planner.Neighbour{neighbour("l0n0", "ns", "web", antiTerm(hostname, "train"))},
+			want:       &placed{Domain: planner.Domain{Level: planner.LevelNode, Names: []string{"l0n1"}}, Assignments: assign("l0n1")},
+		},
+		"a one-pod job without a tie": {
+			pods:       1,
+			neighbours: []planner.Neighbour{neighbour("l0n0", "ns", "web")},
+			want:       &placed{Domain: planner.Domain{Level: planner.LevelNode, Names: []string{"l0n0"}}, Assignments: assign("l0n0")},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			job := makeJob(t, "j").Pods(tc.pods, "gpu-4-nvlink").Strategy(planner.StrategyConsolidated).member("ns", "train", tc.terms...).Obj()
+			job.Neighbours = tc.neighbours
+			plan, err := newPlanner(t).Plan(context.Background(), planner.NewSnapshot(c, nil), nil, job)
+			checkPlan(t, plan, err, tc.want, nil)
+			if tc.wantReason != "" && !hasReason(plan.Reasons, tc.wantReason) {
+				t.Errorf("reasons do not say %q:\n%v", tc.wantReason, plan.Reasons)
+			}
+		})
+	}
+}
+
+// TestAntiAffinityTies: the controller passes the planner only the pods
+// outside a job that a term ties to it, either way round.
+func TestAntiAffinityTies(t *testing.T) {
+	train := planner.Pod{Members: []planner.Member{{Namespace: "ns", Labels: map[string]string{"app": "train"}}}}
+	against := func(p planner.Pod, terms ...v1.PodAffinityTerm) planner.Pod { p.AntiAffinity = terms; return p }
+	web := neighbour("n", "ns", "web").Pod
+	for name, tc := range map[string]struct {
+		q    planner.Pod
+		pods []planner.Pod
+		want bool
+	}{
+		"no terms":                     {q: web, pods: []planner.Pod{train}},
+		"the outside pod's term":       {q: against(web, antiTerm(v1.LabelHostname, "train")), pods: []planner.Pod{train}, want: true},
+		"the job's term":               {q: web, pods: []planner.Pod{against(train, antiTerm(v1.LabelHostname, "web"))}, want: true},
+		"a term for another namespace": {q: web, pods: []planner.Pod{against(train, antiTerm(v1.LabelHostname, "web", "other"))}},
+		"a term selecting no one":      {q: against(web, antiTerm(v1.LabelHostname, "infer")), pods: []planner.Pod{train}},
+	} {
+		if got := planner.AntiAffinityTies(tc.q, tc.pods); got != tc.want {
+			t.Errorf("%s: AntiAffinityTies = %v, want %v", name, got, tc.want)
+		}
+	}
+}

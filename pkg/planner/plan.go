@@ -61,9 +61,11 @@ type state struct {
 	// Job.TopologyKeys left out (topologykey.go).
 	split map[string]string
 	// apart is, by pod, the pods of the job it must not share a value of
-	// a topology key with (antiaffinity.go); nil when none.
-	apart   [][]apart
-	apartBy string   // the keys of apart, for reasons
+	// a topology key with, and apartVals the values by key it may not use
+	// (antiaffinity.go); both nil when no term ties a pod.
+	apart     [][]apart
+	apartVals []map[string]map[string]bool
+	apartBy   string   // the keys of apart, for reasons
 	sc      *scratch // the node-length buffers, handed back when the plan returns
 }
 

@@ -81,6 +81,10 @@ type Job struct {
 	// PinnedPods are the pinned pods' anti-affinity terms and labels, by
 	// the names in Pinned; a pinned pod missing here keeps no pod apart.
 	PinnedPods map[string]Pod
+	// Neighbours are pods outside the job, on their nodes, that required
+	// pod anti-affinity may tie to its pods; the planner keeps each pod
+	// out of the values of those it is tied to (antiaffinity.go).
+	Neighbours []Neighbour
 	// Domain, when set, is the only domain the plan may use, e.g. the
 	// domain of a placed group whose pod is being replaced.
 	Domain *Domain
