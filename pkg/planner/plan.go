@@ -66,7 +66,7 @@ type state struct {
 	apart     [][]apart
 	apartVals []map[string]map[string]bool
 	apartBy   string   // the keys of apart, for reasons
-	sc      *scratch // the node-length buffers, handed back when the plan returns
+	sc        *scratch // the node-length buffers, handed back when the plan returns
 }
 
 type preference struct {
