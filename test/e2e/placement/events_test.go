@@ -658,31 +658,98 @@ func antiAffine(other string) func(*batchv1.Job) {
 	}
 }
 
+// TestPodAntiAffinityAgainstAnotherJob: a four-GPU pod of one Job runs
+// on a node of the leaf; a four-GPU pod of a second Job, consolidated
+// into the same leaf, would be planned onto that node, the fullest, but
+// required pod anti-affinity on kubernetes.io/hostname ties the two, by
+// the second pod's term or by the first's, and kube-scheduler's
+// InterPodAffinity filter would refuse it there. The controller weighs
+// the term as the scheduler does and plans the pod onto another node of
+// the leaf, where it binds: neither released nor moved.
+func TestPodAntiAffinityAgainstAnotherJob(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		anchor, later string
+		theirs        bool // the term is the running pod's, against the later Job
+	}{
+		{name: "the new pod's term", anchor: "ev-tied-a1", later: "ev-tied-b1"},
+		{name: "the running pod's term", anchor: "ev-tied-a2", later: "ev-tied-b2", theirs: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dumpOnFailure(t)
+			leaf := fakeLeaf(t)
+			ann := consolidatedIn(leaf)
+			var anchorEdit, laterEdit []func(*batchv1.Job)
+			if tc.theirs {
+				anchorEdit = append(anchorEdit, antiAffine(tc.later))
+			} else {
+				laterEdit = append(laterEdit, antiAffine(tc.anchor))
+			}
+			anchor := createJobFrom(t, tc.anchor, 1, "gpu-4-nvlink", ann, anchorEdit...)
+			a := waitBound(t, jobSelector(anchor.Name), 1)
+			job := createJobFrom(t, tc.later, 1, "gpu-4-nvlink", ann, laterEdit...)
+			b := waitBound(t, jobSelector(job.Name), 1)
+			p := &b.pods[0]
+			if p.Spec.NodeName == a.nodes[0] {
+				t.Fatalf("pod %s on %s beside %s despite the pod anti-affinity", p.Name, p.Spec.NodeName, a.pods[0].Name)
+			}
+			if len(b.leaves) != 1 || b.leaves[0] != leaf {
+				t.Errorf("pod in leaves %v, want only %s", b.leaves, leaf)
+			}
+			if got := p.Annotations[placementapi.AnnotationNode]; got != p.Spec.NodeName {
+				t.Errorf("pod %s planned onto %q, bound to %s: the plan should have kept it off %s", p.Name, got, p.Spec.NodeName, a.nodes[0])
+			}
+			for _, reason := range []string{"Moved", "Released"} {
+				if msg := podEventMessage(t, p, reason); msg != "" {
+					t.Errorf("pod %s: %s event %q; the plan should have kept it off %s", p.Name, reason, msg, a.nodes[0])
+				}
+			}
+			if _, ok := p.Annotations[placementapi.AnnotationReleased]; ok {
+				t.Errorf("pod %s was released (%s)", p.Name, p.Annotations[placementapi.AnnotationReleased])
+			}
+		})
+	}
+}
+
+// spreadOver gives a Job's pods a topology spread constraint on
+// kubernetes.io/hostname over the pods of the Jobs named: at most one
+// more of them on a node than on any other, else not scheduled.
+func spreadOver(jobs ...string) func(*batchv1.Job) {
+	return func(j *batchv1.Job) {
+		j.Spec.Template.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{
+			MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.DoNotSchedule,
+			LabelSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: batchv1.JobNameLabel, Operator: metav1.LabelSelectorOpIn, Values: jobs}}},
+		}}
+	}
+}
+
 // TestRefusedPodEndsOffItsPlannedNode: a pod kept off its planned node
 // by something the controller does not weigh ends on another node of its
 // domain, at once. A four-GPU pod of one Job runs on a node of the leaf;
 // a four-GPU pod of a second Job, consolidated into the same leaf, is
-// planned onto that node, the fullest, but refuses to share a node with
-// the first Job's pods (required pod anti-affinity against pods outside
-// its group, which kube-scheduler weighs and the controller leaves to
-// it). The scheduler finds no node for it and takes its claim back
-// (DynamicResources PostFilter: reserved for that pod alone). Then either
-// the scheduler allocates it again on another node of the leaf, which the
-// node affinity the gate opened with keeps it in, and the controller says
-// so (a Normal Moved event naming the planned node), or the controller
-// plans it again first, leaving the refused node out (a Released event,
-// Unschedulable): never back onto the refused node, so at most one
-// release. Either way gputopo.dev/node follows the pod.
+// planned onto that node, the fullest, but its topology spread
+// constraint (at most one more of the two Jobs' pods on a node than on
+// any other) refuses that node, which kube-scheduler weighs and the
+// controller leaves to it. The scheduler finds no node for it and takes
+// its claim back (DynamicResources PostFilter: reserved for that pod
+// alone). Then either the scheduler allocates it again on another node
+// of the leaf, which the node affinity the gate opened with keeps it in,
+// and the controller says so (a Normal Moved event naming the planned
+// node), or the controller plans it again first, leaving the refused
+// node out (a Released event, Unschedulable): never back onto the
+// refused node, so at most one release. Either way gputopo.dev/node
+// follows the pod.
 func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
 	ann := consolidatedIn(leaf)
 	anchor := createJobFrom(t, "ev-anchor", 1, "gpu-4-nvlink", ann)
 	a := waitBound(t, jobSelector(anchor.Name), 1)
-	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, antiAffine(anchor.Name))
+	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, spreadOver(anchor.Name, "ev-moved"))
 	b := waitBound(t, jobSelector(job.Name), 1)
 	if b.nodes[0] == a.nodes[0] {
-		t.Fatalf("pod %s on %s beside %s despite its pod anti-affinity", b.pods[0].Name, b.nodes[0], a.pods[0].Name)
+		t.Fatalf("pod %s on %s beside %s despite its topology spread constraint", b.pods[0].Name, b.nodes[0], a.pods[0].Name)
 	}
 	if len(b.leaves) != 1 || b.leaves[0] != leaf {
 		t.Errorf("pod in leaves %v, want only %s: the domain affinity keeps a moved pod in its leaf", b.leaves, leaf)
