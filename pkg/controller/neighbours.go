@@ -17,9 +17,10 @@ import (
 // as kube-scheduler's InterPodAffinity filter weighs it: a pod on a node
 // whose own term selects a pod of the group keeps that pod out of the
 // node's value of the term's key, and a term of the group's pod keeps it
-// out of the value of every pod the term selects. The planner weighs
-// both (planner.Job.Neighbours), so a plan never puts a pod where the
-// scheduler refuses it for them.
+// out of the value of every pod the term selects. Required pod affinity
+// ties one way: a term of the group's pod keeps it in a value of a pod
+// the term selects. The planner weighs them (planner.Job.Neighbours), so
+// a plan never puts a pod where the scheduler refuses it for them.
 
 // antiAffinityIndex indexes the pods with required pod anti-affinity
 // terms, under one key: the pods whose terms may select a group's.
@@ -42,9 +43,10 @@ func hasRequiredAntiAffinity(p *v1.Pod) bool {
 }
 
 // neighbours are the pods outside group key, each on the node it is on
-// or on its way to, that required pod anti-affinity ties to the pods the
-// group plans: one of their terms selects one of those pods, or one of
-// those pods' terms selects them. Sorted by node and name.
+// or on its way to, that required pod affinity or anti-affinity ties to
+// the pods the group plans: one of their anti-affinity terms selects one
+// of those pods, or one of those pods' terms selects them. Sorted by
+// node and name.
 func (c *Controller) neighbours(key string, pods []planner.Pod) []planner.Neighbour {
 	seen := map[types.UID]bool{}
 	var out []planner.Neighbour
@@ -60,7 +62,7 @@ func (c *Controller) neighbours(key string, pods []planner.Pod) []planner.Neighb
 		if node == "" {
 			return
 		}
-		if nb := planner.NeighbourFor(p, node); planner.AntiAffinityTies(nb.Pod, pods) {
+		if nb := planner.NeighbourFor(p, node); planner.Ties(nb.Pod, pods) {
 			out = append(out, nb)
 		}
 	}
@@ -76,7 +78,7 @@ func (c *Controller) neighbours(key string, pods []planner.Pod) []planner.Neighb
 		if len(p.Members) == 0 {
 			continue
 		}
-		for _, t := range p.AntiAffinity {
+		for _, t := range append(slices.Clip(p.AntiAffinity), p.Affinity...) {
 			if t.LabelSelector == nil {
 				continue // selects no pod
 			}

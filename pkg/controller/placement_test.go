@@ -25,6 +25,7 @@ import (
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 	specs "github.com/gputopo/gputopo/demo/specs"
+	"github.com/gputopo/gputopo/pkg/topology"
 )
 
 func leafOf(node string) string {
@@ -1030,5 +1031,51 @@ func TestPodAntiAffinityAgainstPodsOutsideTheGroup(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestPodAffinityHoldsTheGroupToThePodsItSelects: a group whose pods'
+// required pod affinity selects a pod outside it, on n3 without gputopo,
+// is planned where kube-scheduler's InterPodAffinity filter lets it bind:
+// on n3 by hostname, in n3's leaf by leaf. With no pod the term selects
+// (the group's own pods are not selected either) it fits nowhere and
+// waits, as the scheduler would leave it pending.
+func TestPodAffinityHoldsTheGroupToThePodsItSelects(t *testing.T) {
+	consolidated := map[string]string{placement.AnnotationStrategy: "consolidated"}
+	near := func(p *v1.Pod, key string) *v1.Pod {
+		p.Labels = map[string]string{"app": "train"}
+		p.Spec.Affinity = &v1.Affinity{PodAffinity: &v1.PodAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []v1.PodAffinityTerm{{
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "cache"}}, TopologyKey: key}}}}
+		return p
+	}
+	for name, tc := range map[string]struct {
+		key       string
+		cache     bool
+		wantNodes []string // where each pod may be planned; none: not planned
+	}{
+		"by hostname":       {key: v1.LabelHostname, cache: true, wantNodes: []string{"n3"}},
+		"by leaf":           {key: topology.LabelTopographLeaf, cache: true, wantNodes: []string{"n2", "n3"}},
+		"no pod it selects": {key: v1.LabelHostname},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, job("train", 2))
+			if tc.cache {
+				h.create(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cache", Namespace: "default", UID: "cache", Labels: map[string]string{"app": "cache"}},
+					Spec: v1.PodSpec{NodeName: "n3", Containers: []v1.Container{{Name: "c", Image: "img"}}}})
+			}
+			h.addPod(near(jobPod("train", 0, "gpu-4-nvlink", consolidated), tc.key))
+			h.addPod(near(jobPod("train", 1, "gpu-4-nvlink", consolidated), tc.key))
+			h.settle()
+			h.place("default/job/train")
+			for _, pod := range []string{"train-0", "train-1"} {
+				got := h.allocatedNode(pod)
+				switch {
+				case tc.wantNodes == nil && got != "":
+					t.Errorf("%s planned onto %s; its affinity selects no pod, so it should wait", pod, got)
+				case tc.wantNodes != nil && !slices.Contains(tc.wantNodes, got):
+					t.Errorf("%s planned onto %q, want one of %v", pod, got, tc.wantNodes)
+				}
+			}
+		})
 	}
 }

@@ -116,7 +116,8 @@ func refusedNode(p *v1.Pod) string {
 
 // pod is the planner's view of the unit: the first member's node
 // constraints, held to the nodes of the allocated claims, and every
-// member's requests, pod slot, labels and required pod anti-affinity.
+// member's requests, pod slot, labels and required pod affinity and
+// anti-affinity.
 func (u *unit) pod() planner.Pod {
 	p := planner.PodFor(u.members[0].pod, u.claims)
 	if len(u.members) > 1 {
@@ -127,6 +128,7 @@ func (u *unit) pod() planner.Pod {
 		for _, m := range u.members[1:] {
 			o := planner.PodFor(m.pod, nil)
 			p.AntiAffinity = append(slices.Clip(p.AntiAffinity), o.AntiAffinity...)
+			p.Affinity = append(slices.Clip(p.Affinity), o.Affinity...)
 			p.Members = append(p.Members, o.Members...)
 			for name, q := range o.Requests {
 				v := sum[name]

@@ -54,11 +54,12 @@ func NeighbourFor(pod *v1.Pod, node string) Neighbour {
 		Members: []Member{{Namespace: pod.Namespace, Labels: pod.Labels}}}}
 }
 
-// AntiAffinityTies reports whether required pod anti-affinity ties q to
-// any of pods: one of q's terms selects one of their members, or one of
-// their terms selects one of q's. A term whose selector does not parse
-// ties nothing (the API server admits none).
-func AntiAffinityTies(q Pod, pods []Pod) bool {
+// Ties reports whether required pod affinity or anti-affinity ties q to
+// any of pods: one of q's anti-affinity terms selects one of their
+// members, or one of their terms, anti-affinity or affinity, selects one
+// of q's (q's own affinity asks nothing of them). A term whose selector
+// does not parse ties nothing (the API server admits none).
+func Ties(q Pod, pods []Pod) bool {
 	qt, err := compileAnti(q)
 	if err != nil {
 		return false
@@ -69,11 +70,15 @@ func AntiAffinityTies(q Pod, pods []Pod) bool {
 				return true
 			}
 		}
-		pt, err := compileAnti(p)
+		anti, err := compileAnti(p)
 		if err != nil {
 			continue
 		}
-		for _, t := range pt {
+		aff, err := compileTerms(p, p.Affinity, "affinity")
+		if err != nil {
+			continue
+		}
+		for _, t := range append(anti, aff...) {
 			if t.selects(q.Members) {
 				return true
 			}
@@ -90,14 +95,18 @@ type antiTerm struct {
 	anyNS      bool
 }
 
-func compileAnti(p Pod) ([]antiTerm, error) {
+func compileAnti(p Pod) ([]antiTerm, error) { return compileTerms(p, p.AntiAffinity, "anti-affinity") }
+
+// compileTerms readies the pod's terms of kind (affinity, anti-affinity)
+// to match.
+func compileTerms(p Pod, terms []v1.PodAffinityTerm, kind string) ([]antiTerm, error) {
 	var out []antiTerm
-	for _, t := range p.AntiAffinity {
+	for _, t := range terms {
 		at := antiTerm{key: t.TopologyKey, sel: labels.Nothing()}
 		if t.LabelSelector != nil {
 			s, err := metav1.LabelSelectorAsSelector(t.LabelSelector)
 			if err != nil {
-				return nil, fmt.Errorf("pod %s: pod anti-affinity term on %s: %v", p.Name, t.TopologyKey, err)
+				return nil, fmt.Errorf("pod %s: pod %s term on %s: %v", p.Name, kind, t.TopologyKey, err)
 			}
 			at.sel = s
 		}
@@ -105,8 +114,8 @@ func compileAnti(p Pod) ([]antiTerm, error) {
 		case t.NamespaceSelector != nil:
 			// The planner does not see namespaces' labels. The job's
 			// pods share one namespace; a selector that leaves that
-			// namespace out is rare, and keeping such pods apart costs
-			// only room, never a refused bind.
+			// namespace out is rare, and reading it as every namespace
+			// costs only room, never a refused bind.
 			at.anyNS = true
 		case len(t.Namespaces) > 0:
 			at.namespaces = t.Namespaces
@@ -157,37 +166,9 @@ func (st *state) findApart() error {
 		}
 		terms[i] = t
 	}
-	// fixed are the pods with a node already: pinned pods of the job, and
-	// its neighbours outside it.
-	type fixedPod struct {
-		node    int
-		pod     Pod
-		terms   []antiTerm
-		outside bool
-	}
-	var fixed []fixedPod
-	for _, name := range slices.Sorted(maps.Keys(job.Pinned)) {
-		node, ok := st.c.byName[job.Pinned[name]]
-		p, known := job.PinnedPods[name]
-		if !ok || !known {
-			continue
-		}
-		t, err := compileAnti(p)
-		if err != nil {
-			return err
-		}
-		fixed = append(fixed, fixedPod{node: node, pod: p, terms: t})
-	}
-	for _, nb := range job.Neighbours {
-		node, ok := st.c.byName[nb.Node]
-		if !ok {
-			continue // a node outside the cluster is in no value of it
-		}
-		t, err := compileAnti(nb.Pod)
-		if err != nil {
-			return err
-		}
-		fixed = append(fixed, fixedPod{node: node, pod: nb.Pod, terms: t, outside: true})
+	fixed, err := st.fixedPods()
+	if err != nil {
+		return err
 	}
 	apartPods := make([][]apart, len(job.Pods))
 	vals := make([]map[string]map[string]bool, len(job.Pods))
@@ -252,6 +233,46 @@ func (st *state) findApart() error {
 	}
 	st.reasons = append(st.reasons, fmt.Sprintf("the job's pods keep apart by %s (%s)", st.apartBy, why))
 	return nil
+}
+
+// fixedPod is a pod with a node already: a pinned pod of the job, or a
+// neighbour outside it.
+type fixedPod struct {
+	node    int
+	pod     Pod
+	terms   []antiTerm // its anti-affinity
+	outside bool
+}
+
+// fixedPods are the job's pinned pods and neighbours on nodes of the
+// cluster.
+func (st *state) fixedPods() ([]fixedPod, error) {
+	job := st.job
+	var fixed []fixedPod
+	for _, name := range slices.Sorted(maps.Keys(job.Pinned)) {
+		node, ok := st.c.byName[job.Pinned[name]]
+		p, known := job.PinnedPods[name]
+		if !ok || !known {
+			continue
+		}
+		t, err := compileAnti(p)
+		if err != nil {
+			return nil, err
+		}
+		fixed = append(fixed, fixedPod{node: node, pod: p, terms: t})
+	}
+	for _, nb := range job.Neighbours {
+		node, ok := st.c.byName[nb.Node]
+		if !ok {
+			continue // a node outside the cluster is in no value of it
+		}
+		t, err := compileAnti(nb.Pod)
+		if err != nil {
+			return nil, err
+		}
+		fixed = append(fixed, fixedPod{node: node, pod: nb.Pod, terms: t, outside: true})
+	}
+	return fixed, nil
 }
 
 // keptApart says whether the pod may not go to node n: a pod it must

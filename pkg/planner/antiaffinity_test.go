@@ -233,9 +233,9 @@ func TestPodAntiAffinityAgainstPodsOutsideTheJob(t *testing.T) {
 	}
 }
 
-// TestAntiAffinityTies: the controller passes the planner only the pods
+// TestTies: the controller passes the planner only the pods
 // outside a job that a term ties to it, either way round.
-func TestAntiAffinityTies(t *testing.T) {
+func TestTies(t *testing.T) {
 	train := planner.Pod{Members: []planner.Member{{Namespace: "ns", Labels: map[string]string{"app": "train"}}}}
 	against := func(p planner.Pod, terms ...v1.PodAffinityTerm) planner.Pod { p.AntiAffinity = terms; return p }
 	web := neighbour("n", "ns", "web").Pod
@@ -250,8 +250,8 @@ func TestAntiAffinityTies(t *testing.T) {
 		"a term for another namespace": {q: web, pods: []planner.Pod{against(train, antiTerm(v1.LabelHostname, "web", "other"))}},
 		"a term selecting no one":      {q: against(web, antiTerm(v1.LabelHostname, "infer")), pods: []planner.Pod{train}},
 	} {
-		if got := planner.AntiAffinityTies(tc.q, tc.pods); got != tc.want {
-			t.Errorf("%s: AntiAffinityTies = %v, want %v", name, got, tc.want)
+		if got := planner.Ties(tc.q, tc.pods); got != tc.want {
+			t.Errorf("%s: Ties = %v, want %v", name, got, tc.want)
 		}
 	}
 }

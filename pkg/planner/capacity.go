@@ -119,9 +119,9 @@ func (st *state) evaluate(c *candidate) (*outcome, error) {
 		o.room = max(o.room, room)
 	}
 	// Nodes that share non-local devices may each count the same ones.
-	// Pods kept apart by their anti-affinity may find less room than
-	// the capacities count.
-	o.exact = len(st.f.shapes) == 1 && st.f.nlUsable.count() == 0 && st.apart == nil
+	// Pods kept apart by their anti-affinity, or together by their
+	// affinity, may find less room than the capacities count.
+	o.exact = len(st.f.shapes) == 1 && st.f.nlUsable.count() == 0 && st.apart == nil && st.together == nil
 	st.outcomes[c.key()] = o
 	return o, nil
 }

@@ -169,6 +169,9 @@ func (st *state) refuse(failures []levelFailure) error {
 	if st.apartBy != "" {
 		u.Reason += fmt.Sprintf(", its pods kept apart by %s (their required pod anti-affinity)", st.apartBy)
 	}
+	if st.togetherBy != "" {
+		u.Reason += fmt.Sprintf(", its pods kept together by %s (their required pod affinity)", st.togetherBy)
+	}
 	for _, fl := range failures {
 		u.Details = append(u.Details, fl.sentence())
 	}

@@ -65,8 +65,12 @@ type state struct {
 	// (antiaffinity.go); both nil when no term ties a pod.
 	apart     [][]apart
 	apartVals []map[string]map[string]bool
-	apartBy   string   // the keys of apart, for reasons
-	sc        *scratch // the node-length buffers, handed back when the plan returns
+	apartBy   string // the keys of apart, for reasons
+	// together is, by pod, its required pod affinity (podaffinity.go);
+	// nil when no pod of the job has any.
+	together   []togetherness
+	togetherBy string   // the keys of together, for reasons
+	sc         *scratch // the node-length buffers, handed back when the plan returns
 }
 
 type preference struct {
@@ -267,6 +271,9 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 		st.pinned = append(st.pinned, i)
 	}
 	if err := st.findApart(); err != nil {
+		return nil, bad("%v", err)
+	}
+	if err := st.findTogether(); err != nil {
 		return nil, bad("%v", err)
 	}
 	return st, nil

@@ -59,6 +59,10 @@ type Pod struct {
 	// job's pods apart as those terms ask (antiaffinity.go).
 	AntiAffinity []v1.PodAffinityTerm
 	Members      []Member
+	// Affinity are the pod's required pod affinity terms: the planner
+	// keeps the pod in a value of each term's key where a pod the term
+	// selects is, or will be (podaffinity.go).
+	Affinity []v1.PodAffinityTerm
 }
 
 // Job is a group of pods placed together.
@@ -82,8 +86,10 @@ type Job struct {
 	// the names in Pinned; a pinned pod missing here keeps no pod apart.
 	PinnedPods map[string]Pod
 	// Neighbours are pods outside the job, on their nodes, that required
-	// pod anti-affinity may tie to its pods; the planner keeps each pod
-	// out of the values of those it is tied to (antiaffinity.go).
+	// pod anti-affinity or affinity may tie to its pods; the planner
+	// keeps each pod out of the values of those its anti-affinity ties it
+	// to (antiaffinity.go) and in the values of those its affinity
+	// selects (podaffinity.go).
 	Neighbours []Neighbour
 	// Domain, when set, is the only domain the plan may use, e.g. the
 	// domain of a placed group whose pod is being replaced.
