@@ -214,7 +214,7 @@ func decide(o *observation, bindTimeout time.Duration) decision {
 		case g.pgMissing:
 			d.status(placement.StatusWaitingForPodGroup, fmt.Sprintf("waiting for PodGroup %s, which the pods name in spec.schedulingGroup: its gang size and topology constraint are part of the plan", g.podGroupName), waiting, OutcomeWaiting)
 			return d
-		case g.members() < g.size || len(g.waiting) > 0:
+		case g.members()+g.dueCount() < g.size || len(g.waiting) > 0:
 			d.status(placement.StatusWaitingForPods, placement.WaitingForPodsMessage, waiting, OutcomeWaiting)
 			return d
 		}

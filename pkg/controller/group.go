@@ -54,6 +54,11 @@ const (
 	labelLWSGroupIndex  = "leaderworkerset.sigs.k8s.io/group-index"
 	labelLWSWorkerIndex = "leaderworkerset.sigs.k8s.io/worker-index"
 	annotationLWSSize   = "leaderworkerset.sigs.k8s.io/size"
+	// JobSet's exclusive placement (leaders.go): the key of the topology
+	// each Job of the JobSet has to itself, and the flag of its
+	// node-selector strategy, which admits every pod at once.
+	annotationJobSetExclusive    = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+	annotationJobSetNodeSelector = "alpha.jobset.sigs.k8s.io/node-selector"
 )
 
 // groupKey says which group a pod belongs to, "<namespace>/<kind>/<name>":

@@ -226,7 +226,8 @@ func (c *Controller) steer(ctx context.Context, g *group, plan *planner.Plan) {
 // trackInflight ends the hold steer took for a group: once none of its
 // pods waits for the scheduler (all bound, or gone), or when they have
 // waited longer than the bind timeout, after which the scheduler's own
-// view decides. Groups waiting for room are planned again then: until
+// view decides. It ends the hold holdFollowers took the same way: once
+// the followers exist and are planned, or after the bind timeout. Groups waiting for room are planned again then: until
 // the pods bound, the hold counted the planned devices beside those the
 // scheduler allocated, which may differ, and a group may have been
 // refused for room that is free now.
@@ -237,7 +238,8 @@ func (c *Controller) trackInflight(g *group) {
 	if !ok {
 		return
 	}
-	waiting := !g.gone && g.schedAlloc && len(g.steered)+len(g.held) > 0
+	waiting := !g.gone && ((g.schedAlloc && len(g.steered)+len(g.held) > 0) ||
+		(g.exclusive && len(g.due)+len(g.toPlace)+len(g.waiting) > 0))
 	if waiting && time.Since(at) <= c.cfg.BindTimeout {
 		return
 	}

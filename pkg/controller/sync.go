@@ -119,6 +119,11 @@ type group struct {
 	// pgMissing: the pods name a PodGroup the API server serves but that
 	// does not exist (yet).
 	pgMissing bool
+	// exclusive: a JobSet with JobSet's exclusive placement, whose Jobs'
+	// pods but the first are created once that one is scheduled; due
+	// are those pods not created yet (leaders.go).
+	exclusive bool
+	due       []followersDue
 }
 
 func (g *group) members() int {
@@ -235,6 +240,9 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 			return nil, err
 		}
 		g.size = jobSetSize(jobs)
+		if leadersFirst(all) {
+			g.exclusive, g.due = true, dueFollowers(jobs, all)
+		}
 	case kindLWS:
 		g.size = lwsSize(all)
 	case kindGroup:
@@ -614,6 +622,8 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 	for _, u := range units {
 		job.Pods = append(job.Pods, u.pod())
 	}
+	followers := phantomFollowers(g.due, units)
+	job.Pods = append(job.Pods, followers...)
 	job.Neighbours = c.neighbours(g.key, job.Pods)
 	t0 := time.Now()
 	_, treeTime, err := c.updateTree()
@@ -670,6 +680,9 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 	var invalid *planner.InvalidJobError
 	if err != nil && !errors.As(err, &unsched) && !errors.As(err, &broken) && !errors.As(err, &invalid) {
 		err = fmt.Errorf("plan group %s: %w", g.key, err)
+	}
+	if plan != nil && len(followers) > 0 {
+		c.holdFollowers(ctx, g.key, plan, followers)
 	}
 	if plan != nil {
 		// Every member of a unit goes where the unit goes.

@@ -143,8 +143,30 @@ type Reservation struct {
 
 // Reservation is the hold the controller records before it pins the pods.
 func (p *Plan) Reservation() Reservation {
-	r := Reservation{Job: p.Job, Pods: maps.Clone(p.Assignments), Devices: map[string][]structured.DeviceID{}, Requests: p.Requests.clone()}
+	return p.reservation(p.Assignments, p.Requests.clone())
+}
+
+// ReservationOf holds what the plan gives pods, of the job's, and nothing
+// of its other pods: their devices, and their requests and pod slots by
+// node.
+func (p *Plan) ReservationOf(pods []Pod) Reservation {
+	assign := map[string]string{}
+	requests := NodeUsage{}
+	for _, pod := range pods {
+		if n, ok := p.Assignments[pod.Name]; ok {
+			assign[pod.Name] = n
+			requests.addRequests(n, pod.Requests)
+		}
+	}
+	return p.reservation(assign, requests)
+}
+
+func (p *Plan) reservation(assign map[string]string, requests NodeUsage) Reservation {
+	r := Reservation{Job: p.Job, Pods: maps.Clone(assign), Devices: map[string][]structured.DeviceID{}, Requests: requests}
 	for pod, results := range p.Allocations {
+		if _, ok := assign[pod]; !ok {
+			continue
+		}
 		node := p.Assignments[pod]
 		for _, res := range results {
 			for _, d := range res.Devices.Results {
