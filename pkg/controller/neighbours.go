@@ -50,6 +50,7 @@ func hasRequiredAntiAffinity(p *v1.Pod) bool {
 func (c *Controller) neighbours(key string, pods []planner.Pod) []planner.Neighbour {
 	seen := map[types.UID]bool{}
 	var out []planner.Neighbour
+	var ties *planner.Ties
 	consider := func(p *v1.Pod) {
 		if seen[p.UID] {
 			return
@@ -62,7 +63,10 @@ func (c *Controller) neighbours(key string, pods []planner.Pod) []planner.Neighb
 		if node == "" {
 			return
 		}
-		if nb := planner.NeighbourFor(p, node); planner.Ties(nb.Pod, pods) {
+		if ties == nil {
+			ties = planner.NewTies(pods)
+		}
+		if nb := planner.NeighbourFor(p, node); ties.Tied(nb.Pod) {
 			out = append(out, nb)
 		}
 	}

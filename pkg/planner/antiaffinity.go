@@ -54,32 +54,48 @@ func NeighbourFor(pod *v1.Pod, node string) Neighbour {
 		Members: []Member{{Namespace: pod.Namespace, Labels: pod.Labels}}}}
 }
 
-// Ties reports whether required pod affinity or anti-affinity ties q to
-// any of pods: one of q's anti-affinity terms selects one of their
-// members, or one of their terms, anti-affinity or affinity, selects one
-// of q's (q's own affinity asks nothing of them). A term whose selector
-// does not parse ties nothing (the API server admits none).
-func Ties(q Pod, pods []Pod) bool {
+// Ties says which pods outside a job required pod affinity or
+// anti-affinity ties to the job's pods: one of the outside pod's
+// anti-affinity terms selects one of theirs, or one of their terms,
+// anti-affinity or affinity, selects it (its own affinity asks nothing of
+// them). NewTies readies the job's terms once.
+type Ties struct {
+	pods  []Pod
+	terms []antiTerm // the job's pods' terms of both kinds
+}
+
+// NewTies readies the terms of pods. A term whose selector does not parse
+// ties nothing (the API server admits none).
+func NewTies(pods []Pod) *Ties {
+	t := &Ties{pods: pods}
+	for _, p := range pods {
+		if anti, err := compileAnti(p); err == nil {
+			t.terms = append(t.terms, anti...)
+		}
+		if aff, err := compileTerms(p, p.Affinity, "affinity"); err == nil {
+			t.terms = append(t.terms, aff...)
+		}
+	}
+	return t
+}
+
+// Tied reports whether q is tied to the job's pods.
+func (t *Ties) Tied(q Pod) bool {
+	for _, term := range t.terms {
+		if term.selects(q.Members) {
+			return true
+		}
+	}
+	if len(q.AntiAffinity) == 0 {
+		return false
+	}
 	qt, err := compileAnti(q)
 	if err != nil {
 		return false
 	}
-	for _, p := range pods {
-		for _, t := range qt {
-			if t.selects(p.Members) {
-				return true
-			}
-		}
-		anti, err := compileAnti(p)
-		if err != nil {
-			continue
-		}
-		aff, err := compileTerms(p, p.Affinity, "affinity")
-		if err != nil {
-			continue
-		}
-		for _, t := range append(anti, aff...) {
-			if t.selects(q.Members) {
+	for _, p := range t.pods {
+		for _, term := range qt {
+			if term.selects(p.Members) {
 				return true
 			}
 		}

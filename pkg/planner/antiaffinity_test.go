@@ -233,11 +233,13 @@ func TestPodAntiAffinityAgainstPodsOutsideTheJob(t *testing.T) {
 	}
 }
 
-// TestTies: the controller passes the planner only the pods
-// outside a job that a term ties to it, either way round.
+// TestTies: the controller passes the planner only the pods outside a
+// job that a term ties to it: anti-affinity either way round, the job's
+// affinity one way.
 func TestTies(t *testing.T) {
 	train := planner.Pod{Members: []planner.Member{{Namespace: "ns", Labels: map[string]string{"app": "train"}}}}
 	against := func(p planner.Pod, terms ...v1.PodAffinityTerm) planner.Pod { p.AntiAffinity = terms; return p }
+	near := func(p planner.Pod, terms ...v1.PodAffinityTerm) planner.Pod { p.Affinity = terms; return p }
 	web := neighbour("n", "ns", "web").Pod
 	for name, tc := range map[string]struct {
 		q    planner.Pod
@@ -249,9 +251,12 @@ func TestTies(t *testing.T) {
 		"the job's term":               {q: web, pods: []planner.Pod{against(train, antiTerm(v1.LabelHostname, "web"))}, want: true},
 		"a term for another namespace": {q: web, pods: []planner.Pod{against(train, antiTerm(v1.LabelHostname, "web", "other"))}},
 		"a term selecting no one":      {q: against(web, antiTerm(v1.LabelHostname, "infer")), pods: []planner.Pod{train}},
+		"the job's affinity":           {q: web, pods: []planner.Pod{near(train, antiTerm(v1.LabelHostname, "web"))}, want: true},
+		// The outside pod's affinity binds only itself.
+		"the outside pod's affinity": {q: near(web, antiTerm(v1.LabelHostname, "train")), pods: []planner.Pod{train}},
 	} {
-		if got := planner.Ties(tc.q, tc.pods); got != tc.want {
-			t.Errorf("%s: Ties = %v, want %v", name, got, tc.want)
+		if got := planner.NewTies(tc.pods).Tied(tc.q); got != tc.want {
+			t.Errorf("%s: Tied = %v, want %v", name, got, tc.want)
 		}
 	}
 }
