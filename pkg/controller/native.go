@@ -227,10 +227,11 @@ func (c *Controller) steer(ctx context.Context, g *group, plan *planner.Plan) {
 // pods waits for the scheduler (all bound, or gone), or when they have
 // waited longer than the bind timeout, after which the scheduler's own
 // view decides. It ends the hold holdFollowers took the same way: once
-// the followers exist and are planned, or after the bind timeout. Groups waiting for room are planned again then: until
-// the pods bound, the hold counted the planned devices beside those the
-// scheduler allocated, which may differ, and a group may have been
-// refused for room that is free now.
+// the followers exist and are planned, or after the bind timeout. Groups
+// waiting for room are planned again then: until the pods bound, the
+// hold counted the planned devices beside those the scheduler allocated,
+// which may differ, and a group may have been refused for room that is
+// free now.
 func (c *Controller) trackInflight(g *group) {
 	c.mu.Lock()
 	at, ok := c.inflightAt[g.key]

@@ -39,16 +39,17 @@ type apart struct {
 }
 
 // Neighbour is a pod outside the job that is on a node, or on its way to
-// one (planned, nominated), and that pod anti-affinity may tie to the
-// job's pods: one of its required terms selects one of them, or one of
-// theirs selects it. NeighbourFor fills it.
+// one (planned, nominated), and that required pod anti-affinity or
+// affinity may tie to the job's pods: one of its anti-affinity terms
+// selects one of them, or one of theirs selects it. NeighbourFor fills
+// it.
 type Neighbour struct {
 	Node string
 	// Pod carries the neighbour's Members (one) and AntiAffinity.
 	Pod Pod
 }
 
-// NeighbourFor is pod on node as the job's anti-affinity sees it.
+// NeighbourFor is pod on node as the job's terms see it.
 func NeighbourFor(pod *v1.Pod, node string) Neighbour {
 	return Neighbour{Node: node, Pod: Pod{Name: pod.Name, AntiAffinity: requiredAntiAffinity(pod),
 		Members: []Member{{Namespace: pod.Namespace, Labels: pod.Labels}}}}
@@ -130,8 +131,11 @@ func compileTerms(p Pod, terms []v1.PodAffinityTerm, kind string) ([]antiTerm, e
 		case t.NamespaceSelector != nil:
 			// The planner does not see namespaces' labels. The job's
 			// pods share one namespace; a selector that leaves that
-			// namespace out is rare, and reading it as every namespace
-			// costs only room, never a refused bind.
+			// namespace out is rare. Read as every namespace, an
+			// anti-affinity term costs only room, never a refused bind;
+			// an affinity term may be met by a pod the selector leaves
+			// out, and kube-scheduler's refusal then has the pod planned
+			// again off that node.
 			at.anyNS = true
 		case len(t.Namespaces) > 0:
 			at.namespaces = t.Namespaces
