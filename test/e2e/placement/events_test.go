@@ -712,12 +712,12 @@ func TestPodAntiAffinityAgainstAnotherJob(t *testing.T) {
 }
 
 // TestPodAffinityPlacesBesideAnotherJob: a four-GPU pod of one Job runs
-// on a node of the leaf; a four-GPU pod of a second Job, which the
-// distributed strategy would put on an empty node of the leaf, has
+// on a node of the leaf; the two two-GPU pods of a second Job, which the
+// distributed strategy would spread over empty nodes of the leaf, have
 // required pod affinity on kubernetes.io/hostname to the first Job's
 // pods, which kube-scheduler's InterPodAffinity filter enforces. The
-// controller weighs it as the scheduler does: the pod is planned onto
-// the first pod's node and binds there, neither released nor moved.
+// controller weighs it as the scheduler does: both pods are planned onto
+// the first pod's node and bind there, neither released nor moved.
 func TestPodAffinityPlacesBesideAnotherJob(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
@@ -726,7 +726,7 @@ func TestPodAffinityPlacesBesideAnotherJob(t *testing.T) {
 	ann := withStrategy(placementapi.PlacementSameLeaf, placementapi.StrategyDistributed)
 	ann[placementapi.AnnotationPreferredDomain] = leaf
 	ann[placementapi.AnnotationPreferredRequired] = "true"
-	job := createJobFrom(t, "ev-near-b", 1, "gpu-4-nvlink", ann, func(j *batchv1.Job) {
+	job := createJobFrom(t, "ev-near-b", 2, "gpu-2-nvlink-pair", ann, func(j *batchv1.Job) {
 		j.Spec.Template.Spec.Affinity = &corev1.Affinity{PodAffinity: &corev1.PodAffinity{
 			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
 				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{batchv1.JobNameLabel: anchor.Name}},
@@ -734,17 +734,19 @@ func TestPodAffinityPlacesBesideAnotherJob(t *testing.T) {
 			}},
 		}}
 	})
-	b := waitBound(t, jobSelector(job.Name), 1)
-	p := &b.pods[0]
-	if p.Spec.NodeName != a.nodes[0] {
-		t.Fatalf("pod %s on %s, not beside %s on %s as its pod affinity asks", p.Name, p.Spec.NodeName, a.pods[0].Name, a.nodes[0])
-	}
-	if got := p.Annotations[placementapi.AnnotationNode]; got != p.Spec.NodeName {
-		t.Errorf("pod %s planned onto %q, bound to %s: the plan should have put it beside %s", p.Name, got, p.Spec.NodeName, a.pods[0].Name)
-	}
-	for _, reason := range []string{"Moved", "Released"} {
-		if msg := podEventMessage(t, p, reason); msg != "" {
-			t.Errorf("pod %s: %s event %q; the plan should have put it beside %s", p.Name, reason, msg, a.pods[0].Name)
+	b := waitBound(t, jobSelector(job.Name), 2)
+	for i := range b.pods {
+		p := &b.pods[i]
+		if p.Spec.NodeName != a.nodes[0] {
+			t.Errorf("pod %s on %s, not beside %s on %s as its pod affinity asks", p.Name, p.Spec.NodeName, a.pods[0].Name, a.nodes[0])
+		}
+		if got := p.Annotations[placementapi.AnnotationNode]; got != p.Spec.NodeName {
+			t.Errorf("pod %s planned onto %q, bound to %s: the plan should have put it beside %s", p.Name, got, p.Spec.NodeName, a.pods[0].Name)
+		}
+		for _, reason := range []string{"Moved", "Released"} {
+			if msg := podEventMessage(t, p, reason); msg != "" {
+				t.Errorf("pod %s: %s event %q; the plan should have put it beside %s", p.Name, reason, msg, a.pods[0].Name)
+			}
 		}
 	}
 }
