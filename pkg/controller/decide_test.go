@@ -245,6 +245,24 @@ func TestDecide(t *testing.T) {
 			},
 			want: got{Next: nextStatus, Fresh: true, Reason: placement.StatusWaitingForPods, Outcome: OutcomeWaiting, Pods: []string{"a", "b"}, Lists: [4][]string{{"a", "b"}}},
 		},
+		// JobSet's exclusive placement: the followers are created only
+		// once their leader is scheduled, so the leaders are planned.
+		"a fresh group whose missing pods come after its leaders is planned": {
+			size: 4,
+			build: func(g *group, _ map[*member]facts) {
+				g.toPlace = []*member{dm("a", "gated", "pending"), dm("b", "gated", "pending")}
+				g.exclusive, g.due = true, []followersDue{{leader: g.toPlace[0].pod, n: 1}, {leader: g.toPlace[1].pod, n: 1}}
+			},
+			want: got{Next: nextPlan, Fresh: true, Lists: [4][]string{{"a", "b"}}},
+		},
+		"... and waits for a leader that is not there yet": {
+			size: 4,
+			build: func(g *group, _ map[*member]facts) {
+				g.toPlace = []*member{dm("a", "gated", "pending")}
+				g.exclusive, g.due = true, []followersDue{{leader: g.toPlace[0].pod, n: 1}}
+			},
+			want: got{Next: nextStatus, Fresh: true, Reason: placement.StatusWaitingForPods, Outcome: OutcomeWaiting, Pods: []string{"a"}, Lists: [4][]string{{"a"}}},
+		},
 		"a fresh group with a pod another gate holds waits for the gates, holding nothing": {
 			build: func(g *group, _ map[*member]facts) {
 				g.toPlace = []*member{dm("a", "gated", "pending")}

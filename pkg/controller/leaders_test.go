@@ -108,3 +108,39 @@ func TestExclusiveJobSetIsPlannedByItsLeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestDueFollowers: a Job's pods not created yet are due only once its
+// leader (completion index 0) exists; a Job being deleted has none due;
+// JobSet's node-selector strategy admits every pod at once, so its
+// JobSets are not planned by their leaders.
+func TestDueFollowers(t *testing.T) {
+	owned := func(jobName string, index string) *v1.Pod {
+		p := jobPod(jobName, 0, "gpu-8-node", nil)
+		p.Name = jobName + "-" + index
+		p.Annotations[batchv1.JobCompletionIndexAnnotation] = index
+		return p
+	}
+	jobs := []*batchv1.Job{job("a", 3), job("b", 2), job("c", 2)}
+	now := metav1.Now()
+	jobs[2].DeletionTimestamp = &now
+	pods := []*v1.Pod{owned("a", "0"), owned("a", "1"), owned("b", "1"), owned("c", "0")}
+	due := dueFollowers(jobs, pods)
+	if len(due) != 1 || due[0].leader.Name != "a-0" || due[0].n != 1 {
+		var got []string
+		for _, d := range due {
+			got = append(got, fmt.Sprintf("%s:%d", d.leader.Name, d.n))
+		}
+		t.Errorf("due = %v, want [a-0:1] (b has no leader yet, c is being deleted)", got)
+	}
+	lead := exclusiveLeader(0, true)
+	if !leadersFirst([]*v1.Pod{lead}) {
+		t.Error("exclusive placement not seen")
+	}
+	lead.Annotations[annotationJobSetNodeSelector] = "true"
+	if leadersFirst([]*v1.Pod{lead}) {
+		t.Error("the node-selector strategy admits every pod at once; its JobSets wait for all their pods")
+	}
+	if leadersFirst([]*v1.Pod{exclusiveLeader(0, false)}) {
+		t.Error("a JobSet without exclusive placement is planned by its leaders")
+	}
+}

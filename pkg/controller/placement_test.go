@@ -972,8 +972,9 @@ func TestPodAntiAffinityKeepsTheGroupApart(t *testing.T) {
 // on the node consolidated would fill first keeps the group's pods off
 // it when a required anti-affinity term ties them, its own term or
 // theirs, as kube-scheduler's InterPodAffinity filter does. The pod is
-// either bound there without gputopo, or another group's pod whose
-// claims the controller allocated there while its gate is still closed.
+// bound there without gputopo, or nominated there, or another group's
+// pod whose claims the controller allocated there while its gate is
+// still closed.
 func TestPodAntiAffinityAgainstPodsOutsideTheGroup(t *testing.T) {
 	consolidated := map[string]string{placement.AnnotationStrategy: "consolidated"}
 	against := func(p *v1.Pod, app string, selects string) *v1.Pod {
@@ -993,7 +994,8 @@ func TestPodAntiAffinityAgainstPodsOutsideTheGroup(t *testing.T) {
 		h.place("default/job/train")
 		return h.allocatedNode("train-0")
 	}()
-	for _, held := range []bool{false, true} {
+	for _, where := range []string{"bound", "nominated", "held"} {
+		held := where == "held"
 		for name, tc := range map[string]struct {
 			webSelects, trainSelects string
 			tied                     bool
@@ -1003,7 +1005,7 @@ func TestPodAntiAffinityAgainstPodsOutsideTheGroup(t *testing.T) {
 			"the group's term":  {trainSelects: "web", tied: true},
 			"a term not for it": {webSelects: "infer", trainSelects: "infer"},
 		} {
-			t.Run(fmt.Sprintf("held=%v/%s", held, name), func(t *testing.T) {
+			t.Run(where+"/"+name, func(t *testing.T) {
 				h := newHarness(t, job("train", 2), job("web", 1))
 				var webNode string
 				if held {
@@ -1015,8 +1017,14 @@ func TestPodAntiAffinityAgainstPodsOutsideTheGroup(t *testing.T) {
 					}
 				} else {
 					webNode = alone
-					h.create(against(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", UID: "web"},
-						Spec: v1.PodSpec{NodeName: webNode, Containers: []v1.Container{{Name: "c", Image: "img"}}}}, "web", tc.webSelects))
+					web := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", UID: "web"},
+						Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Image: "img"}}}}
+					if where == "bound" {
+						web.Spec.NodeName = webNode
+					} else {
+						web.Status.NominatedNodeName = webNode // kube-scheduler weighs nominated pods in its filters
+					}
+					h.create(against(web, "web", tc.webSelects))
 				}
 				h.addPod(against(jobPod("train", 0, "gpu-4-nvlink", consolidated), "train", tc.trainSelects))
 				h.addPod(against(jobPod("train", 1, "gpu-4-nvlink", consolidated), "train", tc.trainSelects))
