@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -120,19 +119,16 @@ func phantomFollowers(due []followersDue, units []*unit) []planner.Pod {
 
 // holdFollowers takes the followers out of the plan, whose writes are
 // the real pods', and holds their devices from other groups' plans
-// (trackInflight ends the hold).
-func (c *Controller) holdFollowers(ctx context.Context, key string, plan *planner.Plan, followers []planner.Pod) {
-	hold := plan.ReservationOf(followers)
-	plan.Assignments, plan.Allocations = maps.Clone(plan.Assignments), maps.Clone(plan.Allocations)
-	for _, p := range followers {
-		delete(plan.Assignments, p.Name)
-		delete(plan.Allocations, p.Name)
-	}
+// (trackInflight ends the hold; steer keeps it beside its own). It
+// reports whether it holds them.
+func (c *Controller) holdFollowers(ctx context.Context, key string, plan *planner.Plan, followers []planner.Pod) (*planner.Plan, bool) {
+	plan, hold := plan.Split(followers)
 	if err := c.inflight.Add(hold); err != nil {
 		klog.FromContext(ctx).V(2).Info("The followers' devices are held by another group", "group", key, "err", err)
-		return
+		return plan, false
 	}
 	c.mu.Lock()
 	c.inflightAt[key] = time.Now()
 	c.mu.Unlock()
+	return plan, true
 }

@@ -144,3 +144,34 @@ func TestDueFollowers(t *testing.T) {
 		t.Error("a JobSet without exclusive placement is planned by its leaders")
 	}
 }
+
+// TestExclusiveJobSetStepsWithTheSchedulerAllocating: with kube-scheduler
+// allocating (mode scheduler), the controller keeps the leaders' planned
+// devices and its followers' held together for the JobSet.
+func TestExclusiveJobSetStepsWithTheSchedulerAllocating(t *testing.T) {
+	var extra []any
+	for i := range 2 {
+		j := job(fmt.Sprintf("js-workers-%d", i), 2)
+		j.Labels = map[string]string{labelJobSetName: "js"}
+		extra = append(extra, j)
+	}
+	h := newHarnessWith(t, func(h *harness) { h.edit = func(c *Config) { c.AllocationMode = AllocationScheduler } }, extra...)
+	h.addPod(exclusiveLeader(0, true))
+	h.addPod(exclusiveLeader(1, true))
+	h.settle()
+	h.place("default/jobset/js")
+	r, ok := h.c.inflight.Get("default/jobset/js")
+	if !ok {
+		t.Fatal("nothing held for the JobSet")
+	}
+	if len(r.Pods) != 4 {
+		t.Errorf("held pods %v, want the two leaders and their two followers", r.Pods)
+	}
+	leaves := map[string]int{}
+	for _, n := range r.Pods {
+		leaves[leafOf(n)]++
+	}
+	if leaves["leaf-0"] != 2 || leaves["leaf-1"] != 2 {
+		t.Errorf("held pods %v, want two in each leaf", r.Pods)
+	}
+}

@@ -214,8 +214,13 @@ func (c *Controller) steer(ctx context.Context, g *group, plan *planner.Plan) {
 		}
 	}
 	// The plan's devices stay taken for other groups' plans until the
-	// scheduler has bound the pods (trackInflight).
-	if err := c.inflight.Add(plan.Reservation()); err != nil {
+	// scheduler has bound the pods (trackInflight), beside those held for
+	// the followers of an exclusive JobSet's leaders (leaders.go).
+	hold := plan.Reservation()
+	if prev, ok := c.inflight.Get(g.key); ok && g.heldFollowers {
+		hold = hold.With(prev)
+	}
+	if err := c.inflight.Add(hold); err != nil {
 		klog.FromContext(ctx).V(2).Info("The steered group's devices are held by another steered group", "group", g.key, "err", err)
 	}
 	c.mu.Lock()

@@ -124,6 +124,8 @@ type group struct {
 	// are those pods not created yet (leaders.go).
 	exclusive bool
 	due       []followersDue
+	// heldFollowers: this sync's plan holds the followers' devices.
+	heldFollowers bool
 }
 
 func (g *group) members() int {
@@ -682,7 +684,7 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 		err = fmt.Errorf("plan group %s: %w", g.key, err)
 	}
 	if plan != nil && len(followers) > 0 {
-		c.holdFollowers(ctx, g.key, plan, followers)
+		plan, g.heldFollowers = c.holdFollowers(ctx, g.key, plan, followers)
 	}
 	if plan != nil {
 		// Every member of a unit goes where the unit goes.

@@ -392,3 +392,50 @@ func TestPodForAndNodeUsage(t *testing.T) {
 
 // cmpQuantity compares amounts, not how they are written.
 var cmpQuantity = cmp.Comparer(func(a, b resource.Quantity) bool { return a.Cmp(b) == 0 })
+
+// A plan split into the pods it writes and pods that only stand in for
+// others (the controller's followers of an exclusive JobSet) holds the
+// second part's devices and requests apart, and the two holds together
+// are the whole plan's.
+func TestPlanSplit(t *testing.T) {
+	c := twoLeaves().Allocatable(node8).Obj(t)
+	job := makeJob(t, "a").Pods(2, "gpu-4-nvlink").Request(resources("cpu", "2")).Strategy(planner.StrategyDistributed).Obj()
+	plan, err := newPlanner(t).Plan(context.Background(), planner.NewSnapshot(c, nil), nil, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, held := plan.Split(job.Pods[1:])
+	if _, ok := rest.Assignments["p1"]; ok || len(rest.Allocations) != 1 || len(rest.Assignments) != 1 {
+		t.Fatalf("the rest of the plan still has p1: %v", rest.Assignments)
+	}
+	if _, ok := plan.Assignments["p1"]; !ok {
+		t.Fatal("Split changed the plan it split")
+	}
+	n1 := plan.Assignments["p1"]
+	if diff := cmp.Diff(map[string]string{"p1": n1}, held.Pods); diff != "" {
+		t.Errorf("held pods (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(planner.NodeUsage{n1: resources("cpu", "2", "pods", "1")}, held.Requests); diff != "" {
+		t.Errorf("held requests (-want +got):\n%s", diff)
+	}
+	if len(held.Devices[n1]) != 4 || len(held.Devices) != 1 {
+		t.Errorf("held devices %v, want p1's four GPUs on %s", held.Devices, n1)
+	}
+	whole, both := plan.Reservation(), rest.Reservation().With(held)
+	for n, l := range whole.Requests {
+		for name, q := range l {
+			if got := both.Requests[n][name]; got.Cmp(q) != 0 {
+				t.Errorf("requests on %s: %s %s together, %s in the whole plan", n, name, got.String(), q.String())
+			}
+		}
+	}
+	count := func(r planner.Reservation) (n int) {
+		for _, ids := range r.Devices {
+			n += len(ids)
+		}
+		return n
+	}
+	if count(both) != count(whole) || len(both.Pods) != len(whole.Pods) {
+		t.Errorf("the halves hold %d devices and %d pods, the whole plan %d and %d", count(both), len(both.Pods), count(whole), len(whole.Pods))
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"sync"
 
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -146,19 +148,69 @@ func (p *Plan) Reservation() Reservation {
 	return p.reservation(p.Assignments, p.Requests.clone())
 }
 
-// ReservationOf holds what the plan gives pods, of the job's, and nothing
-// of its other pods: their devices, and their requests and pod slots by
-// node.
-func (p *Plan) ReservationOf(pods []Pod) Reservation {
+// Split takes pods, of the job's, out of the plan: it returns the plan
+// without them and the reservation of what the plan gave them (their
+// devices, and their requests and pod slots by node).
+func (p *Plan) Split(pods []Pod) (*Plan, Reservation) {
 	assign := map[string]string{}
 	requests := NodeUsage{}
+	rest := *p
+	rest.Assignments, rest.Allocations, rest.Requests = maps.Clone(p.Assignments), maps.Clone(p.Allocations), p.Requests.clone()
 	for _, pod := range pods {
-		if n, ok := p.Assignments[pod.Name]; ok {
-			assign[pod.Name] = n
-			requests.addRequests(n, pod.Requests)
+		n, ok := p.Assignments[pod.Name]
+		if !ok {
+			continue
+		}
+		assign[pod.Name] = n
+		requests.addRequests(n, pod.Requests)
+		delete(rest.Assignments, pod.Name)
+		delete(rest.Allocations, pod.Name)
+		if l := rest.Requests[n]; l != nil {
+			for name, q := range pod.Requests {
+				v := l[name]
+				v.Sub(q)
+				l[name] = v
+			}
+			slots := l[v1.ResourcePods]
+			slots.Sub(*resource.NewQuantity(1, resource.DecimalSI))
+			l[v1.ResourcePods] = slots
 		}
 	}
-	return p.reservation(assign, requests)
+	return &rest, p.reservation(assign, requests)
+}
+
+// With is r and o held as one, by r's job.
+func (r Reservation) With(o Reservation) Reservation {
+	out := r.clone()
+	if out.Pods == nil {
+		out.Pods = map[string]string{}
+	}
+	maps.Copy(out.Pods, o.Pods)
+	for n, ids := range o.Devices {
+		out.Devices[n] = append(out.Devices[n], ids...)
+	}
+	for n, sh := range o.Shares {
+		if out.Shares == nil {
+			out.Shares = map[string][]devicefit.Share{}
+		}
+		out.Shares[n] = append(out.Shares[n], sh...)
+	}
+	if out.Requests == nil {
+		out.Requests = NodeUsage{}
+	}
+	for n, l := range o.Requests {
+		sum := out.Requests[n]
+		if sum == nil {
+			sum = v1.ResourceList{}
+			out.Requests[n] = sum
+		}
+		for name, q := range l {
+			v := sum[name]
+			v.Add(q)
+			sum[name] = v
+		}
+	}
+	return out
 }
 
 func (p *Plan) reservation(assign map[string]string, requests NodeUsage) Reservation {
