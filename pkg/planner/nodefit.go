@@ -60,6 +60,12 @@ func (u NodeUsage) Add(node string, pod *v1.Pod) {
 
 // addRequests counts a pod with requests l against node.
 func (u NodeUsage) addRequests(node string, l v1.ResourceList) {
+	u.addList(node, l)
+	u.addList(node, v1.ResourceList{v1.ResourcePods: *resource.NewQuantity(1, resource.DecimalSI)})
+}
+
+// addList adds l to what node's pods take.
+func (u NodeUsage) addList(node string, l v1.ResourceList) {
 	sum := u[node]
 	if sum == nil {
 		sum = v1.ResourceList{}
@@ -70,8 +76,22 @@ func (u NodeUsage) addRequests(node string, l v1.ResourceList) {
 		v.Add(q)
 		sum[name] = v
 	}
+}
+
+// subRequests takes back what addRequests counted for a pod with
+// requests l.
+func (u NodeUsage) subRequests(node string, l v1.ResourceList) {
+	sum := u[node]
+	if sum == nil {
+		return
+	}
+	for name, q := range l {
+		v := sum[name]
+		v.Sub(q)
+		sum[name] = v
+	}
 	pods := sum[v1.ResourcePods]
-	pods.Add(*resource.NewQuantity(1, resource.DecimalSI))
+	pods.Sub(*resource.NewQuantity(1, resource.DecimalSI))
 	sum[v1.ResourcePods] = pods
 }
 

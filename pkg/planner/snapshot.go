@@ -7,8 +7,6 @@ import (
 	"sort"
 	"sync"
 
-	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/gputopo/gputopo/pkg/devicefit"
@@ -165,16 +163,7 @@ func (p *Plan) Split(pods []Pod) (*Plan, Reservation) {
 		requests.addRequests(n, pod.Requests)
 		delete(rest.Assignments, pod.Name)
 		delete(rest.Allocations, pod.Name)
-		if l := rest.Requests[n]; l != nil {
-			for name, q := range pod.Requests {
-				v := l[name]
-				v.Sub(q)
-				l[name] = v
-			}
-			slots := l[v1.ResourcePods]
-			slots.Sub(*resource.NewQuantity(1, resource.DecimalSI))
-			l[v1.ResourcePods] = slots
-		}
+		rest.Requests.subRequests(n, pod.Requests)
 	}
 	return &rest, p.reservation(assign, requests)
 }
@@ -199,16 +188,7 @@ func (r Reservation) With(o Reservation) Reservation {
 		out.Requests = NodeUsage{}
 	}
 	for n, l := range o.Requests {
-		sum := out.Requests[n]
-		if sum == nil {
-			sum = v1.ResourceList{}
-			out.Requests[n] = sum
-		}
-		for name, q := range l {
-			v := sum[name]
-			v.Add(q)
-			sum[name] = v
-		}
+		out.Requests.addList(n, l)
 	}
 	return out
 }
