@@ -172,6 +172,9 @@ func (st *state) refuse(failures []levelFailure) error {
 	if st.togetherBy != "" {
 		u.Reason += fmt.Sprintf(", its pods kept together by %s (their required pod affinity)", st.togetherBy)
 	}
+	if st.selectsNone != "" {
+		u.Reason += "; " + st.selectsNone
+	}
 	for _, fl := range failures {
 		u.Details = append(u.Details, fl.sentence())
 	}

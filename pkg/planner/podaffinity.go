@@ -135,9 +135,12 @@ func (st *state) findTogether() error {
 	}
 	st.together = tog
 	st.togetherBy = strings.Join(slices.Sorted(maps.Keys(keys)), ", ")
-	reason := fmt.Sprintf("the job's pods keep together by %s (their required pod affinity)", st.togetherBy)
 	if len(never) > 0 {
-		reason += fmt.Sprintf("; the affinity of %s selects no pod, so it fits nowhere", strings.Join(never, ", "))
+		st.selectsNone = fmt.Sprintf("the required pod affinity of %s selects no pod, so it fits nowhere", strings.Join(never, ", "))
+	}
+	reason := fmt.Sprintf("the job's pods keep together by %s (their required pod affinity)", st.togetherBy)
+	if st.selectsNone != "" {
+		reason += "; " + st.selectsNone
 	}
 	st.reasons = append(st.reasons, reason)
 	return nil

@@ -90,7 +90,7 @@ func TestPodAffinityKeepsPodsTogether(t *testing.T) {
 		"a term selecting no pod fits nowhere": {
 			pods: 2, template: "gpu-4-nvlink", strategy: planner.StrategyConsolidated,
 			edit:    func(j *planner.Job) { setAll(j, "train", []v1.PodAffinityTerm{affinityTerm(hostname, "ghost")}) },
-			refused: "kept together by kubernetes.io/hostname",
+			refused: "kept together by kubernetes.io/hostname (their required pod affinity); the required pod affinity of p0, p1 selects no pod, so it fits nowhere",
 		},
 		"a key no node has fits nowhere": {
 			pods: 2, template: "gpu-4-nvlink", strategy: planner.StrategyConsolidated,
