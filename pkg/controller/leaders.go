@@ -88,9 +88,10 @@ func (g *group) dueCount() int {
 }
 
 // phantomFollowers stands in for the followers due of each leader the
-// group plans now: copies of the leader's planner pod, named
-// "<leader>/follower-<i>", with claims of their own named after them.
-func phantomFollowers(due []followersDue, units []*unit) []planner.Pod {
+// group plans now: copies of the leader's planner pod (pods holds each
+// unit's, in order), named "<leader>/follower-<i>", with claims of their
+// own named after them.
+func phantomFollowers(due []followersDue, units []*unit, pods []planner.Pod) []planner.Pod {
 	var out []planner.Pod
 	for _, d := range due {
 		i := slices.IndexFunc(units, func(u *unit) bool {
@@ -99,7 +100,7 @@ func phantomFollowers(due []followersDue, units []*unit) []planner.Pod {
 		if i < 0 {
 			continue // the leader is placed already: its followers come now
 		}
-		base := units[i].pod()
+		base := pods[i]
 		for k := 1; k <= d.n; k++ {
 			p := base
 			p.Name = fmt.Sprintf("%s/follower-%d", d.leader.Name, k)

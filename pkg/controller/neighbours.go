@@ -9,7 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
-	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
 	"github.com/gputopo/gputopo/pkg/planner"
 )
 
@@ -31,15 +30,10 @@ const (
 
 func indexByAntiAffinity(obj any) ([]string, error) {
 	p, ok := obj.(*v1.Pod)
-	if !ok || !hasRequiredAntiAffinity(p) {
+	if !ok || len(planner.RequiredAntiAffinity(p)) == 0 {
 		return nil, nil
 	}
 	return []string{antiAffinityKey}, nil
-}
-
-func hasRequiredAntiAffinity(p *v1.Pod) bool {
-	a := p.Spec.Affinity
-	return a != nil && a.PodAntiAffinity != nil && len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0
 }
 
 // neighbours are the pods outside group key, each on the node it is on
@@ -132,18 +126,17 @@ func (c *Controller) podsSelected(sel labels.Selector, namespaces []string) []*v
 }
 
 // neighbourNode is the node a pod outside the group is on, or on its way
-// to, as kube-scheduler will count it: bound; nominated (the scheduler
-// weighs nominated pods in its filters); steered by the controller to
-// the node its gate opened for; or still gated with its claims allocated
-// on one node by the controller's plan. "" when none.
+// to, as kube-scheduler will count it: bound, or steered by the
+// controller to the node its gate opened for (usageNode); nominated (the
+// scheduler weighs nominated pods in its filters); or still gated with
+// its claims allocated on one node by the controller's plan. "" when
+// none.
 func (c *Controller) neighbourNode(p *v1.Pod) string {
-	switch {
-	case p.Spec.NodeName != "":
-		return p.Spec.NodeName
-	case p.Status.NominatedNodeName != "":
-		return p.Status.NominatedNodeName
-	case !hasGate(p):
-		return p.Annotations[placement.AnnotationNode]
+	if n := usageNode(p); n != "" {
+		return n
+	}
+	if n := p.Status.NominatedNodeName; n != "" || !hasGate(p) {
+		return n
 	}
 	if pl, ok := c.plannedAt(p.UID); ok {
 		return pl.node

@@ -624,7 +624,7 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 	for _, u := range units {
 		job.Pods = append(job.Pods, u.pod())
 	}
-	followers := phantomFollowers(g.due, units)
+	followers := phantomFollowers(g.due, units, job.Pods)
 	job.Pods = append(job.Pods, followers...)
 	job.Neighbours = c.neighbours(g.key, job.Pods)
 	t0 := time.Now()

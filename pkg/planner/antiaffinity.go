@@ -51,7 +51,7 @@ type Neighbour struct {
 
 // NeighbourFor is pod on node as the job's terms see it.
 func NeighbourFor(pod *v1.Pod, node string) Neighbour {
-	return Neighbour{Node: node, Pod: Pod{Name: pod.Name, AntiAffinity: requiredAntiAffinity(pod),
+	return Neighbour{Node: node, Pod: Pod{Name: pod.Name, AntiAffinity: RequiredAntiAffinity(pod),
 		Members: []Member{{Namespace: pod.Namespace, Labels: pod.Labels}}}}
 }
 
@@ -265,8 +265,20 @@ type fixedPod struct {
 }
 
 // fixedPods are the job's pinned pods and neighbours on nodes of the
-// cluster.
+// cluster, found once per plan (anti-affinity and affinity both read
+// them).
 func (st *state) fixedPods() ([]fixedPod, error) {
+	if st.fixed != nil {
+		return *st.fixed, nil
+	}
+	fixed, err := st.findFixed()
+	if err == nil {
+		st.fixed = &fixed
+	}
+	return fixed, err
+}
+
+func (st *state) findFixed() ([]fixedPod, error) {
 	job := st.job
 	var fixed []fixedPod
 	for _, name := range slices.Sorted(maps.Keys(job.Pinned)) {
@@ -325,8 +337,8 @@ func (a *attempt) keptApart(pod, n int) bool {
 	return false
 }
 
-// requiredAntiAffinity are the pod's required pod anti-affinity terms.
-func requiredAntiAffinity(pod *v1.Pod) []v1.PodAffinityTerm {
+// RequiredAntiAffinity are the pod's required pod anti-affinity terms.
+func RequiredAntiAffinity(pod *v1.Pod) []v1.PodAffinityTerm {
 	if a := pod.Spec.Affinity; a != nil && a.PodAntiAffinity != nil {
 		return a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution
 	}

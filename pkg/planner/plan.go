@@ -69,9 +69,10 @@ type state struct {
 	// together is, by pod, its required pod affinity (podaffinity.go);
 	// nil when no pod of the job has any.
 	together    []togetherness
-	togetherBy  string   // the keys of together, for reasons
-	selectsNone string   // which pods' affinity selects no pod, for reasons
-	sc          *scratch // the node-length buffers, handed back when the plan returns
+	togetherBy  string      // the keys of together, for reasons
+	fixed       *[]fixedPod // pinned pods and neighbours, once found (fixedPods)
+	selectsNone string      // which pods' affinity selects no pod, for reasons
+	sc          *scratch    // the node-length buffers, handed back when the plan returns
 }
 
 type preference struct {
