@@ -201,8 +201,8 @@ func (in *interner) counters(m map[string]resourceapi.Counter) map[string]resour
 }
 
 // cacheTransform is the informers' transform: managed fields dropped from
-// every object, ResourceSlices compacted by in, and pods and nodes
-// trimmed of what the controller never reads.
+// every object, ResourceSlices compacted by in, and pods, nodes, Jobs and
+// namespaces trimmed of what the controller never reads.
 func cacheTransform(in *interner) func(any) (any, error) {
 	return func(obj any) (any, error) {
 		obj, _ = dropManagedFields(obj)
@@ -217,6 +217,9 @@ func cacheTransform(in *interner) func(any) (any, error) {
 			// The controller reads a Job's size and status, never the
 			// pod template, which its pods carry.
 			o.Spec.Template = v1.PodTemplateSpec{}
+		case *v1.Namespace:
+			// Only its name and labels.
+			o.Annotations, o.Spec, o.Status = nil, v1.NamespaceSpec{}, v1.NamespaceStatus{}
 		}
 		return obj, nil
 	}

@@ -102,7 +102,10 @@ type Controller struct {
 	pods    corelisters.PodLister
 	podIdx  cache.Indexer
 	nodes   corelisters.NodeLister
-	jobs    batchlisters.JobLister
+	// namespaces are read for their labels, which namespace selectors in
+	// pod affinity terms match.
+	namespaces corelisters.NamespaceLister
+	jobs       batchlisters.JobLister
 	// podGroups reads kube-scheduler's PodGroups; nil where the API
 	// server does not serve them.
 	podGroups schedulinglisters.PodGroupLister
@@ -219,16 +222,17 @@ func New(cfg Config) (*Controller, error) {
 	}
 	bcast := record.NewBroadcaster()
 	c := &Controller{
-		cfg:      cfg,
-		factory:  f,
-		pods:     f.Core().V1().Pods().Lister(),
-		podIdx:   podInf.GetIndexer(),
-		nodes:    f.Core().V1().Nodes().Lister(),
-		jobs:     f.Batch().V1().Jobs().Lister(),
-		sliceIdx: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{sliceNodeIndex: indexSliceByNode}),
-		claims:   f.Resource().V1().ResourceClaims().Lister(),
-		tmpls:    f.Resource().V1().ResourceClaimTemplates().Lister(),
-		classes:  f.Resource().V1().DeviceClasses().Lister(),
+		cfg:        cfg,
+		factory:    f,
+		pods:       f.Core().V1().Pods().Lister(),
+		podIdx:     podInf.GetIndexer(),
+		nodes:      f.Core().V1().Nodes().Lister(),
+		namespaces: f.Core().V1().Namespaces().Lister(),
+		jobs:       f.Batch().V1().Jobs().Lister(),
+		sliceIdx:   cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{sliceNodeIndex: indexSliceByNode}),
+		claims:     f.Resource().V1().ResourceClaims().Lister(),
+		tmpls:      f.Resource().V1().ResourceClaimTemplates().Lister(),
+		classes:    f.Resource().V1().DeviceClasses().Lister(),
 		// Each group backs off on its own; there is no shared bucket that
 		// many waiting groups could drain for each other.
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -268,6 +272,9 @@ func New(cfg Config) (*Controller, error) {
 	}{
 		{podInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onPodAdd, UpdateFunc: c.onPodUpdate, DeleteFunc: c.onPodDelete}},
 		{f.Core().V1().Nodes().Informer(), c.nodeHandler()},
+		// A namespace relabelled may tie a waiting group to pods in it,
+		// or untie it.
+		{f.Core().V1().Namespaces().Informer(), cache.ResourceEventHandlerFuncs{UpdateFunc: c.onNamespaceUpdate}},
 		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaimAdd, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
 		{f.Batch().V1().Jobs().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onJob, UpdateFunc: func(_, o any) { c.onJob(o) }, DeleteFunc: c.onJob}},
 		{f.Resource().V1().ResourceClaimTemplates().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.requeuePending() }}},

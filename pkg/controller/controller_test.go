@@ -140,6 +140,8 @@ func (h *harness) create(o any) {
 	switch o := o.(type) {
 	case *v1.Node:
 		_, err = h.client.CoreV1().Nodes().Create(h.ctx, o, metav1.CreateOptions{})
+	case *v1.Namespace:
+		_, err = h.client.CoreV1().Namespaces().Create(h.ctx, o, metav1.CreateOptions{})
 	case *resourceapi.ResourceSlice:
 		_, err = h.client.ResourceV1().ResourceSlices().Create(h.ctx, o, metav1.CreateOptions{})
 	case *resourceapi.DeviceTaintRule:

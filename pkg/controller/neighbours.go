@@ -2,6 +2,7 @@ package controller
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
@@ -60,7 +61,8 @@ func (c *Controller) neighbours(key string, pods []planner.Pod) []planner.Neighb
 		if ties == nil {
 			ties = planner.NewTies(pods)
 		}
-		if nb := planner.NeighbourFor(p, node); ties.Tied(nb.Pod) {
+		nb := planner.NeighbourFor(p, node)
+		if nb.Pod = c.inNamespace(nb.Pod); ties.Tied(nb.Pod) {
 			out = append(out, nb)
 		}
 	}
@@ -84,7 +86,8 @@ func (c *Controller) neighbours(key string, pods []planner.Pod) []planner.Neighb
 			if err != nil {
 				continue
 			}
-			for _, q := range c.podsSelected(sel, termNamespaces(t, p.Members[0].Namespace)) {
+			namespaces, all := c.termNamespaces(t, p.Members[0].Namespace)
+			for _, q := range c.podsSelected(sel, namespaces, all) {
 				consider(q)
 			}
 		}
@@ -95,25 +98,38 @@ func (c *Controller) neighbours(key string, pods []planner.Pod) []planner.Neighb
 	return out
 }
 
-// termNamespaces are the namespaces a term looks in, nil for all: the
-// pod's own by default. The controller does not watch namespaces, so a
-// namespace selector is taken as all of them (the planner does the same),
-// which at worst keeps a pod further apart than needed.
-func termNamespaces(t v1.PodAffinityTerm, own string) []string {
-	switch {
-	case t.NamespaceSelector != nil:
-		return nil
-	case len(t.Namespaces) > 0:
-		return t.Namespaces
-	default:
-		return []string{own}
+// termNamespaces are the namespaces a term looks in, as kube-scheduler
+// reads them: those it names and those whose labels its namespace
+// selector matches, all of them for an empty selector; the pod's own
+// where it has neither.
+func (c *Controller) termNamespaces(t v1.PodAffinityTerm, own string) (namespaces []string, all bool) {
+	if t.NamespaceSelector == nil {
+		if len(t.Namespaces) == 0 {
+			return []string{own}, false
+		}
+		return t.Namespaces, false
 	}
+	sel, err := metav1.LabelSelectorAsSelector(t.NamespaceSelector)
+	if err != nil {
+		return t.Namespaces, false // the API server admits no such term
+	}
+	if sel.Empty() {
+		return nil, true
+	}
+	namespaces = slices.Clone(t.Namespaces)
+	matched, _ := c.namespaces.List(sel)
+	for _, ns := range matched {
+		if !slices.Contains(namespaces, ns.Name) {
+			namespaces = append(namespaces, ns.Name)
+		}
+	}
+	return namespaces, false
 }
 
-// podsSelected lists the cached pods sel matches in namespaces, nil
-// meaning all.
-func (c *Controller) podsSelected(sel labels.Selector, namespaces []string) []*v1.Pod {
-	if namespaces == nil {
+// podsSelected lists the cached pods sel matches in namespaces, or in
+// all of them.
+func (c *Controller) podsSelected(sel labels.Selector, namespaces []string, all bool) []*v1.Pod {
+	if all {
 		out, _ := c.pods.List(sel)
 		return out
 	}
@@ -123,6 +139,27 @@ func (c *Controller) podsSelected(sel labels.Selector, namespaces []string) []*v
 		out = append(out, l...)
 	}
 	return out
+}
+
+// inNamespace gives p's members the labels of their namespaces, which a
+// term's namespace selector matches. It changes p's Members in place.
+func (c *Controller) inNamespace(p planner.Pod) planner.Pod {
+	for i := range p.Members {
+		if ns, err := c.namespaces.Get(p.Members[i].Namespace); err == nil {
+			p.Members[i].NamespaceLabels = ns.Labels
+		}
+	}
+	return p
+}
+
+// onNamespaceUpdate requeues the waiting groups when a namespace's labels
+// change: a namespace selector may now select pods in it, or no longer.
+func (c *Controller) onNamespaceUpdate(old, cur any) {
+	o, ok1 := old.(*v1.Namespace)
+	n, ok2 := cur.(*v1.Namespace)
+	if ok1 && ok2 && !maps.Equal(o.Labels, n.Labels) {
+		c.requeuePending()
+	}
 }
 
 // neighbourNode is the node a pod outside the group is on, or on its way

@@ -1050,29 +1050,45 @@ func TestPodAntiAffinityAgainstPodsOutsideTheGroup(t *testing.T) {
 // waits, as the scheduler would leave it pending.
 func TestPodAffinityHoldsTheGroupToThePodsItSelects(t *testing.T) {
 	consolidated := map[string]string{placement.AnnotationStrategy: "consolidated"}
-	near := func(p *v1.Pod, key string) *v1.Pod {
+	near := func(p *v1.Pod, key string, teams *metav1.LabelSelector) *v1.Pod {
 		p.Labels = map[string]string{"app": "train"}
 		p.Spec.Affinity = &v1.Affinity{PodAffinity: &v1.PodAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []v1.PodAffinityTerm{{
-			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "cache"}}, TopologyKey: key}}}}
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "cache"}}, TopologyKey: key, NamespaceSelector: teams}}}}
 		return p
 	}
+	red := &metav1.LabelSelector{MatchLabels: map[string]string{"team": "red"}}
+	type cache struct{ namespace, node string }
 	for name, tc := range map[string]struct {
 		key       string
-		cache     bool
-		wantNodes []string // where each pod may be planned; none: not planned
+		caches    []cache
+		teams     *metav1.LabelSelector // the term's namespace selector
+		wantNodes []string              // where each pod may be planned; none: not planned
 	}{
-		"by hostname":       {key: v1.LabelHostname, cache: true, wantNodes: []string{"n3"}},
-		"by leaf":           {key: topology.LabelTopographLeaf, cache: true, wantNodes: []string{"n2", "n3"}},
+		"by hostname":       {key: v1.LabelHostname, caches: []cache{{"default", "n3"}}, wantNodes: []string{"n3"}},
+		"by leaf":           {key: topology.LabelTopographLeaf, caches: []cache{{"default", "n3"}}, wantNodes: []string{"n2", "n3"}},
 		"no pod it selects": {key: v1.LabelHostname},
+		// Namespaces team-red (team=red) and team-blue (team=blue).
+		"a namespace selector holds it to the pod in a namespace it matches": {
+			key: v1.LabelHostname, caches: []cache{{"team-blue", "n0"}, {"team-red", "n3"}}, teams: red, wantNodes: []string{"n3"},
+		},
+		"a namespace selector matching no namespace with the pod": {
+			key: v1.LabelHostname, caches: []cache{{"team-blue", "n0"}, {"default", "n3"}}, teams: red,
+		},
+		"an empty namespace selector looks in every namespace": {
+			key: v1.LabelHostname, caches: []cache{{"team-blue", "n1"}}, teams: &metav1.LabelSelector{}, wantNodes: []string{"n1"},
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			h := newHarness(t, job("train", 2))
-			if tc.cache {
-				h.create(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cache", Namespace: "default", UID: "cache", Labels: map[string]string{"app": "cache"}},
-					Spec: v1.PodSpec{NodeName: "n3", Containers: []v1.Container{{Name: "c", Image: "img"}}}})
+			for _, team := range []string{"red", "blue"} {
+				h.create(&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-" + team, Labels: map[string]string{"team": team}}})
 			}
-			h.addPod(near(jobPod("train", 0, "gpu-4-nvlink", consolidated), tc.key))
-			h.addPod(near(jobPod("train", 1, "gpu-4-nvlink", consolidated), tc.key))
+			for _, c := range tc.caches {
+				h.create(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cache", Namespace: c.namespace, UID: types.UID("cache-" + c.namespace), Labels: map[string]string{"app": "cache"}},
+					Spec: v1.PodSpec{NodeName: c.node, Containers: []v1.Container{{Name: "c", Image: "img"}}}})
+			}
+			h.addPod(near(jobPod("train", 0, "gpu-4-nvlink", consolidated), tc.key, tc.teams))
+			h.addPod(near(jobPod("train", 1, "gpu-4-nvlink", consolidated), tc.key, tc.teams))
 			h.settle()
 			h.place("default/job/train")
 			for _, pod := range []string{"train-0", "train-1"} {

@@ -617,12 +617,12 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 			if job.PinnedPods == nil {
 				job.PinnedPods = map[string]planner.Pod{}
 			}
-			job.PinnedPods[m.pod.Name] = planner.PodFor(m.pod, nil)
+			job.PinnedPods[m.pod.Name] = c.inNamespace(planner.PodFor(m.pod, nil))
 		}
 	}
 	units := planUnits(g.toPlace)
 	for _, u := range units {
-		job.Pods = append(job.Pods, u.pod())
+		job.Pods = append(job.Pods, c.inNamespace(u.pod()))
 	}
 	followers := phantomFollowers(g.due, units, job.Pods)
 	job.Pods = append(job.Pods, followers...)

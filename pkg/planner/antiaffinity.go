@@ -29,6 +29,9 @@ import (
 type Member struct {
 	Namespace string
 	Labels    map[string]string
+	// NamespaceLabels are the labels of the pod's namespace, which a
+	// term's namespace selector matches.
+	NamespaceLabels map[string]string
 }
 
 // apart is a pod of the job that a pod must not share a value of key
@@ -108,8 +111,10 @@ func (t *Ties) Tied(q Pod) bool {
 type antiTerm struct {
 	key        string
 	sel        labels.Selector
-	namespaces []string // nil with anyNS
-	anyNS      bool
+	namespaces []string
+	// nsSel is the term's namespace selector; labels.Nothing() without
+	// one, labels.Everything() for an empty one.
+	nsSel labels.Selector
 }
 
 func compileAnti(p Pod) ([]antiTerm, error) { return compileTerms(p, p.AntiAffinity, "anti-affinity") }
@@ -127,19 +132,18 @@ func compileTerms(p Pod, terms []v1.PodAffinityTerm, kind string) ([]antiTerm, e
 			}
 			at.sel = s
 		}
-		switch {
-		case t.NamespaceSelector != nil:
-			// The planner does not see namespaces' labels. The job's
-			// pods share one namespace; a selector that leaves that
-			// namespace out is rare. Read as every namespace, an
-			// anti-affinity term costs only room, never a refused bind;
-			// an affinity term may be met by a pod the selector leaves
-			// out, and kube-scheduler's refusal then has the pod planned
-			// again off that node.
-			at.anyNS = true
-		case len(t.Namespaces) > 0:
-			at.namespaces = t.Namespaces
-		default:
+		// The namespaces a term looks in, as kube-scheduler reads them:
+		// those it names and those its namespace selector matches; the
+		// pod's own where it has neither.
+		at.nsSel = labels.Nothing()
+		at.namespaces = t.Namespaces
+		if t.NamespaceSelector != nil {
+			s, err := metav1.LabelSelectorAsSelector(t.NamespaceSelector)
+			if err != nil {
+				return nil, fmt.Errorf("pod %s: pod %s term on %s: namespace selector: %v", p.Name, kind, t.TopologyKey, err)
+			}
+			at.nsSel = s
+		} else if len(t.Namespaces) == 0 {
 			at.namespaces = []string{p.namespace()}
 		}
 		out = append(out, at)
@@ -157,7 +161,7 @@ func (p Pod) namespace() string {
 // selects says whether the term selects any of the members.
 func (t antiTerm) selects(members []Member) bool {
 	for _, m := range members {
-		if (t.anyNS || slices.Contains(t.namespaces, m.Namespace)) && t.sel.Matches(labels.Set(m.Labels)) {
+		if (slices.Contains(t.namespaces, m.Namespace) || t.nsSel.Matches(labels.Set(m.NamespaceLabels))) && t.sel.Matches(labels.Set(m.Labels)) {
 			return true
 		}
 	}

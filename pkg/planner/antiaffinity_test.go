@@ -160,6 +160,23 @@ func neighbour(node, ns, value string, terms ...v1.PodAffinityTerm) planner.Neig
 		Members: []planner.Member{{Namespace: ns, Labels: map[string]string{"app": value}}}, AntiAffinity: terms}}
 }
 
+// teamNeighbour is neighbour in a namespace labelled team=team.
+func teamNeighbour(node, ns, team, value string, terms ...v1.PodAffinityTerm) planner.Neighbour {
+	nb := neighbour(node, ns, value, terms...)
+	nb.Pod.Members[0].NamespaceLabels = map[string]string{"team": team}
+	return nb
+}
+
+// ofTeam looks for the term's pods in the namespaces labelled team=team
+// (every namespace for ""), and in those it names.
+func ofTeam(t v1.PodAffinityTerm, team string) v1.PodAffinityTerm {
+	t.NamespaceSelector = &metav1.LabelSelector{}
+	if team != "" {
+		t.NamespaceSelector.MatchLabels = map[string]string{"team": team}
+	}
+	return t
+}
+
 // TestPodAntiAffinityAgainstPodsOutsideTheJob: a pod outside the job on
 // l0n0, the node consolidated would fill first, keeps the job's pods out
 // of its value when a term ties them, either way round, as
@@ -172,6 +189,7 @@ func TestPodAntiAffinityAgainstPodsOutsideTheJob(t *testing.T) {
 		pods       int
 		terms      []v1.PodAffinityTerm // the job's pods', which are app=train
 		neighbours []planner.Neighbour
+		edit       func(*planner.Job)
 		want       *placed
 		wantReason string
 	}{
@@ -199,6 +217,42 @@ func TestPodAntiAffinityAgainstPodsOutsideTheJob(t *testing.T) {
 			neighbours: []planner.Neighbour{neighbour("l0n0", "other", "web")},
 			want:       &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n0", "l0n0")},
 		},
+		"a namespace selector leaves out a namespace it does not match": {
+			pods:       2,
+			terms:      []v1.PodAffinityTerm{ofTeam(antiTerm(hostname, "web"), "red")},
+			neighbours: []planner.Neighbour{teamNeighbour("l0n0", "other", "blue", "web"), teamNeighbour("l0n1", "ns", "blue", "web")},
+			want:       &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n0", "l0n0")},
+		},
+		"a namespace selector selects the namespaces it matches": {
+			pods:       2,
+			terms:      []v1.PodAffinityTerm{ofTeam(antiTerm(hostname, "web"), "red")},
+			neighbours: []planner.Neighbour{teamNeighbour("l0n0", "other", "red", "web"), teamNeighbour("l0n1", "ns", "blue", "web")},
+			want:       &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n1", "l0n1")},
+		},
+		"an empty namespace selector selects every namespace": {
+			pods:       2,
+			terms:      []v1.PodAffinityTerm{ofTeam(antiTerm(hostname, "web"), "")},
+			neighbours: []planner.Neighbour{neighbour("l0n0", "other", "web"), neighbour("l0n1", "third", "web")},
+			want:       &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n2", "l0n2")},
+		},
+		"a namespace selector adds to the namespaces named": {
+			pods:       2,
+			terms:      []v1.PodAffinityTerm{ofTeam(antiTerm(hostname, "web", "third"), "red")},
+			neighbours: []planner.Neighbour{teamNeighbour("l0n0", "other", "red", "web"), teamNeighbour("l0n1", "third", "blue", "web")},
+			want:       &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n2", "l0n2")},
+		},
+		"the neighbour's namespace selector matches the job's namespace": {
+			pods:       2,
+			neighbours: []planner.Neighbour{teamNeighbour("l0n0", "other", "blue", "web", ofTeam(antiTerm(hostname, "train"), "red"))},
+			edit:       func(j *planner.Job) { setTeam(j, "red") },
+			want:       &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n1", "l0n1")},
+		},
+		"the neighbour's namespace selector leaves the job's namespace out": {
+			pods:       2,
+			neighbours: []planner.Neighbour{teamNeighbour("l0n0", "other", "blue", "web", ofTeam(antiTerm(hostname, "train"), "red"))},
+			edit:       func(j *planner.Job) { setTeam(j, "blue") },
+			want:       &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n0", "l0n0")},
+		},
 		"a term on a key the nodes lack keeps nothing apart": {
 			pods:       2,
 			neighbours: []planner.Neighbour{neighbour("l0n0", "ns", "web", antiTerm("example.com/zone", "train"))},
@@ -224,12 +278,24 @@ func TestPodAntiAffinityAgainstPodsOutsideTheJob(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			job := makeJob(t, "j").Pods(tc.pods, "gpu-4-nvlink").Strategy(planner.StrategyConsolidated).member("ns", "train", tc.terms...).Obj()
 			job.Neighbours = tc.neighbours
+			if tc.edit != nil {
+				tc.edit(&job)
+			}
 			plan, err := newPlanner(t).Plan(context.Background(), planner.NewSnapshot(c, nil), nil, job)
 			checkPlan(t, plan, err, tc.want, nil)
 			if tc.wantReason != "" && !hasReason(plan.Reasons, tc.wantReason) {
 				t.Errorf("reasons do not say %q:\n%v", tc.wantReason, plan.Reasons)
 			}
 		})
+	}
+}
+
+// setTeam labels the namespace of the job's pods team=team.
+func setTeam(j *planner.Job, team string) {
+	for i := range j.Pods {
+		for m := range j.Pods[i].Members {
+			j.Pods[i].Members[m].NamespaceLabels = map[string]string{"team": team}
+		}
 	}
 }
 
@@ -250,8 +316,10 @@ func TestTies(t *testing.T) {
 		"the outside pod's term":       {q: against(web, antiTerm(v1.LabelHostname, "train")), pods: []planner.Pod{train}, want: true},
 		"the job's term":               {q: web, pods: []planner.Pod{against(train, antiTerm(v1.LabelHostname, "web"))}, want: true},
 		"a term for another namespace": {q: web, pods: []planner.Pod{against(train, antiTerm(v1.LabelHostname, "web", "other"))}},
-		"a term selecting no one":      {q: against(web, antiTerm(v1.LabelHostname, "infer")), pods: []planner.Pod{train}},
-		"the job's affinity":           {q: web, pods: []planner.Pod{near(train, antiTerm(v1.LabelHostname, "web"))}, want: true},
+		"a namespace selector matching the outside pod's": {q: teamNeighbour("n", "web-ns", "red", "web").Pod, pods: []planner.Pod{near(train, ofTeam(antiTerm(v1.LabelHostname, "web"), "red"))}, want: true},
+		"a namespace selector leaving it out":             {q: teamNeighbour("n", "web-ns", "blue", "web").Pod, pods: []planner.Pod{near(train, ofTeam(antiTerm(v1.LabelHostname, "web"), "red"))}},
+		"a term selecting no one":                         {q: against(web, antiTerm(v1.LabelHostname, "infer")), pods: []planner.Pod{train}},
+		"the job's affinity":                              {q: web, pods: []planner.Pod{near(train, antiTerm(v1.LabelHostname, "web"))}, want: true},
 		// The outside pod's affinity binds only itself.
 		"the outside pod's affinity": {q: near(web, antiTerm(v1.LabelHostname, "train")), pods: []planner.Pod{train}},
 	} {

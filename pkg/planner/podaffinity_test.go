@@ -69,6 +69,22 @@ func TestPodAffinityKeepsPodsTogether(t *testing.T) {
 			},
 			want: &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n2", "l1n2")},
 		},
+		"a namespace selector goes to the pod it selects, not one beside it in another namespace": {
+			pods: 2, template: "gpu-4-nvlink", strategy: planner.StrategyConsolidated,
+			edit: func(j *planner.Job) {
+				setAll(j, "train", []v1.PodAffinityTerm{ofTeam(affinityTerm(hostname, "cache"), "red")})
+				j.Neighbours = []planner.Neighbour{teamNeighbour("l0n0", "ns", "blue", "cache"), teamNeighbour("l1n2", "cache-ns", "red", "cache")}
+			},
+			want: &placed{Domain: leaf("leaf-1"), Assignments: assign("l1n2", "l1n2")},
+		},
+		"a namespace selector matching no namespace of the pods fits nowhere": {
+			pods: 2, template: "gpu-4-nvlink", strategy: planner.StrategyConsolidated,
+			edit: func(j *planner.Job) {
+				setAll(j, "train", []v1.PodAffinityTerm{ofTeam(affinityTerm(hostname, "cache"), "green")})
+				j.Neighbours = []planner.Neighbour{teamNeighbour("l0n0", "ns", "blue", "cache"), teamNeighbour("l1n2", "cache-ns", "red", "cache")}
+			},
+			refused: "selects no pod, so it fits nowhere",
+		},
 		"a term by leaf goes to its leaf": {
 			pods: 2, template: "gpu-4-nvlink", strategy: planner.StrategyConsolidated,
 			edit: func(j *planner.Job) {

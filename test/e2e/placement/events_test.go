@@ -751,6 +751,82 @@ func TestPodAffinityPlacesBesideAnotherJob(t *testing.T) {
 	}
 }
 
+// TestPodAffinityNamespaceSelector: two pods labelled app=ns-cache, one
+// in a namespace labelled for team blue on the node of the leaf that a
+// four-GPU Job fills, one in a namespace labelled for team red on another
+// node of the leaf. A two-GPU pod consolidated into the leaf, which
+// would go onto the fuller node, has required pod affinity on
+// kubernetes.io/hostname to app=ns-cache pods in team red's namespaces
+// (a namespace selector). kube-scheduler reads the selector against the
+// namespaces' labels, and so does the controller: the pod is planned
+// beside the red pod and binds there, neither released nor moved.
+func TestPodAffinityNamespaceSelector(t *testing.T) {
+	dumpOnFailure(t)
+	leaf := fakeLeaf(t)
+	anchor := createJobFrom(t, "ev-ns-a", 1, "gpu-4-nvlink", consolidatedIn(leaf))
+	a := waitBound(t, jobSelector(anchor.Name), 1)
+	var other string
+	for _, n := range topo.leafNodes[leaf] {
+		if n != a.nodes[0] {
+			other = n
+			break
+		}
+	}
+	const team = "gputopo.dev/e2e-team"
+	cacheOn := map[string]string{"blue": a.nodes[0], "red": other}
+	for _, colour := range []string{"blue", "red"} {
+		ns := "gputopo-placement-" + colour
+		_, err := client.CoreV1().Namespaces().Create(framework.Ctx(t), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{team: colour}}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("create namespace %s: %v", ns, err)
+		}
+		t.Cleanup(func() {
+			_ = client.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+		})
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "ns-cache", Namespace: ns, Labels: map[string]string{"app": "ns-cache"}},
+			Spec: corev1.PodSpec{NodeName: cacheOn[colour], AutomountServiceAccountToken: ptr.To(false),
+				Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
+		}
+		// The namespace's default ServiceAccount, which admission
+		// looks up, comes a moment after the namespace.
+		framework.Eventually(t, waitStatus, "pod "+ns+"/ns-cache created", func() (bool, string) {
+			_, err := client.CoreV1().Pods(ns).Create(framework.Ctx(t), pod, metav1.CreateOptions{})
+			if err != nil && !apierrors.IsAlreadyExists(err) {
+				return false, err.Error()
+			}
+			return true, ""
+		})
+		// No kubelet runs on the leaf's nodes to finish a graceful
+		// deletion.
+		t.Cleanup(func() {
+			_ = client.CoreV1().Pods(ns).Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		})
+	}
+	job := createJobFrom(t, "ev-ns-b", 1, "gpu-2-nvlink-pair", consolidatedIn(leaf), func(j *batchv1.Job) {
+		j.Spec.Template.Spec.Affinity = &corev1.Affinity{PodAffinity: &corev1.PodAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+				LabelSelector:     &metav1.LabelSelector{MatchLabels: map[string]string{"app": "ns-cache"}},
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{team: "red"}},
+				TopologyKey:       corev1.LabelHostname,
+			}},
+		}}
+	})
+	b := waitBound(t, jobSelector(job.Name), 1)
+	p := &b.pods[0]
+	if p.Spec.NodeName != other {
+		t.Errorf("pod %s on %s, want %s beside team red's ns-cache pod (team blue's is on %s)", p.Name, p.Spec.NodeName, other, a.nodes[0])
+	}
+	if got := p.Annotations[placementapi.AnnotationNode]; got != p.Spec.NodeName {
+		t.Errorf("pod %s planned onto %q, bound to %s: the plan should have read the namespace selector", p.Name, got, p.Spec.NodeName)
+	}
+	for _, reason := range []string{"Moved", "Released"} {
+		if msg := podEventMessage(t, p, reason); msg != "" {
+			t.Errorf("pod %s: %s event %q; the plan should have read the namespace selector", p.Name, reason, msg)
+		}
+	}
+}
+
 // spreadOver gives a Job's pods a topology spread constraint on
 // kubernetes.io/hostname over the pods of the Jobs named: at most one
 // more of them on a node than on any other, else not scheduled.
