@@ -162,6 +162,46 @@ func (c *Controller) onNamespaceUpdate(old, cur any) {
 	}
 }
 
+// spreadPods are the pods outside group key that the topology spread
+// constraints of the group's pods count, as kube-scheduler's
+// PodTopologySpread filter counts them: in the pod's namespace, selected
+// by the constraint's selector with its matchLabelKeys merged, neither
+// terminating nor finished; each on the node it is on or on its way to.
+// Sorted by node and name.
+func (c *Controller) spreadPods(key string, pods []planner.Pod) []planner.Neighbour {
+	seen := map[types.UID]bool{}
+	var out []planner.Neighbour
+	for _, p := range pods {
+		if len(p.Members) == 0 {
+			continue
+		}
+		for _, t := range p.Spread {
+			sel, err := planner.SpreadSelector(t, p.Members[0].Labels)
+			if err != nil || sel.Empty() || t.WhenUnsatisfiable != v1.DoNotSchedule {
+				continue
+			}
+			l, _ := c.pods.Pods(p.Members[0].Namespace).List(sel)
+			for _, q := range l {
+				if seen[q.UID] {
+					continue
+				}
+				seen[q.UID] = true
+				if k, ok := groupKey(q); (ok && k == key) || q.DeletionTimestamp != nil || q.Status.Phase == v1.PodSucceeded || q.Status.Phase == v1.PodFailed {
+					continue
+				}
+				if node := c.neighbourNode(q); node != "" {
+					out = append(out, planner.Neighbour{Node: node, Bound: q.Spec.NodeName != "",
+						Pod: planner.Pod{Name: q.Name, Members: []planner.Member{{Namespace: q.Namespace, Labels: q.Labels}}}})
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b planner.Neighbour) int {
+		return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Pod.Name, b.Pod.Name))
+	})
+	return out
+}
+
 // neighbourNode is the node a pod outside the group is on, or on its way
 // to, as kube-scheduler will count it: bound, or steered by the
 // controller to the node its gate opened for (usageNode); nominated (the

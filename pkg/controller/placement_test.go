@@ -1103,3 +1103,64 @@ func TestPodAffinityHoldsTheGroupToThePodsItSelects(t *testing.T) {
 		})
 	}
 }
+
+// TestTopologySpreadCountsThePodsOutsideTheGroup: the group's pods carry a
+// topology spread constraint on kubernetes.io/hostname, at most one more
+// app=train pod on a node than on the emptiest. The controller passes the
+// planner the app=train pods outside the group that kube-scheduler's
+// PodTopologySpread filter counts (the pod's namespace, not terminating,
+// bound or on its way), so the two pods, which consolidated would put
+// together, go onto two nodes, neither of them a node such a pod is on.
+func TestTopologySpreadCountsThePodsOutsideTheGroup(t *testing.T) {
+	consolidated := map[string]string{placement.AnnotationStrategy: "consolidated"}
+	spread := func(p *v1.Pod) *v1.Pod {
+		p.Labels = map[string]string{"app": "train"}
+		p.Spec.TopologySpreadConstraints = []v1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: v1.LabelHostname, WhenUnsatisfiable: v1.DoNotSchedule,
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "train"}}}}
+		return p
+	}
+	type other struct {
+		namespace, node string
+		terminating     bool
+	}
+	for name, tc := range map[string]struct {
+		others  []other
+		offNode []string // nodes neither pod may be planned onto
+		onN0    bool     // a pod goes onto n0, which consolidated fills first
+	}{
+		"none":                                {onN0: true},
+		"a pod of the namespace counts":       {others: []other{{namespace: "default", node: "n0"}}, offNode: []string{"n0"}},
+		"two pods of the namespace":           {others: []other{{namespace: "default", node: "n0"}, {namespace: "default", node: "n1"}}, offNode: []string{"n0", "n1"}},
+		"a pod of another namespace does not": {others: []other{{namespace: "elsewhere", node: "n0"}}, onN0: true},
+		"a terminating pod does not":          {others: []other{{namespace: "default", node: "n0", terminating: true}}, onN0: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, job("train", 2))
+			for i, o := range tc.others {
+				p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("other-%d", i), Namespace: o.namespace, UID: types.UID(fmt.Sprintf("other-%d", i)), Labels: map[string]string{"app": "train"}},
+					Spec: v1.PodSpec{NodeName: o.node, Containers: []v1.Container{{Name: "c", Image: "img"}}}}
+				if o.terminating {
+					p.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+					p.Finalizers = []string{"example.com/hold"}
+				}
+				h.create(p)
+			}
+			h.addPod(spread(jobPod("train", 0, "gpu-4-nvlink", consolidated)))
+			h.addPod(spread(jobPod("train", 1, "gpu-4-nvlink", consolidated)))
+			h.settle()
+			h.place("default/job/train")
+			a, b := h.allocatedNode("train-0"), h.allocatedNode("train-1")
+			if a == "" || b == "" || a == b {
+				t.Fatalf("pods planned onto %q and %q; want two nodes, one pod each", a, b)
+			}
+			for _, n := range []string{a, b} {
+				if slices.Contains(tc.offNode, n) {
+					t.Errorf("a pod planned onto %s, where an app=train pod of its namespace is already", n)
+				}
+			}
+			if tc.onN0 && a != "n0" && b != "n0" {
+				t.Errorf("pods planned onto %s and %s; nothing counted keeps them off n0, which consolidated fills first", a, b)
+			}
+		})
+	}
+}

@@ -129,6 +129,7 @@ func (u *unit) pod() planner.Pod {
 			o := planner.PodFor(m.pod, nil)
 			p.AntiAffinity = append(slices.Clip(p.AntiAffinity), o.AntiAffinity...)
 			p.Affinity = append(slices.Clip(p.Affinity), o.Affinity...)
+			p.Spread = append(slices.Clip(p.Spread), o.Spread...)
 			p.Members = append(p.Members, o.Members...)
 			for name, q := range o.Requests {
 				v := sum[name]

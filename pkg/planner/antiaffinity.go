@@ -48,6 +48,10 @@ type apart struct {
 // it.
 type Neighbour struct {
 	Node string
+	// Bound says the pod is bound to Node, not only on its way there: the
+	// minimum a topology spread constraint allows is taken over bound
+	// pods only.
+	Bound bool
 	// Pod carries the neighbour's Members (one) and AntiAffinity.
 	Pod Pod
 }

@@ -172,6 +172,9 @@ func (st *state) refuse(failures []levelFailure) error {
 	if st.togetherBy != "" {
 		u.Reason += fmt.Sprintf(", its pods kept together by %s (their required pod affinity)", st.togetherBy)
 	}
+	if st.spread != nil {
+		u.Reason += fmt.Sprintf(", its pods spread by %s (their topology spread constraints)", st.spread.by)
+	}
 	if st.selectsNone != "" {
 		u.Reason += "; " + st.selectsNone
 	}

@@ -25,6 +25,7 @@ type attempt struct {
 	placed   int
 	nodes    int // nodes the attempt used
 	rank     int // sum of the placed pods' ladder ranks (fitResult.rank)
+	spread   spreadCounts
 }
 
 // tryPlace places as many pods as it can inside nodes, in strategy order.
@@ -48,13 +49,14 @@ func (st *state) tryPlace(nodes []int) (*attempt, error) {
 	for _, p := range st.podOrder {
 		sh := st.podShape[p]
 		st.sortNodes(a, order)
+		a.spreadTurn()
 		// The first node in strategy order that gives the pod's claims
 		// their first choices; with preference ladders, the node giving
 		// the best rung, strategy order breaking ties.
 		best, bestRank := -1, 0
 		var bestR fitResult
 		for _, n := range order {
-			if st.filters[sh].why[n] != "" || st.room(sh, n, a.req[n], 1) == 0 || a.keptApart(p, n) || a.keptAway(p, n) || !st.f.mayFit(n, sh, a.extra[n], a.nl) {
+			if st.filters[sh].why[n] != "" || st.room(sh, n, a.req[n], 1) == 0 || a.keptApart(p, n) || a.keptAway(p, n) || a.keptBySpread(p, n) || !st.f.mayFit(n, sh, a.extra[n], a.nl) {
 				continue
 			}
 			r, err := st.f.fit(n, sh, a.extra[n], a.nl)
@@ -100,6 +102,7 @@ func (a *attempt) take(pod, n int, r fitResult) {
 			a.req[n][i] += r
 		}
 	}
+	a.tookSpread(pod, n)
 	a.assign[pod] = n
 	a.placed++
 }

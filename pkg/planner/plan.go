@@ -72,6 +72,10 @@ type state struct {
 	togetherBy  string      // the keys of together, for reasons
 	fixed       *[]fixedPod // pinned pods and neighbours, once found (fixedPods)
 	selectsNone string      // which pods' affinity selects no pod, for reasons
+	// spread is the job's topology spread constraints (spread.go), nil
+	// when no pod has one, kept as inOrder says.
+	spread  *spreading
+	inOrder bool
 	sc          *scratch    // the node-length buffers, handed back when the plan returns
 }
 
@@ -85,8 +89,27 @@ type preference struct {
 // Plan picks the domain and the node of every pod of job. The snapshot and
 // reservations are only read; the caller records the plan with
 // Reservations.Add(plan.Reservation()) before planning the next job.
+//
+// A job whose topology spread constraints hold in no domain whatever order
+// its pods bind in (spread.go) is planned so that they hold in the order
+// the planner places the pods, which the scheduler may not bind them in.
 func (p *Planner) Plan(ctx context.Context, snap *Snapshot, res *Reservations, job Job) (*Plan, error) {
-	st, err := p.newState(ctx, snap, res, &job)
+	plan, err := p.plan(ctx, snap, res, job, false)
+	var u *Unschedulable
+	if err == nil || !errors.As(err, &u) || !slices.ContainsFunc(job.Pods, hasSpread) {
+		return plan, err
+	}
+	inOrder, ierr := p.plan(ctx, snap, res, job, true)
+	if ierr != nil {
+		return nil, err
+	}
+	inOrder.Reasons = slices.Insert(inOrder.Reasons, 0,
+		fmt.Sprintf("no domain keeps the pods' topology spread constraints whatever order they bind in (%s); planned so they hold in the order placed, kube-scheduler may refuse a pod that binds out of it", u.Reason))
+	return inOrder, nil
+}
+
+func (p *Planner) plan(ctx context.Context, snap *Snapshot, res *Reservations, job Job, inOrder bool) (*Plan, error) {
+	st, err := p.newState(ctx, snap, res, &job, inOrder)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +225,7 @@ func (p *Planner) Plan(ctx context.Context, snap *Snapshot, res *Reservations, j
 	return nil, st.refuse(failures)
 }
 
-func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservations, job *Job) (*state, error) {
+func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservations, job *Job, inOrder bool) (*state, error) {
 	if job.Placement == "" {
 		job.Placement = PlacementAuto
 	}
@@ -223,7 +246,7 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 		return nil, bad("unknown strategy %q: use consolidated, balanced or distributed", job.Strategy)
 	}
 	c := snap.cluster
-	st := &state{c: c, job: job, n: len(job.Pods), outcomes: map[string]*outcome{}, workload: p.workload, sc: getScratch(len(c.nodes))}
+	st := &state{c: c, job: job, n: len(job.Pods), outcomes: map[string]*outcome{}, workload: p.workload, sc: getScratch(len(c.nodes)), inOrder: inOrder}
 	base, sbase := snap.withReservations(res, job.Key)
 	st.f = newFitter(ctx, p.eval, c, job.Key, base, st.sc.keys)
 	st.f.sbase = sbase
@@ -276,6 +299,9 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 		return nil, bad("%v", err)
 	}
 	if err := st.findTogether(); err != nil {
+		return nil, bad("%v", err)
+	}
+	if err := st.findSpread(klog.FromContext(ctx)); err != nil {
 		return nil, bad("%v", err)
 	}
 	return st, nil

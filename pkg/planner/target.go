@@ -26,7 +26,7 @@ type Hold struct {
 // lets the job fit there once what runs there ends, whatever else
 // arrives. Unschedulable when no domain could ever hold the job.
 func (p *Planner) Target(ctx context.Context, snap *Snapshot, job Job) (Hold, error) {
-	st, err := p.newState(ctx, snap, nil, &job)
+	st, err := p.newState(ctx, snap, nil, &job, false)
 	if err != nil {
 		return Hold{}, err
 	}

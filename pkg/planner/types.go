@@ -63,6 +63,11 @@ type Pod struct {
 	// keeps the pod in a value of each term's key where a pod the term
 	// selects is, or will be (podaffinity.go).
 	Affinity []v1.PodAffinityTerm
+	// Spread are the pod's topology spread constraints that must hold
+	// (whenUnsatisfiable: DoNotSchedule): the planner keeps within each
+	// what kube-scheduler's PodTopologySpread filter allows, whatever
+	// order the pods bind in (spread.go).
+	Spread []v1.TopologySpreadConstraint
 }
 
 // Job is a group of pods placed together.
@@ -91,6 +96,10 @@ type Job struct {
 	// to (antiaffinity.go) and in the values of those its affinity
 	// selects (podaffinity.go).
 	Neighbours []Neighbour
+	// Spread are the pods outside the job, on their nodes, that the
+	// topology spread constraints of its pods may count: in a pod's
+	// namespace, selected by a constraint's selector (spread.go).
+	Spread []Neighbour
 	// Domain, when set, is the only domain the plan may use, e.g. the
 	// domain of a placed group whose pod is being replaced.
 	Domain *Domain

@@ -827,6 +827,39 @@ func TestPodAffinityNamespaceSelector(t *testing.T) {
 	}
 }
 
+// TestTopologySpreadAgainstAnotherJob: a four-GPU pod of one Job runs on
+// a node of the leaf; the two two-GPU pods of a second Job, consolidated
+// into the same leaf, would both go onto that node, the fullest, but
+// they carry a topology spread constraint on kubernetes.io/hostname over
+// both Jobs' pods (at most one more on a node than on the emptiest),
+// which kube-scheduler's PodTopologySpread filter enforces. The
+// controller counts the first Job's pod as the scheduler does and plans
+// the two pods onto two other nodes of the leaf, where they bind:
+// neither released nor moved.
+func TestTopologySpreadAgainstAnotherJob(t *testing.T) {
+	dumpOnFailure(t)
+	leaf := fakeLeaf(t)
+	ann := consolidatedIn(leaf)
+	anchor := createJobFrom(t, "ev-spread-a", 1, "gpu-4-nvlink", ann)
+	a := waitBound(t, jobSelector(anchor.Name), 1)
+	job := createJobFrom(t, "ev-spread-b", 2, "gpu-2-nvlink-pair", ann, spreadOver(anchor.Name, "ev-spread-b"))
+	b := waitBound(t, jobSelector(job.Name), 2)
+	if b.nodes[0] == b.nodes[1] || slices.Contains(b.nodes, a.nodes[0]) {
+		t.Errorf("pods on %v with %s's pod on %s: the spread constraint allows one of the Jobs' pods per node", b.nodes, anchor.Name, a.nodes[0])
+	}
+	for i := range b.pods {
+		p := &b.pods[i]
+		if got := p.Annotations[placementapi.AnnotationNode]; got != p.Spec.NodeName {
+			t.Errorf("pod %s planned onto %q, bound to %s: the plan should have kept the spread", p.Name, got, p.Spec.NodeName)
+		}
+		for _, reason := range []string{"Moved", "Released"} {
+			if msg := podEventMessage(t, p, reason); msg != "" {
+				t.Errorf("pod %s: %s event %q; the plan should have kept the spread", p.Name, reason, msg)
+			}
+		}
+	}
+}
+
 // spreadOver gives a Job's pods a topology spread constraint on
 // kubernetes.io/hostname over the pods of the Jobs named: at most one
 // more of them on a node than on any other, else not scheduled.
@@ -840,14 +873,23 @@ func spreadOver(jobs ...string) func(*batchv1.Job) {
 	}
 }
 
+// withHostPort has a Job's pods ask for host port port, which two pods
+// cannot share on one node: kube-scheduler's NodePorts filter weighs it,
+// the controller does not.
+func withHostPort(port int32) func(*batchv1.Job) {
+	return func(j *batchv1.Job) {
+		c := &j.Spec.Template.Spec.Containers[0]
+		c.Ports = append(c.Ports, corev1.ContainerPort{ContainerPort: 8080, HostPort: port, Protocol: corev1.ProtocolTCP})
+	}
+}
+
 // TestRefusedPodEndsOffItsPlannedNode: a pod kept off its planned node
 // by something the controller does not weigh ends on another node of its
 // domain, at once. A four-GPU pod of one Job runs on a node of the leaf;
 // a four-GPU pod of a second Job, consolidated into the same leaf, is
-// planned onto that node, the fullest, but its topology spread
-// constraint (at most one more of the two Jobs' pods on a node than on
-// any other) refuses that node, which kube-scheduler weighs and the
-// controller leaves to it. The scheduler finds no node for it and takes
+// planned onto that node, the fullest, but both ask for the same host
+// port, so kube-scheduler's NodePorts filter refuses that node, which
+// the controller leaves to the scheduler. The scheduler finds no node for it and takes
 // its claim back (DynamicResources PostFilter: reserved for that pod
 // alone). Then either the scheduler allocates it again on another node
 // of the leaf, which the node affinity the gate opened with keeps it in,
@@ -860,12 +902,12 @@ func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
 	ann := consolidatedIn(leaf)
-	anchor := createJobFrom(t, "ev-anchor", 1, "gpu-4-nvlink", ann)
+	anchor := createJobFrom(t, "ev-anchor", 1, "gpu-4-nvlink", ann, withHostPort(30777))
 	a := waitBound(t, jobSelector(anchor.Name), 1)
-	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, spreadOver(anchor.Name, "ev-moved"))
+	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, withHostPort(30777))
 	b := waitBound(t, jobSelector(job.Name), 1)
 	if b.nodes[0] == a.nodes[0] {
-		t.Fatalf("pod %s on %s beside %s despite its topology spread constraint", b.pods[0].Name, b.nodes[0], a.pods[0].Name)
+		t.Fatalf("pod %s on %s beside %s despite the host port both ask for", b.pods[0].Name, b.nodes[0], a.pods[0].Name)
 	}
 	if len(b.leaves) != 1 || b.leaves[0] != leaf {
 		t.Errorf("pod in leaves %v, want only %s: the domain affinity keeps a moved pod in its leaf", b.leaves, leaf)
