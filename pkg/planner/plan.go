@@ -76,7 +76,7 @@ type state struct {
 	// when no pod has one, kept as inOrder says.
 	spread  *spreading
 	inOrder bool
-	sc          *scratch    // the node-length buffers, handed back when the plan returns
+	sc      *scratch // the node-length buffers, handed back when the plan returns
 }
 
 type preference struct {

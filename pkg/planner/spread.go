@@ -43,10 +43,10 @@ import (
 // spreadRule is one DoNotSchedule constraint of the job's pods, ready to
 // count.
 type spreadRule struct {
-	key      string
-	maxSkew  int
-	sel      labels.Selector
-	ns       string
+	key        string
+	maxSkew    int
+	sel        labels.Selector
+	ns         string
 	eligible   []bool         // by node: the scheduler counts the pods on it
 	base       map[string]int // by value: the pods it selects outside the plan
 	min        int            // the global minimum before the plan
