@@ -237,6 +237,7 @@ func (st *state) newSpreadRule(logger klog.Logger, i int, c v1.TopologySpreadCon
 			bound[v] += k
 		}
 	}
+	// Pinned pods are bound, or their gates opened for their nodes.
 	for name, nodeName := range job.Pinned {
 		if p, ok := job.PinnedPods[name]; ok {
 			count(st.nodeIndex(nodeName), p.Members, true)

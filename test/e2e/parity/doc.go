@@ -3,13 +3,15 @@
 // (DeviceTaintRules with and without a toleration in the claim, a node
 // taint with and without one in the pods, a nodeSelector on a leaf, GPUs
 // held by claims kube-scheduler allocated, another controller's scheduling
-// gate, several namespaces) and a workload (a Job of 1 to 4 pods with
+// gate, several namespaces, a topology spread constraint of one pod per
+// node) and a workload (a Job of 1 to 4 pods with
 // whole-node, NVLink-quad, one-GPU, shared-GPU, admin-access or
 // unsatisfiable claims, or one user claim all its pods share). Each case
 // runs twice on one cluster from the same state, through kube-scheduler
 // alone and opted in to gputopo (gputopo.dev/placement: auto); both must
 // place it or both refuse it, and neither may use a device the state
-// rules out.
+// rules out; with a spread constraint, no two pods share a node and no pod
+// of the gputopo run is refused on its planned node (Released, Moved).
 //
 // `go test` runs 30 cases of seed 1 (TestParityShort); `make parity` runs
 // 300 and prints the agreement by shape. GPUTOPO_PARITY_CASES,

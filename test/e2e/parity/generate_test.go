@@ -75,6 +75,10 @@ type caseSpec struct {
 	TolerateNodeTaint    bool   // the pods tolerate nodeTaintKey
 	Leaf                 string // nodeSelector on the leaf, or ""
 	ForeignGate          bool
+	// Spread: the pods carry a topology spread constraint on
+	// kubernetes.io/hostname over the run's pods, maxSkew 1 (DoNotSchedule):
+	// one pod per node, as the cluster has more nodes than a case has pods.
+	Spread bool
 }
 
 // holder is a plain pod, created before the case, that holds GPUs of one
@@ -120,6 +124,9 @@ func (c *caseSpec) String() string {
 	}
 	if c.ForeignGate {
 		fmt.Fprintf(&b, "; foreign gate %s", foreignGate)
+	}
+	if c.Spread {
+		b.WriteString("; spread by kubernetes.io/hostname, maxSkew 1")
 	}
 	return b.String()
 }
@@ -275,5 +282,9 @@ func generate(cs *clusterShape, seed uint64, index int) *caseSpec {
 		c.Leaf = cs.leaves[r.IntN(len(cs.leaves))]
 	}
 	c.ForeignGate = r.IntN(5) == 0
+	// Drawn last, so the cases before it were kept. Not with one claim
+	// all the pods share (one node, so no spread), nor with a leaf's
+	// nodeSelector (fewer nodes than pods: the pods stack, in an order).
+	c.Spread = r.IntN(4) == 0 && c.Pods > 1 && !c.Shared && c.Leaf == ""
 	return c
 }

@@ -294,6 +294,10 @@ func newJob(c *caseSpec, name string, optIn bool, shared string) *batchv1.Job {
 	if c.ForeignGate {
 		spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: foreignGate}}
 	}
+	if c.Spread {
+		spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelHostname,
+			WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{batchv1.JobNameLabel: name}}}}
+	}
 	return &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.Namespace},
 		Spec: batchv1.JobSpec{
@@ -525,7 +529,41 @@ func collect(ctx context.Context, c *caseSpec, job, shared string, o *outcome) e
 		all = append(all, list.Items...)
 	}
 	o.Illegal = append(o.Illegal, illegal(c, shape, inv, all, ours)...)
+	if c.Spread {
+		faults, err := spreadFaults(ctx, c.Namespace, pods)
+		if err != nil {
+			return err
+		}
+		o.Illegal = append(o.Illegal, faults...)
+	}
 	return nil
+}
+
+// spreadFaults lists what breaks the case's spread constraint: two pods of
+// the run on one node, and a pod kube-scheduler refused on the node the
+// controller planned it onto (a Released or Moved event): the plan should
+// have kept the constraint as the scheduler's filter does.
+func spreadFaults(ctx context.Context, ns string, pods []corev1.Pod) ([]string, error) {
+	var out []string
+	on := map[string]string{}
+	for _, p := range pods {
+		if n := p.Spec.NodeName; n != "" {
+			if other, ok := on[n]; ok {
+				out = append(out, fmt.Sprintf("pods %s and %s both on %s despite their spread constraint", other, p.Name, n))
+			}
+			on[n] = p.Name
+		}
+		evs, err := client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
+		if err != nil {
+			return nil, fmt.Errorf("list events of pod %s/%s: %w", ns, p.Name, err)
+		}
+		for _, e := range evs.Items {
+			if e.Source.Component == "gputopo-controller" && (e.Reason == "Released" || e.Reason == "Moved") {
+				out = append(out, fmt.Sprintf("pod %s %s: %s", p.Name, e.Reason, e.Message))
+			}
+		}
+	}
+	return out, nil
 }
 
 // deleteRun suspends and deletes the Job, force-deletes its pods (pods on
