@@ -618,6 +618,12 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 				job.PinnedPods = map[string]planner.Pod{}
 			}
 			job.PinnedPods[m.pod.Name] = c.inNamespace(planner.PodFor(m.pod, nil))
+			if m.pod.Spec.NodeName == "" {
+				if job.Unbound == nil {
+					job.Unbound = map[string]bool{}
+				}
+				job.Unbound[m.pod.Name] = true
+			}
 		}
 	}
 	units := planUnits(g.toPlace)

@@ -30,6 +30,7 @@ func PodFor(pod *v1.Pod, claims []*resourceapi.ResourceClaim) Pod {
 		AntiAffinity: RequiredAntiAffinity(pod), Affinity: requiredAffinity(pod), Spread: requiredSpread(pod), Members: []Member{{Namespace: pod.Namespace, Labels: pod.Labels}}}
 	if pod.Spec.Affinity != nil {
 		p.NodeAffinity = pod.Spec.Affinity.NodeAffinity
+		p.OwnNodeAffinity = p.NodeAffinity
 	}
 	return p
 }

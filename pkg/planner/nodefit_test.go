@@ -360,11 +360,17 @@ func TestPodForAndNodeUsage(t *testing.T) {
 	pod.Spec.Affinity = &v1.Affinity{NodeAffinity: &v1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{}},
 		PodAntiAffinity: &v1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: anti}}
 	pod.Namespace, pod.Labels = "ns", map[string]string{"app": "a"}
+	// Only the spread constraints that must hold are the planner's.
+	must := v1.TopologySpreadConstraint{MaxSkew: 1, TopologyKey: v1.LabelHostname, WhenUnsatisfiable: v1.DoNotSchedule}
+	pod.Spec.TopologySpreadConstraints = []v1.TopologySpreadConstraint{
+		{MaxSkew: 1, TopologyKey: "zone", WhenUnsatisfiable: v1.ScheduleAnyway}, must}
 	claims := []*resourceapi.ResourceClaim{{ObjectMeta: metav1.ObjectMeta{Name: "c"}}}
 
 	want := planner.Pod{Name: "p", Claims: claims, NodeSelector: pod.Spec.NodeSelector, NodeAffinity: pod.Spec.Affinity.NodeAffinity,
-		Tolerations: pod.Spec.Tolerations, Requests: resources("cpu", "3250m", "memory", "4Gi"),
-		AntiAffinity: anti, Members: []planner.Member{{Namespace: "ns", Labels: pod.Labels}}}
+		OwnNodeAffinity: pod.Spec.Affinity.NodeAffinity,
+		Tolerations:     pod.Spec.Tolerations, Requests: resources("cpu", "3250m", "memory", "4Gi"),
+		AntiAffinity: anti, Members: []planner.Member{{Namespace: "ns", Labels: pod.Labels}},
+		Spread: []v1.TopologySpreadConstraint{must}}
 	if diff := cmp.Diff(want, planner.PodFor(pod, claims)); diff != "" {
 		t.Errorf("PodFor (-want +got):\n%s", diff)
 	}

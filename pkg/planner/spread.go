@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 )
 
@@ -205,18 +206,23 @@ func (st *state) newSpreadRule(logger klog.Logger, i int, c v1.TopologySpreadCon
 	job := st.job
 	r := spreadRule{key: c.TopologyKey, maxSkew: int(c.MaxSkew), sel: sel, ns: job.Pods[i].namespace(),
 		eligible: make([]bool, len(st.c.nodes)), base: map[string]int{}, minDomains: minDomains}
-	ns := &st.f.shapes[st.podShape[i]].needs
+	pod := job.Pods[i]
+	own := pod.OwnNodeAffinity
+	if own == nil {
+		own = pod.NodeAffinity
+	}
+	ownAffinity := nodeaffinity.NewRequiredNodeAffinity(pod.NodeSelector, &v1.Affinity{NodeAffinity: own})
 	for n, nd := range st.c.nodes {
 		if nd.gone || !hasKeys(nd.obj.Labels, keys) {
 			continue
 		}
 		if affinity == v1.NodeInclusionPolicyHonor {
-			if ok, _ := ns.affinity.Match(nd.obj); !ok {
+			if ok, _ := ownAffinity.Match(nd.obj); !ok {
 				continue
 			}
 		}
 		if taints == v1.NodeInclusionPolicyHonor {
-			if _, bad := corev1helpers.FindMatchingUntoleratedTaint(logger, nd.obj.Spec.Taints, ns.tolerations, func(t *v1.Taint) bool {
+			if _, bad := corev1helpers.FindMatchingUntoleratedTaint(logger, nd.taints, pod.Tolerations, func(t *v1.Taint) bool {
 				return t.Effect == v1.TaintEffectNoSchedule || t.Effect == v1.TaintEffectNoExecute
 			}, true); bad {
 				continue
@@ -237,10 +243,9 @@ func (st *state) newSpreadRule(logger klog.Logger, i int, c v1.TopologySpreadCon
 			bound[v] += k
 		}
 	}
-	// Pinned pods are bound, or their gates opened for their nodes.
 	for name, nodeName := range job.Pinned {
 		if p, ok := job.PinnedPods[name]; ok {
-			count(st.nodeIndex(nodeName), p.Members, true)
+			count(st.nodeIndex(nodeName), p.Members, !job.Unbound[name])
 		}
 	}
 	for _, nb := range job.Spread {
@@ -250,7 +255,10 @@ func (st *state) newSpreadRule(logger klog.Logger, i int, c v1.TopologySpreadCon
 	for v := range r.base {
 		r.min = min(r.min, bound[v])
 	}
-	if len(r.base) < minDomains {
+	// The gates open with node affinity to the plan's domain, so with
+	// the affinity policy honoured the scheduler counts only the
+	// domain's values, perhaps fewer than minDomains.
+	if len(r.base) < minDomains || minDomains > 1 {
 		r.min = 0
 	}
 	return r
@@ -344,7 +352,7 @@ func (a *attempt) spreadTurn() {
 		for v, k := range rule.base {
 			least = min(least, k+a.spread.selected[r][v])
 		}
-		if len(rule.base) < rule.minDomains {
+		if len(rule.base) < rule.minDomains || rule.minDomains > 1 {
 			least = 0
 		}
 		a.spread.min[r] = least

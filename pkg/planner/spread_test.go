@@ -69,6 +69,8 @@ func TestTopologySpreadConstraints(t *testing.T) {
 		spread     []v1.TopologySpreadConstraint
 		counted    []planner.Neighbour
 		edit       func(*planner.Pod)
+		job        func(*planner.Job)
+		tainted    string // a node tainted NoSchedule, which the pods do not tolerate
 		want       *placed
 		refused    bool // Unschedulable, as the scheduler leaves the pods pending
 		wantReason string
@@ -145,6 +147,41 @@ func TestTopologySpreadConstraints(t *testing.T) {
 			edit:    func(p *planner.Pod) { p.NodeSelector = map[string]string{leafKey: "leaf-0"} },
 			refused: true,
 		},
+		"taints honoured: a tainted node's value is not counted": {
+			pods: 1, spread: []v1.TopologySpreadConstraint{func() v1.TopologySpreadConstraint {
+				c := spreadBy(hostname, 1)
+				c.NodeTaintsPolicy = ptr.To(v1.NodeInclusionPolicyHonor)
+				return c
+			}()},
+			counted: everyNode("ns", "l1n3"), tainted: "l1n3",
+			want: &placed{Domain: planner.Domain{Level: planner.LevelNode, Names: []string{"l0n0"}}, Assignments: assign("l0n0")},
+		},
+		"taints ignored: the tainted node's empty value is the minimum": {
+			pods: 1, spread: []v1.TopologySpreadConstraint{spreadBy(hostname, 1)},
+			counted: everyNode("ns", "l1n3"), tainted: "l1n3",
+			refused: true,
+		},
+		"the nodes counted follow the pod's own affinity, not what the caller narrowed it to": {
+			pods: 1, spread: []v1.TopologySpreadConstraint{spreadBy(hostname, 1)},
+			counted: everyNode("ns", "l1n2"),
+			edit: func(p *planner.Pod) {
+				p.OwnNodeAffinity = &v1.NodeAffinity{}
+				p.NodeAffinity = &v1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
+					MatchFields: []v1.NodeSelectorRequirement{{Key: "metadata.name", Operator: v1.NodeSelectorOpNotIn, Values: []string{"l1n2"}}}}}}}
+			},
+			refused: true,
+		},
+		"a pinned pod on its way does not raise the minimum": {
+			pods: 1, spread: []v1.TopologySpreadConstraint{spreadBy(hostname, 1)},
+			counted: everyNode("ns", "l0n0"),
+			job: func(j *planner.Job) {
+				j.Placement = planner.PlacementNone
+				j.Pinned = map[string]string{"old": "l0n0"}
+				j.PinnedPods = map[string]planner.Pod{"old": {Members: []planner.Member{{Namespace: "ns", Labels: map[string]string{"app": "train", "run": "a"}}}}}
+				j.Unbound = map[string]bool{"old": true}
+			},
+			wantReason: "planned so they hold in the order placed",
+		},
 		"minDomains above the values counts the minimum as 0": {
 			pods: 1, spread: []v1.TopologySpreadConstraint{func() v1.TopologySpreadConstraint {
 				c := spreadBy(hostname, 1)
@@ -183,7 +220,14 @@ func TestTopologySpreadConstraints(t *testing.T) {
 				}
 			}
 			job.Spread = tc.counted
-			plan, err := newPlanner(t).Plan(context.Background(), planner.NewSnapshot(c, nil), nil, job)
+			if tc.job != nil {
+				tc.job(&job)
+			}
+			cluster := c
+			if tc.tainted != "" {
+				cluster = labelled().Taint("example.com/down=yes:NoSchedule", tc.tainted).Obj(t)
+			}
+			plan, err := newPlanner(t).Plan(context.Background(), planner.NewSnapshot(cluster, nil), nil, job)
 			if tc.refused {
 				var u *planner.Unschedulable
 				if !errors.As(err, &u) {
@@ -194,7 +238,11 @@ func TestTopologySpreadConstraints(t *testing.T) {
 				}
 				return
 			}
-			checkPlan(t, plan, err, tc.want, nil)
+			if tc.want != nil {
+				checkPlan(t, plan, err, tc.want, nil)
+			} else if err != nil {
+				t.Fatalf("Plan: %v", err)
+			}
 			if tc.wantReason != "" && !hasReason(plan.Reasons, tc.wantReason) {
 				t.Errorf("reasons do not say %q:\n%v", tc.wantReason, plan.Reasons)
 			}

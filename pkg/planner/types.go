@@ -46,6 +46,11 @@ type Pod struct {
 	// the node's labels, as kube-scheduler's NodeAffinity filter checks.
 	NodeSelector map[string]string
 	NodeAffinity *v1.NodeAffinity
+	// OwnNodeAffinity is the pod's own node affinity, before a caller
+	// narrowed NodeAffinity (to the nodes of allocated claims, off a node
+	// that refused the pod): the nodes a topology spread constraint counts
+	// follow it, as the scheduler sees the pod. Nil: NodeAffinity.
+	OwnNodeAffinity *v1.NodeAffinity
 	// Tolerations must tolerate every NoSchedule and NoExecute taint of
 	// the node, and the unschedulable taint of a cordoned node.
 	Tolerations []v1.Toleration
@@ -90,6 +95,9 @@ type Job struct {
 	// PinnedPods are the pinned pods' anti-affinity terms and labels, by
 	// the names in Pinned; a pinned pod missing here keeps no pod apart.
 	PinnedPods map[string]Pod
+	// Unbound names the pinned pods that are on their way to their nodes
+	// (their gates opened for them), not bound yet.
+	Unbound map[string]bool
 	// Neighbours are pods outside the job, on their nodes, that required
 	// pod anti-affinity or affinity may tie to its pods; the planner
 	// keeps each pod out of the values of those its anti-affinity ties it

@@ -620,20 +620,7 @@ func TestPodAntiAffinityPlansTheGroupApart(t *testing.T) {
 	if len(b.leaves) != 1 || b.leaves[0] != leaf {
 		t.Errorf("pods in leaves %v, want only %s", b.leaves, leaf)
 	}
-	for i := range b.pods {
-		p := &b.pods[i]
-		if got := p.Annotations[placementapi.AnnotationNode]; got != p.Spec.NodeName {
-			t.Errorf("pod %s planned onto %q, bound to %s: the plan should have kept the pods apart", p.Name, got, p.Spec.NodeName)
-		}
-		for _, reason := range []string{"Moved", "Released"} {
-			if msg := podEventMessage(t, p, reason); msg != "" {
-				t.Errorf("pod %s: %s event %q; the plan should have kept the pods apart", p.Name, reason, msg)
-			}
-		}
-		if _, ok := p.Annotations[placementapi.AnnotationReleased]; ok {
-			t.Errorf("pod %s was released (%s)", p.Name, p.Annotations[placementapi.AnnotationReleased])
-		}
-	}
+	keptTheirPlans(t, b.pods, "the plan should have kept the pods apart")
 }
 
 // consolidatedIn asks for the consolidated strategy in one leaf, leaf
@@ -696,17 +683,7 @@ func TestPodAntiAffinityAgainstAnotherJob(t *testing.T) {
 			if len(b.leaves) != 1 || b.leaves[0] != leaf {
 				t.Errorf("pod in leaves %v, want only %s", b.leaves, leaf)
 			}
-			if got := p.Annotations[placementapi.AnnotationNode]; got != p.Spec.NodeName {
-				t.Errorf("pod %s planned onto %q, bound to %s: the plan should have kept it off %s", p.Name, got, p.Spec.NodeName, a.nodes[0])
-			}
-			for _, reason := range []string{"Moved", "Released"} {
-				if msg := podEventMessage(t, p, reason); msg != "" {
-					t.Errorf("pod %s: %s event %q; the plan should have kept it off %s", p.Name, reason, msg, a.nodes[0])
-				}
-			}
-			if _, ok := p.Annotations[placementapi.AnnotationReleased]; ok {
-				t.Errorf("pod %s was released (%s)", p.Name, p.Annotations[placementapi.AnnotationReleased])
-			}
+			keptTheirPlans(t, b.pods, "the plan should have kept it off "+a.nodes[0])
 		})
 	}
 }
@@ -740,15 +717,8 @@ func TestPodAffinityPlacesBesideAnotherJob(t *testing.T) {
 		if p.Spec.NodeName != a.nodes[0] {
 			t.Errorf("pod %s on %s, not beside %s on %s as its pod affinity asks", p.Name, p.Spec.NodeName, a.pods[0].Name, a.nodes[0])
 		}
-		if got := p.Annotations[placementapi.AnnotationNode]; got != p.Spec.NodeName {
-			t.Errorf("pod %s planned onto %q, bound to %s: the plan should have put it beside %s", p.Name, got, p.Spec.NodeName, a.pods[0].Name)
-		}
-		for _, reason := range []string{"Moved", "Released"} {
-			if msg := podEventMessage(t, p, reason); msg != "" {
-				t.Errorf("pod %s: %s event %q; the plan should have put it beside %s", p.Name, reason, msg, a.pods[0].Name)
-			}
-		}
 	}
+	keptTheirPlans(t, b.pods, "the plan should have put it beside "+a.pods[0].Name)
 }
 
 // TestPodAffinityNamespaceSelector: two pods labelled app=ns-cache, one
@@ -817,14 +787,7 @@ func TestPodAffinityNamespaceSelector(t *testing.T) {
 	if p.Spec.NodeName != other {
 		t.Errorf("pod %s on %s, want %s beside team red's ns-cache pod (team blue's is on %s)", p.Name, p.Spec.NodeName, other, a.nodes[0])
 	}
-	if got := p.Annotations[placementapi.AnnotationNode]; got != p.Spec.NodeName {
-		t.Errorf("pod %s planned onto %q, bound to %s: the plan should have read the namespace selector", p.Name, got, p.Spec.NodeName)
-	}
-	for _, reason := range []string{"Moved", "Released"} {
-		if msg := podEventMessage(t, p, reason); msg != "" {
-			t.Errorf("pod %s: %s event %q; the plan should have read the namespace selector", p.Name, reason, msg)
-		}
-	}
+	keptTheirPlans(t, b.pods, "the plan should have read the namespace selector")
 }
 
 // TestTopologySpreadAgainstAnotherJob: a four-GPU pod of one Job runs on
@@ -847,17 +810,7 @@ func TestTopologySpreadAgainstAnotherJob(t *testing.T) {
 	if b.nodes[0] == b.nodes[1] || slices.Contains(b.nodes, a.nodes[0]) {
 		t.Errorf("pods on %v with %s's pod on %s: the spread constraint allows one of the Jobs' pods per node", b.nodes, anchor.Name, a.nodes[0])
 	}
-	for i := range b.pods {
-		p := &b.pods[i]
-		if got := p.Annotations[placementapi.AnnotationNode]; got != p.Spec.NodeName {
-			t.Errorf("pod %s planned onto %q, bound to %s: the plan should have kept the spread", p.Name, got, p.Spec.NodeName)
-		}
-		for _, reason := range []string{"Moved", "Released"} {
-			if msg := podEventMessage(t, p, reason); msg != "" {
-				t.Errorf("pod %s: %s event %q; the plan should have kept the spread", p.Name, reason, msg)
-			}
-		}
-	}
+	keptTheirPlans(t, b.pods, "the plan should have kept the spread")
 }
 
 // spreadOver gives a Job's pods a topology spread constraint on
@@ -953,6 +906,35 @@ func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 
 // podEventMessage is the message of the gputopo controller's event of
 // reason about the pod, "" when there is none.
+// keptTheirPlans checks that each pod bound where the controller planned
+// it, neither released nor moved. The controller records those events
+// just after it updates the pod, so it watches for them a few seconds.
+func keptTheirPlans(t *testing.T, pods []corev1.Pod, why string) {
+	t.Helper()
+	for i := range pods {
+		p := &pods[i]
+		if got := p.Annotations[placementapi.AnnotationNode]; got != p.Spec.NodeName {
+			t.Errorf("pod %s planned onto %q, bound to %s: %s", p.Name, got, p.Spec.NodeName, why)
+		}
+		if r, ok := p.Annotations[placementapi.AnnotationReleased]; ok {
+			t.Errorf("pod %s was released (%s): %s", p.Name, r, why)
+		}
+	}
+	for end := time.Now().Add(3 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		for i := range pods {
+			for _, reason := range []string{"Moved", "Released"} {
+				if msg := podEventMessage(t, &pods[i], reason); msg != "" {
+					t.Errorf("pod %s: %s event %q; %s", pods[i].Name, reason, msg, why)
+					return
+				}
+			}
+		}
+		if time.Now().After(end) {
+			return
+		}
+	}
+}
+
 func podEventMessage(t *testing.T, p *corev1.Pod, reason string) string {
 	t.Helper()
 	events, err := client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{
