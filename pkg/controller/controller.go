@@ -217,7 +217,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 10*time.Minute, informers.WithTransform(cacheTransform(newInterner(internerLimit))))
 	podInf := f.Core().V1().Pods().Informer()
-	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode, podGroupIndex: indexByPodGroup, antiAffinityIndex: indexByAntiAffinity}); err != nil {
+	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode, podGroupIndex: indexByPodGroup, antiAffinityIndex: indexByAntiAffinity, hostPortIndex: indexByHostPorts}); err != nil {
 		return nil, fmt.Errorf("add pod group index: %w", err)
 	}
 	bcast := record.NewBroadcaster()

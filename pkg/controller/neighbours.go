@@ -27,7 +27,18 @@ import (
 const (
 	antiAffinityIndex = "gputopo-anti-affinity"
 	antiAffinityKey   = "terms"
+	// hostPortIndex indexes the pods that hold host ports, under one key.
+	hostPortIndex = "gputopo-host-ports"
+	hostPortKey   = "ports"
 )
+
+func indexByHostPorts(obj any) ([]string, error) {
+	p, ok := obj.(*v1.Pod)
+	if !ok || len(planner.RequiredHostPorts(p)) == 0 {
+		return nil, nil
+	}
+	return []string{hostPortKey}, nil
+}
 
 func indexByAntiAffinity(obj any) ([]string, error) {
 	p, ok := obj.(*v1.Pod)
@@ -194,6 +205,42 @@ func (c *Controller) spreadPods(key string, pods []planner.Pod) []planner.Neighb
 						Pod: planner.Pod{Name: q.Name, Members: []planner.Member{{Namespace: q.Namespace, Labels: q.Labels}}}})
 				}
 			}
+		}
+	}
+	slices.SortFunc(out, func(a, b planner.Neighbour) int {
+		return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Pod.Name, b.Pod.Name))
+	})
+	return out
+}
+
+// hostPortPods are the pods outside group key that hold a host port a pod
+// of the group asks for, each on the node it is on or on its way to, as
+// kube-scheduler's NodePorts filter counts them: every pod on the node
+// that has not finished, a terminating one too. Sorted by node and name.
+func (c *Controller) hostPortPods(key string, pods []planner.Pod) []planner.Neighbour {
+	var want []v1.ContainerPort
+	for _, p := range pods {
+		want = append(want, p.HostPorts...)
+	}
+	if len(want) == 0 {
+		return nil
+	}
+	objs, _ := c.podIdx.ByIndex(hostPortIndex, hostPortKey)
+	var out []planner.Neighbour
+	for _, o := range objs {
+		q, ok := o.(*v1.Pod)
+		if !ok || q.Status.Phase == v1.PodSucceeded || q.Status.Phase == v1.PodFailed {
+			continue
+		}
+		if k, ok := groupKey(q); ok && k == key {
+			continue
+		}
+		node := c.neighbourNode(q)
+		if node == "" {
+			continue
+		}
+		if held := planner.RequiredHostPorts(q); planner.PortsConflict(want, held) {
+			out = append(out, planner.Neighbour{Node: node, Bound: q.Spec.NodeName != "", Pod: planner.Pod{Name: q.Name, HostPorts: held}})
 		}
 	}
 	slices.SortFunc(out, func(a, b planner.Neighbour) int {

@@ -1164,3 +1164,59 @@ func TestTopologySpreadCountsThePodsOutsideTheGroup(t *testing.T) {
 		})
 	}
 }
+
+// TestHostPortsKeepTheGroupOffHeldNodes: the group's pods ask for host
+// port 29500. The controller passes the planner the pods outside the
+// group that hold it, in any namespace, unless finished (kube-scheduler's
+// NodePorts filter counts every pod on the node), so the two pods, which
+// consolidated would put together, go onto two nodes where no other pod
+// holds the port.
+func TestHostPortsKeepTheGroupOffHeldNodes(t *testing.T) {
+	consolidated := map[string]string{placement.AnnotationStrategy: "consolidated"}
+	withPort := func(p *v1.Pod) *v1.Pod {
+		p.Spec.Containers[0].Ports = []v1.ContainerPort{{ContainerPort: 29500, HostPort: 29500}}
+		return p
+	}
+	type other struct {
+		namespace, node string
+		finished        bool
+	}
+	for name, tc := range map[string]struct {
+		others  []other
+		offNode []string // nodes neither pod may be planned onto
+		onN0    bool     // a pod goes onto n0, which consolidated fills first
+	}{
+		"none":                         {onN0: true},
+		"a pod holding the port":       {others: []other{{namespace: "default", node: "n0"}}, offNode: []string{"n0"}},
+		"one in another namespace too": {others: []other{{namespace: "elsewhere", node: "n0"}, {namespace: "default", node: "n1"}}, offNode: []string{"n0", "n1"}},
+		"a finished pod holds nothing": {others: []other{{namespace: "default", node: "n0", finished: true}}, onN0: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, job("train", 2))
+			for i, o := range tc.others {
+				p := withPort(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("other-%d", i), Namespace: o.namespace, UID: types.UID(fmt.Sprintf("other-%d", i))},
+					Spec: v1.PodSpec{NodeName: o.node, Containers: []v1.Container{{Name: "c", Image: "img"}}}})
+				if o.finished {
+					p.Status.Phase = v1.PodSucceeded
+				}
+				h.create(p)
+			}
+			h.addPod(withPort(jobPod("train", 0, "gpu-4-nvlink", consolidated)))
+			h.addPod(withPort(jobPod("train", 1, "gpu-4-nvlink", consolidated)))
+			h.settle()
+			h.place("default/job/train")
+			a, b := h.allocatedNode("train-0"), h.allocatedNode("train-1")
+			if a == "" || b == "" || a == b {
+				t.Fatalf("pods planned onto %q and %q; want two nodes, one pod each", a, b)
+			}
+			for _, n := range []string{a, b} {
+				if slices.Contains(tc.offNode, n) {
+					t.Errorf("a pod planned onto %s, where another pod holds host port 29500", n)
+				}
+			}
+			if tc.onN0 && a != "n0" && b != "n0" {
+				t.Errorf("pods planned onto %s and %s; nothing holds the port on n0, which consolidated fills first", a, b)
+			}
+		})
+	}
+}

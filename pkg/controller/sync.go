@@ -634,6 +634,7 @@ func (c *Controller) planGroup(ctx context.Context, g *group, req placement.Requ
 	job.Pods = append(job.Pods, followers...)
 	job.Neighbours = c.neighbours(g.key, job.Pods)
 	job.Spread = c.spreadPods(g.key, job.Pods)
+	job.HostPortPods = c.hostPortPods(g.key, job.Pods)
 	t0 := time.Now()
 	_, treeTime, err := c.updateTree()
 	if err != nil {

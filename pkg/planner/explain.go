@@ -175,6 +175,9 @@ func (st *state) refuse(failures []levelFailure) error {
 	if st.spread != nil {
 		u.Reason += fmt.Sprintf(", its pods spread by %s (their topology spread constraints)", st.spread.by)
 	}
+	if st.portsHeld != nil {
+		u.Reason += ", its pods' host ports (two pods cannot share one on a node)"
+	}
 	if st.selectsNone != "" {
 		u.Reason += "; " + st.selectsNone
 	}

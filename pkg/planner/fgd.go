@@ -423,7 +423,7 @@ func (c choice) better(o choice, spread bool) bool {
 // and explains.
 func (st *state) planOnePod() (*Plan, bool, error) {
 	job := st.job
-	if st.n != 1 || job.Placement != PlacementAuto || len(job.Pinned) > 0 || job.Domain != nil || job.PreferredDomain != "" || st.apart != nil || st.together != nil || st.spread != nil {
+	if st.n != 1 || job.Placement != PlacementAuto || len(job.Pinned) > 0 || job.Domain != nil || job.PreferredDomain != "" || st.apart != nil || st.together != nil || st.spread != nil || st.portsHeld != nil {
 		return nil, false, nil
 	}
 	// The scoring models each node's own GPUs; GPUs that nodes share

@@ -27,7 +27,7 @@ import (
 // PodFor turns a pod and its instantiated claims into the planner's Pod.
 func PodFor(pod *v1.Pod, claims []*resourceapi.ResourceClaim) Pod {
 	p := Pod{Name: pod.Name, Claims: claims, NodeSelector: pod.Spec.NodeSelector, Tolerations: pod.Spec.Tolerations, Requests: podRequests(pod),
-		AntiAffinity: RequiredAntiAffinity(pod), Affinity: requiredAffinity(pod), Spread: requiredSpread(pod), Members: []Member{{Namespace: pod.Namespace, Labels: pod.Labels}}}
+		AntiAffinity: RequiredAntiAffinity(pod), Affinity: requiredAffinity(pod), Spread: requiredSpread(pod), HostPorts: RequiredHostPorts(pod), Members: []Member{{Namespace: pod.Namespace, Labels: pod.Labels}}}
 	if pod.Spec.Affinity != nil {
 		p.NodeAffinity = pod.Spec.Affinity.NodeAffinity
 		p.OwnNodeAffinity = p.NodeAffinity

@@ -364,9 +364,14 @@ func TestPodForAndNodeUsage(t *testing.T) {
 	must := v1.TopologySpreadConstraint{MaxSkew: 1, TopologyKey: v1.LabelHostname, WhenUnsatisfiable: v1.DoNotSchedule}
 	pod.Spec.TopologySpreadConstraints = []v1.TopologySpreadConstraint{
 		{MaxSkew: 1, TopologyKey: "zone", WhenUnsatisfiable: v1.ScheduleAnyway}, must}
+	// The host ports of containers and of init containers that run
+	// beside them; not of an init container that ends first.
+	hostPort := v1.ContainerPort{ContainerPort: 29500, HostPort: 29500}
+	pod.Spec.Containers[1].Ports = []v1.ContainerPort{hostPort, {ContainerPort: 8080}}
+	pod.Spec.InitContainers[0].Ports = []v1.ContainerPort{{ContainerPort: 9000, HostPort: 9000}}
 	claims := []*resourceapi.ResourceClaim{{ObjectMeta: metav1.ObjectMeta{Name: "c"}}}
 
-	want := planner.Pod{Name: "p", Claims: claims, NodeSelector: pod.Spec.NodeSelector, NodeAffinity: pod.Spec.Affinity.NodeAffinity,
+	want := planner.Pod{HostPorts: []v1.ContainerPort{hostPort}, Name: "p", Claims: claims, NodeSelector: pod.Spec.NodeSelector, NodeAffinity: pod.Spec.Affinity.NodeAffinity,
 		OwnNodeAffinity: pod.Spec.Affinity.NodeAffinity,
 		Tolerations:     pod.Spec.Tolerations, Requests: resources("cpu", "3250m", "memory", "4Gi"),
 		AntiAffinity: anti, Members: []planner.Member{{Namespace: "ns", Labels: pod.Labels}},

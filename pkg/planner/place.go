@@ -56,7 +56,7 @@ func (st *state) tryPlace(nodes []int) (*attempt, error) {
 		best, bestRank := -1, 0
 		var bestR fitResult
 		for _, n := range order {
-			if st.filters[sh].why[n] != "" || st.room(sh, n, a.req[n], 1) == 0 || a.keptApart(p, n) || a.keptAway(p, n) || a.keptBySpread(p, n) || !st.f.mayFit(n, sh, a.extra[n], a.nl) {
+			if st.filters[sh].why[n] != "" || st.room(sh, n, a.req[n], 1) == 0 || a.keptApart(p, n) || a.keptAway(p, n) || a.keptBySpread(p, n) || a.keptByPorts(p, n) || !st.f.mayFit(n, sh, a.extra[n], a.nl) {
 				continue
 			}
 			r, err := st.f.fit(n, sh, a.extra[n], a.nl)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 
@@ -76,7 +77,10 @@ type state struct {
 	// when no pod has one, kept as inOrder says.
 	spread  *spreading
 	inOrder bool
-	sc      *scratch // the node-length buffers, handed back when the plan returns
+	// portsHeld are, by node, the host ports held there outside the plan;
+	// nil when no pod of the job asks for one (hostports.go).
+	portsHeld map[int][]v1.ContainerPort
+	sc        *scratch // the node-length buffers, handed back when the plan returns
 }
 
 type preference struct {
@@ -304,6 +308,7 @@ func (p *Planner) newState(ctx context.Context, snap *Snapshot, res *Reservation
 	if err := st.findSpread(klog.FromContext(ctx)); err != nil {
 		return nil, bad("%v", err)
 	}
+	st.findHostPorts()
 	return st, nil
 }
 

@@ -73,6 +73,9 @@ type Pod struct {
 	// what kube-scheduler's PodTopologySpread filter allows, whatever
 	// order the pods bind in (spread.go).
 	Spread []v1.TopologySpreadConstraint
+	// HostPorts are the host ports the pod holds on its node: no two pods
+	// holding the same one share a node (hostports.go).
+	HostPorts []v1.ContainerPort
 }
 
 // Job is a group of pods placed together.
@@ -108,6 +111,9 @@ type Job struct {
 	// topology spread constraints of its pods may count: in a pod's
 	// namespace, selected by a constraint's selector (spread.go).
 	Spread []Neighbour
+	// HostPortPods are the pods outside the job, on their nodes, that
+	// hold host ports (Pod.HostPorts) its pods ask for.
+	HostPortPods []Neighbour
 	// Domain, when set, is the only domain the plan may use, e.g. the
 	// domain of a placed group whose pod is being replaced.
 	Domain *Domain

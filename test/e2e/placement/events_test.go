@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -827,8 +828,7 @@ func spreadOver(jobs ...string) func(*batchv1.Job) {
 }
 
 // withHostPort has a Job's pods ask for host port port, which two pods
-// cannot share on one node: kube-scheduler's NodePorts filter weighs it,
-// the controller does not.
+// cannot share on one node (kube-scheduler's NodePorts filter).
 func withHostPort(port int32) func(*batchv1.Job) {
 	return func(j *batchv1.Job) {
 		c := &j.Spec.Template.Spec.Containers[0]
@@ -836,13 +836,86 @@ func withHostPort(port int32) func(*batchv1.Job) {
 	}
 }
 
+// TestHostPortAgainstAnotherJob: a four-GPU pod of one Job, holding host
+// port 30777, runs on a node of the leaf; a four-GPU pod of a second Job
+// asking for the same port, consolidated into the same leaf, would go onto
+// that node, the fullest, where kube-scheduler's NodePorts filter refuses
+// it. The controller counts the port as the scheduler does and plans the
+// pod onto another node of the leaf, where it binds: neither released nor
+// moved.
+func TestHostPortAgainstAnotherJob(t *testing.T) {
+	dumpOnFailure(t)
+	leaf := fakeLeaf(t)
+	ann := consolidatedIn(leaf)
+	anchor := createJobFrom(t, "ev-port-a", 1, "gpu-4-nvlink", ann, withHostPort(30777))
+	a := waitBound(t, jobSelector(anchor.Name), 1)
+	job := createJobFrom(t, "ev-port-b", 1, "gpu-4-nvlink", ann, withHostPort(30777))
+	b := waitBound(t, jobSelector(job.Name), 1)
+	if b.nodes[0] == a.nodes[0] {
+		t.Errorf("pod %s on %s beside %s, which holds the host port both ask for", b.pods[0].Name, b.nodes[0], a.pods[0].Name)
+	}
+	keptTheirPlans(t, b.pods, "the plan should have kept it off the node holding its host port")
+}
+
+// onlyOn gives a Job's pods a PersistentVolumeClaim bound to a
+// PersistentVolume whose node affinity allows node alone, which
+// kube-scheduler's VolumeBinding filter weighs and the controller does
+// not. It creates both and waits until they are bound.
+func onlyOn(t *testing.T, name, node string) func(*batchv1.Job) {
+	t.Helper()
+	ctx := framework.Ctx(t)
+	const class = "gputopo-e2e-manual"
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              class,
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/tmp/" + name}},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}},
+		},
+	}
+	if _, err := client.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create PersistentVolume %s: %v", name, err)
+	}
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: ptr.To(class), VolumeName: name,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	}
+	if _, err := client.CoreV1().PersistentVolumeClaims(namespace).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create PersistentVolumeClaim %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = client.CoreV1().PersistentVolumeClaims(namespace).Delete(context.Background(), name, metav1.DeleteOptions{})
+		_ = client.CoreV1().PersistentVolumes().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	framework.Eventually(t, waitStatus, "PersistentVolumeClaim "+name+" bound", func() (bool, string) {
+		c, err := client.CoreV1().PersistentVolumeClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return c.Status.Phase == corev1.ClaimBound, "phase " + string(c.Status.Phase)
+	})
+	return func(j *batchv1.Job) {
+		spec := &j.Spec.Template.Spec
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}})
+	}
+}
+
 // TestRefusedPodEndsOffItsPlannedNode: a pod kept off its planned node
 // by something the controller does not weigh ends on another node of its
 // domain, at once. A four-GPU pod of one Job runs on a node of the leaf;
 // a four-GPU pod of a second Job, consolidated into the same leaf, is
-// planned onto that node, the fullest, but both ask for the same host
-// port, so kube-scheduler's NodePorts filter refuses that node, which
-// the controller leaves to the scheduler. The scheduler finds no node for it and takes
+// planned onto that node, the fullest, but its volume's node affinity
+// allows another node of the leaf alone, so kube-scheduler's VolumeBinding
+// filter refuses the planned node, which the controller leaves to the
+// scheduler. The scheduler finds no node for it and takes
 // its claim back (DynamicResources PostFilter: reserved for that pod
 // alone). Then either the scheduler allocates it again on another node
 // of the leaf, which the node affinity the gate opened with keeps it in,
@@ -855,12 +928,19 @@ func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
 	ann := consolidatedIn(leaf)
-	anchor := createJobFrom(t, "ev-anchor", 1, "gpu-4-nvlink", ann, withHostPort(30777))
+	anchor := createJobFrom(t, "ev-anchor", 1, "gpu-4-nvlink", ann)
 	a := waitBound(t, jobSelector(anchor.Name), 1)
-	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, withHostPort(30777))
+	var volumeNode string
+	for _, n := range topo.leafNodes[leaf] {
+		if n != a.nodes[0] {
+			volumeNode = n
+			break
+		}
+	}
+	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, onlyOn(t, "ev-moved-data", volumeNode))
 	b := waitBound(t, jobSelector(job.Name), 1)
-	if b.nodes[0] == a.nodes[0] {
-		t.Fatalf("pod %s on %s beside %s despite the host port both ask for", b.pods[0].Name, b.nodes[0], a.pods[0].Name)
+	if b.nodes[0] != volumeNode {
+		t.Fatalf("pod %s on %s, not on %s, the only node its volume allows", b.pods[0].Name, b.nodes[0], volumeNode)
 	}
 	if len(b.leaves) != 1 || b.leaves[0] != leaf {
 		t.Errorf("pod in leaves %v, want only %s: the domain affinity keeps a moved pod in its leaf", b.leaves, leaf)
