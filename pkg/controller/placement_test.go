@@ -1112,7 +1112,6 @@ func TestPodAffinityHoldsTheGroupToThePodsItSelects(t *testing.T) {
 // bound or on its way), so the two pods, which consolidated would put
 // together, go onto two nodes, neither of them a node such a pod is on.
 func TestTopologySpreadCountsThePodsOutsideTheGroup(t *testing.T) {
-	consolidated := map[string]string{placement.AnnotationStrategy: "consolidated"}
 	spread := func(p *v1.Pod) *v1.Pod {
 		p.Labels = map[string]string{"app": "train"}
 		p.Spec.TopologySpreadConstraints = []v1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: v1.LabelHostname, WhenUnsatisfiable: v1.DoNotSchedule,
@@ -1145,22 +1144,7 @@ func TestTopologySpreadCountsThePodsOutsideTheGroup(t *testing.T) {
 				}
 				h.create(p)
 			}
-			h.addPod(spread(jobPod("train", 0, "gpu-4-nvlink", consolidated)))
-			h.addPod(spread(jobPod("train", 1, "gpu-4-nvlink", consolidated)))
-			h.settle()
-			h.place("default/job/train")
-			a, b := h.allocatedNode("train-0"), h.allocatedNode("train-1")
-			if a == "" || b == "" || a == b {
-				t.Fatalf("pods planned onto %q and %q; want two nodes, one pod each", a, b)
-			}
-			for _, n := range []string{a, b} {
-				if slices.Contains(tc.offNode, n) {
-					t.Errorf("a pod planned onto %s, where an app=train pod of its namespace is already", n)
-				}
-			}
-			if tc.onN0 && a != "n0" && b != "n0" {
-				t.Errorf("pods planned onto %s and %s; nothing counted keeps them off n0, which consolidated fills first", a, b)
-			}
+			planTwoApart(t, h, spread, tc.offNode, tc.onN0, "an app=train pod of its namespace is already there")
 		})
 	}
 }
@@ -1172,7 +1156,6 @@ func TestTopologySpreadCountsThePodsOutsideTheGroup(t *testing.T) {
 // consolidated would put together, go onto two nodes where no other pod
 // holds the port.
 func TestHostPortsKeepTheGroupOffHeldNodes(t *testing.T) {
-	consolidated := map[string]string{placement.AnnotationStrategy: "consolidated"}
 	withPort := func(p *v1.Pod) *v1.Pod {
 		p.Spec.Containers[0].Ports = []v1.ContainerPort{{ContainerPort: 29500, HostPort: 29500}}
 		return p
@@ -1201,22 +1184,32 @@ func TestHostPortsKeepTheGroupOffHeldNodes(t *testing.T) {
 				}
 				h.create(p)
 			}
-			h.addPod(withPort(jobPod("train", 0, "gpu-4-nvlink", consolidated)))
-			h.addPod(withPort(jobPod("train", 1, "gpu-4-nvlink", consolidated)))
-			h.settle()
-			h.place("default/job/train")
-			a, b := h.allocatedNode("train-0"), h.allocatedNode("train-1")
-			if a == "" || b == "" || a == b {
-				t.Fatalf("pods planned onto %q and %q; want two nodes, one pod each", a, b)
-			}
-			for _, n := range []string{a, b} {
-				if slices.Contains(tc.offNode, n) {
-					t.Errorf("a pod planned onto %s, where another pod holds host port 29500", n)
-				}
-			}
-			if tc.onN0 && a != "n0" && b != "n0" {
-				t.Errorf("pods planned onto %s and %s; nothing holds the port on n0, which consolidated fills first", a, b)
-			}
+			planTwoApart(t, h, withPort, tc.offNode, tc.onN0, "another pod holds host port 29500 there")
 		})
+	}
+}
+
+// planTwoApart adds the two consolidated four-GPU pods of Job train, each
+// edited by edit, plans them, and checks that they went onto two nodes,
+// neither of them in offNode (where what), and one onto n0, which
+// consolidated fills first, with onN0.
+func planTwoApart(t *testing.T, h *harness, edit func(*v1.Pod) *v1.Pod, offNode []string, onN0 bool, what string) {
+	t.Helper()
+	consolidated := map[string]string{placement.AnnotationStrategy: "consolidated"}
+	h.addPod(edit(jobPod("train", 0, "gpu-4-nvlink", consolidated)))
+	h.addPod(edit(jobPod("train", 1, "gpu-4-nvlink", consolidated)))
+	h.settle()
+	h.place("default/job/train")
+	a, b := h.allocatedNode("train-0"), h.allocatedNode("train-1")
+	if a == "" || b == "" || a == b {
+		t.Fatalf("pods planned onto %q and %q; want two nodes, one pod each", a, b)
+	}
+	for _, n := range []string{a, b} {
+		if slices.Contains(offNode, n) {
+			t.Errorf("a pod planned onto %s, where %s", n, what)
+		}
+	}
+	if onN0 && a != "n0" && b != "n0" {
+		t.Errorf("pods planned onto %s and %s; nothing keeps them off n0, which consolidated fills first", a, b)
 	}
 }

@@ -734,15 +734,7 @@ func TestPodAffinityPlacesBesideAnotherJob(t *testing.T) {
 func TestPodAffinityNamespaceSelector(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
-	anchor := createJobFrom(t, "ev-ns-a", 1, "gpu-4-nvlink", consolidatedIn(leaf))
-	a := waitBound(t, jobSelector(anchor.Name), 1)
-	var other string
-	for _, n := range topo.leafNodes[leaf] {
-		if n != a.nodes[0] {
-			other = n
-			break
-		}
-	}
+	a, other := anchorIn(t, "ev-ns-a", leaf)
 	const team = "gputopo.dev/e2e-team"
 	cacheOn := map[string]string{"blue": a.nodes[0], "red": other}
 	for _, colour := range []string{"blue", "red"} {
@@ -928,15 +920,7 @@ func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
 	ann := consolidatedIn(leaf)
-	anchor := createJobFrom(t, "ev-anchor", 1, "gpu-4-nvlink", ann)
-	a := waitBound(t, jobSelector(anchor.Name), 1)
-	var volumeNode string
-	for _, n := range topo.leafNodes[leaf] {
-		if n != a.nodes[0] {
-			volumeNode = n
-			break
-		}
-	}
+	a, volumeNode := anchorIn(t, "ev-anchor", leaf)
 	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, onlyOn(t, "ev-moved-data", volumeNode))
 	b := waitBound(t, jobSelector(job.Name), 1)
 	if b.nodes[0] != volumeNode {
@@ -986,6 +970,21 @@ func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 
 // podEventMessage is the message of the gputopo controller's event of
 // reason about the pod, "" when there is none.
+// anchorIn runs a one-pod four-GPU Job, consolidated into leaf, and
+// returns where it went and another node of the leaf.
+func anchorIn(t *testing.T, name, leaf string) (bound, string) {
+	t.Helper()
+	anchor := createJobFrom(t, name, 1, "gpu-4-nvlink", consolidatedIn(leaf))
+	a := waitBound(t, jobSelector(anchor.Name), 1)
+	for _, n := range topo.leafNodes[leaf] {
+		if n != a.nodes[0] {
+			return a, n
+		}
+	}
+	t.Fatalf("leaf %s has no node but %s", leaf, a.nodes[0])
+	return a, ""
+}
+
 // keptTheirPlans checks that each pod bound where the controller planned
 // it, neither released nor moved. The controller records those events
 // just after it updates the pod, so it watches for them a few seconds.
