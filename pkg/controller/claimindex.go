@@ -84,6 +84,8 @@ type indexedClaim struct {
 	// unheld: the index held no entry for the claim when it was assumed
 	// (its deletion came between the plan and the assumption).
 	unheld bool
+	// node is the one node the allocation names, "" for none.
+	node string
 }
 
 // sameShares reports whether two lists hold the same shares.
@@ -155,6 +157,18 @@ func (ix *claimIndex) assume(claim *resourceapi.ResourceClaim, alloc *resourceap
 	}
 }
 
+// assumedNode is the node of the allocation assumed for the claim while
+// its write is in flight, "" when none is: the informer does not show it
+// yet.
+func (ix *claimIndex) assumedNode(uid types.UID) string {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if e, ok := ix.claims[uid]; ok && e.writer != "" {
+		return e.node
+	}
+	return ""
+}
+
 // unassume withdraws what group writer assumed of the claim, if the
 // claim's write has not replaced it.
 func (ix *claimIndex) unassume(uid types.UID, writer string) {
@@ -203,7 +217,8 @@ func (ix *claimIndex) putLocked(claim *resourceapi.ResourceClaim, writer string)
 		// come after every share it has.
 		sharedAt = math.MaxUint64
 	}
-	ix.claims[claim.UID] = indexedClaim{key: claim.Namespace + "/" + claim.Name, version: v, devices: devs, shares: shares, sharedAt: sharedAt, seenAt: seenAt, writer: writer}
+	ix.claims[claim.UID] = indexedClaim{key: claim.Namespace + "/" + claim.Name, version: v, devices: devs, shares: shares, sharedAt: sharedAt, seenAt: seenAt, writer: writer,
+		node: allocationNode(claim.Status.Allocation)}
 	if len(shares) > 0 {
 		ix.sharing[claim.UID] = true
 	}

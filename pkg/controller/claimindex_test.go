@@ -144,3 +144,32 @@ func TestFailedWriteOfADeletedClaimLeavesNoEntry(t *testing.T) {
 		t.Errorf("devices still held: %v", ix.byDevice)
 	}
 }
+
+// TestAssumedNodeWhileTheWriteIsInFlight: a plan's allocation names its
+// node while its write is in flight, which the informer does not show
+// yet; once the stored claim replaces it, or the write fails, it names
+// none.
+func TestAssumedNodeWhileTheWriteIsInFlight(t *testing.T) {
+	alloc := foreignClaim("any", "n2", "gpu-0").Status.Allocation
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "default", UID: "c", ResourceVersion: "5"}}
+	ix := newClaimIndex()
+	ix.update(claim)
+	if got := ix.assumedNode(claim.UID); got != "" {
+		t.Errorf("before the plan: assumedNode = %q, want none", got)
+	}
+	ix.assume(claim, alloc, "default/job/j")
+	if got := ix.assumedNode(claim.UID); got != "n2" {
+		t.Errorf("write in flight: assumedNode = %q, want n2", got)
+	}
+	stored := claim.DeepCopy()
+	stored.ResourceVersion, stored.Status.Allocation = "6", alloc
+	ix.update(stored)
+	if got := ix.assumedNode(claim.UID); got != "" {
+		t.Errorf("stored: assumedNode = %q, want none (the informer shows it)", got)
+	}
+	ix.assume(stored, alloc, "default/job/k")
+	ix.unassume(stored.UID, "default/job/k")
+	if got := ix.assumedNode(claim.UID); got != "" {
+		t.Errorf("after a failed write: assumedNode = %q, want none", got)
+	}
+}

@@ -232,7 +232,9 @@ func (c *Controller) hostPortPods(key string, pods []planner.Pod) []planner.Neig
 		if !ok || q.Status.Phase == v1.PodSucceeded || q.Status.Phase == v1.PodFailed {
 			continue
 		}
-		if k, ok := groupKey(q); ok && k == key {
+		// A terminating pod of the group still holds its ports; the
+		// group's plan does not count it as one of its own.
+		if k, ok := groupKey(q); ok && k == key && q.DeletionTimestamp == nil {
 			continue
 		}
 		node := c.neighbourNode(q)
@@ -253,8 +255,8 @@ func (c *Controller) hostPortPods(key string, pods []planner.Pod) []planner.Neig
 // to, as kube-scheduler will count it: bound, or steered by the
 // controller to the node its gate opened for (usageNode); nominated (the
 // scheduler weighs nominated pods in its filters); or still gated with
-// its claims allocated on one node by the controller's plan. "" when
-// none.
+// its claims allocated on one node by the controller's plan, written or
+// its write in flight. "" when none.
 func (c *Controller) neighbourNode(p *v1.Pod) string {
 	if n := usageNode(p); n != "" {
 		return n
@@ -271,6 +273,10 @@ func (c *Controller) neighbourNode(p *v1.Pod) string {
 	}
 	for _, cl := range claims {
 		if n := allocationNode(cl.Status.Allocation); n != "" {
+			return n
+		}
+		// A plan's write still in flight.
+		if n := c.index.assumedNode(cl.UID); n != "" {
 			return n
 		}
 	}

@@ -1163,6 +1163,7 @@ func TestHostPortsKeepTheGroupOffHeldNodes(t *testing.T) {
 	type other struct {
 		namespace, node string
 		finished        bool
+		ofGroup         bool // a terminating pod of Job train
 	}
 	for name, tc := range map[string]struct {
 		others  []other
@@ -1173,6 +1174,8 @@ func TestHostPortsKeepTheGroupOffHeldNodes(t *testing.T) {
 		"a pod holding the port":       {others: []other{{namespace: "default", node: "n0"}}, offNode: []string{"n0"}},
 		"one in another namespace too": {others: []other{{namespace: "elsewhere", node: "n0"}, {namespace: "default", node: "n1"}}, offNode: []string{"n0", "n1"}},
 		"a finished pod holds nothing": {others: []other{{namespace: "default", node: "n0", finished: true}}, onN0: true},
+		// The Job's old pod, terminating, while its replacement waits.
+		"a terminating pod of the group holds it": {others: []other{{namespace: "default", node: "n0", ofGroup: true}}, offNode: []string{"n0"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			h := newHarness(t, job("train", 2))
@@ -1181,6 +1184,11 @@ func TestHostPortsKeepTheGroupOffHeldNodes(t *testing.T) {
 					Spec: v1.PodSpec{NodeName: o.node, Containers: []v1.Container{{Name: "c", Image: "img"}}}})
 				if o.finished {
 					p.Status.Phase = v1.PodSucceeded
+				}
+				if o.ofGroup {
+					p = withPort(jobPod("train", 9, "gpu-4-nvlink", nil))
+					p.Spec.NodeName, p.Spec.SchedulingGates = o.node, nil
+					p.DeletionTimestamp, p.Finalizers = &metav1.Time{Time: time.Now()}, []string{"example.com/hold"}
 				}
 				h.create(p)
 			}

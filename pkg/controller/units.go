@@ -130,6 +130,7 @@ func (u *unit) pod() planner.Pod {
 			p.AntiAffinity = append(slices.Clip(p.AntiAffinity), o.AntiAffinity...)
 			p.Affinity = append(slices.Clip(p.Affinity), o.Affinity...)
 			p.Spread = append(slices.Clip(p.Spread), o.Spread...)
+			p.PortsClash = p.PortsClash || planner.PortsConflict(o.HostPorts, p.HostPorts)
 			p.HostPorts = append(slices.Clip(p.HostPorts), o.HostPorts...)
 			p.Members = append(p.Members, o.Members...)
 			for name, q := range o.Requests {

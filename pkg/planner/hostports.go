@@ -114,6 +114,9 @@ func (a *attempt) keptByPorts(pod, n int) bool {
 	if st.portsHeld == nil || len(want) == 0 {
 		return false
 	}
+	if st.job.Pods[pod].PortsClash {
+		return true
+	}
 	if PortsConflict(want, st.portsHeld[n]) {
 		return true
 	}

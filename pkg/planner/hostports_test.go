@@ -50,6 +50,7 @@ func TestHostPortsKeepPodsApart(t *testing.T) {
 		ports   []v1.ContainerPort
 		held    []planner.Neighbour
 		pinned  string // a pinned pod on this node holds the port
+		clash   bool   // the pods stand for members asking for one port
 		want    *placed
 		refused bool
 	}{
@@ -73,6 +74,10 @@ func TestHostPortsKeepPodsApart(t *testing.T) {
 			pods: 1, ports: []v1.ContainerPort{port(29500, "", "")}, pinned: "l0n0",
 			want: &placed{Domain: leaf("leaf-0"), Assignments: assign("l0n1")},
 		},
+		"a pod whose members ask for one port fits nowhere": {
+			pods: 1, ports: []v1.ContainerPort{port(29500, "", ""), port(29500, "", "")}, clash: true,
+			refused: true,
+		},
 		"more pods than nodes": {
 			pods: 9, ports: []v1.ContainerPort{port(29500, "", "")},
 			refused: true,
@@ -82,7 +87,7 @@ func TestHostPortsKeepPodsApart(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			job := makeJob(t, "j").Pods(tc.pods, "gpu-1").Strategy(planner.StrategyConsolidated).member("ns", "train").Obj()
 			for i := range job.Pods {
-				job.Pods[i].HostPorts = tc.ports
+				job.Pods[i].HostPorts, job.Pods[i].PortsClash = tc.ports, tc.clash
 			}
 			job.HostPortPods = tc.held
 			if tc.pinned != "" {

@@ -76,6 +76,9 @@ type Pod struct {
 	// HostPorts are the host ports the pod holds on its node: no two pods
 	// holding the same one share a node (hostports.go).
 	HostPorts []v1.ContainerPort
+	// PortsClash says two of the pods it stands for (Members) ask for one
+	// host port: they share its node, so one of them fits nowhere.
+	PortsClash bool
 }
 
 // Job is a group of pods placed together.

@@ -849,14 +849,16 @@ func TestHostPortAgainstAnotherJob(t *testing.T) {
 	keptTheirPlans(t, b.pods, "the plan should have kept it off the node holding its host port")
 }
 
-// onlyOn gives a Job's pods a PersistentVolumeClaim bound to a
-// PersistentVolume whose node affinity allows node alone, which
+// offNode gives a Job's pods a PersistentVolumeClaim bound to a
+// PersistentVolume whose node affinity leaves node out, which
 // kube-scheduler's VolumeBinding filter weighs and the controller does
-// not. It creates both and waits until they are bound.
-func onlyOn(t *testing.T, name, node string) func(*batchv1.Job) {
+// not. It creates both, named name and a suffix of its own, and waits
+// until they are bound.
+func offNode(t *testing.T, name, node string) func(*batchv1.Job) {
 	t.Helper()
 	ctx := framework.Ctx(t)
 	const class = "gputopo-e2e-manual"
+	name = fmt.Sprintf("%s-%d", name, time.Now().UnixNano()%1000000)
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PersistentVolumeSpec{
@@ -866,7 +868,7 @@ func onlyOn(t *testing.T, name, node string) func(*batchv1.Job) {
 			StorageClassName:              class,
 			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/tmp/" + name}},
 			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}},
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: []string{node}}}}}}},
 		},
 	}
 	if _, err := client.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
@@ -905,9 +907,8 @@ func onlyOn(t *testing.T, name, node string) func(*batchv1.Job) {
 // domain, at once. A four-GPU pod of one Job runs on a node of the leaf;
 // a four-GPU pod of a second Job, consolidated into the same leaf, is
 // planned onto that node, the fullest, but its volume's node affinity
-// allows another node of the leaf alone, so kube-scheduler's VolumeBinding
-// filter refuses the planned node, which the controller leaves to the
-// scheduler. The scheduler finds no node for it and takes
+// leaves that node out, so kube-scheduler's VolumeBinding filter refuses
+// it, which the controller leaves to the scheduler. The scheduler finds no node for it and takes
 // its claim back (DynamicResources PostFilter: reserved for that pod
 // alone). Then either the scheduler allocates it again on another node
 // of the leaf, which the node affinity the gate opened with keeps it in,
@@ -920,11 +921,11 @@ func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 	dumpOnFailure(t)
 	leaf := fakeLeaf(t)
 	ann := consolidatedIn(leaf)
-	a, volumeNode := anchorIn(t, "ev-anchor", leaf)
-	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, onlyOn(t, "ev-moved-data", volumeNode))
+	a, _ := anchorIn(t, "ev-anchor", leaf)
+	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, offNode(t, "ev-moved-data", a.nodes[0]))
 	b := waitBound(t, jobSelector(job.Name), 1)
-	if b.nodes[0] != volumeNode {
-		t.Fatalf("pod %s on %s, not on %s, the only node its volume allows", b.pods[0].Name, b.nodes[0], volumeNode)
+	if b.nodes[0] == a.nodes[0] {
+		t.Fatalf("pod %s on %s, which its volume's node affinity leaves out", b.pods[0].Name, b.nodes[0])
 	}
 	if len(b.leaves) != 1 || b.leaves[0] != leaf {
 		t.Errorf("pod in leaves %v, want only %s: the domain affinity keeps a moved pod in its leaf", b.leaves, leaf)
@@ -968,8 +969,6 @@ func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 	}
 }
 
-// podEventMessage is the message of the gputopo controller's event of
-// reason about the pod, "" when there is none.
 // anchorIn runs a one-pod four-GPU Job, consolidated into leaf, and
 // returns where it went and another node of the leaf.
 func anchorIn(t *testing.T, name, leaf string) (bound, string) {
@@ -1014,6 +1013,8 @@ func keptTheirPlans(t *testing.T, pods []corev1.Pod, why string) {
 	}
 }
 
+// podEventMessage is the message of the gputopo controller's event of
+// reason about the pod, "" when there is none.
 func podEventMessage(t *testing.T, p *corev1.Pod, reason string) string {
 	t.Helper()
 	events, err := client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{
