@@ -432,7 +432,7 @@ func (c *Controller) onPodDelete(obj any) {
 	c.mu.Unlock()
 	c.countPod(pod, nil)
 	c.onPod(pod)
-	if pod.Status.Phase != v1.PodSucceeded && pod.Status.Phase != v1.PodFailed && usageNode(pod) != "" {
+	if !finished(pod) && usageNode(pod) != "" {
 		// A pod that leaves its node frees cpu and memory, and what its
 		// pod anti-affinity kept other pods out of.
 		c.requeuePending()

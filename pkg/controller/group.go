@@ -203,5 +203,10 @@ func hasGate(pod *v1.Pod) bool {
 
 // active reports pods that still need or hold a place.
 func active(pod *v1.Pod) bool {
-	return pod.DeletionTimestamp == nil && pod.Status.Phase != v1.PodSucceeded && pod.Status.Phase != v1.PodFailed
+	return pod.DeletionTimestamp == nil && !finished(pod)
+}
+
+// finished reports pods whose containers ended for good.
+func finished(pod *v1.Pod) bool {
+	return pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed
 }

@@ -62,7 +62,7 @@ func (c *Controller) neighbours(key string, pods []planner.Pod) []planner.Neighb
 			return
 		}
 		seen[p.UID] = true
-		if k, ok := groupKey(p); (ok && k == key) || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+		if k, ok := groupKey(p); (ok && k == key) || finished(p) {
 			return
 		}
 		node := c.neighbourNode(p)
@@ -103,10 +103,16 @@ func (c *Controller) neighbours(key string, pods []planner.Pod) []planner.Neighb
 			}
 		}
 	}
+	sortNeighbours(out)
+	return out
+}
+
+// sortNeighbours sorts pods outside a group by node and name, so that
+// plans do not depend on the cache's order.
+func sortNeighbours(out []planner.Neighbour) {
 	slices.SortFunc(out, func(a, b planner.Neighbour) int {
 		return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Pod.Name, b.Pod.Name))
 	})
-	return out
 }
 
 // termNamespaces are the namespaces a term looks in, as kube-scheduler
@@ -197,19 +203,16 @@ func (c *Controller) spreadPods(key string, pods []planner.Pod) []planner.Neighb
 					continue
 				}
 				seen[q.UID] = true
-				if k, ok := groupKey(q); (ok && k == key) || q.DeletionTimestamp != nil || q.Status.Phase == v1.PodSucceeded || q.Status.Phase == v1.PodFailed {
+				if k, ok := groupKey(q); (ok && k == key) || !active(q) {
 					continue
 				}
 				if node := c.neighbourNode(q); node != "" {
-					out = append(out, planner.Neighbour{Node: node, Bound: q.Spec.NodeName != "",
-						Pod: planner.Pod{Name: q.Name, Members: []planner.Member{{Namespace: q.Namespace, Labels: q.Labels}}}})
+					out = append(out, planner.NeighbourFor(q, node))
 				}
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b planner.Neighbour) int {
-		return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Pod.Name, b.Pod.Name))
-	})
+	sortNeighbours(out)
 	return out
 }
 
@@ -229,7 +232,7 @@ func (c *Controller) hostPortPods(key string, pods []planner.Pod) []planner.Neig
 	var out []planner.Neighbour
 	for _, o := range objs {
 		q, ok := o.(*v1.Pod)
-		if !ok || q.Status.Phase == v1.PodSucceeded || q.Status.Phase == v1.PodFailed {
+		if !ok || finished(q) {
 			continue
 		}
 		// A terminating pod of the group still holds its ports; the
@@ -241,13 +244,11 @@ func (c *Controller) hostPortPods(key string, pods []planner.Pod) []planner.Neig
 		if node == "" {
 			continue
 		}
-		if held := planner.RequiredHostPorts(q); planner.PortsConflict(want, held) {
-			out = append(out, planner.Neighbour{Node: node, Bound: q.Spec.NodeName != "", Pod: planner.Pod{Name: q.Name, HostPorts: held}})
+		if nb := planner.NeighbourFor(q, node); planner.PortsConflict(want, nb.Pod.HostPorts) {
+			out = append(out, nb)
 		}
 	}
-	slices.SortFunc(out, func(a, b planner.Neighbour) int {
-		return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Pod.Name, b.Pod.Name))
-	})
+	sortNeighbours(out)
 	return out
 }
 

@@ -52,14 +52,16 @@ type Neighbour struct {
 	// minimum a topology spread constraint allows is taken over bound
 	// pods only.
 	Bound bool
-	// Pod carries the neighbour's Members (one) and AntiAffinity.
+	// Pod carries the neighbour's Members (one), AntiAffinity and
+	// HostPorts.
 	Pod Pod
 }
 
-// NeighbourFor is pod on node as the job's terms see it.
+// NeighbourFor is pod on node, bound there or on its way, as the job's
+// terms, spread constraints and host ports see it.
 func NeighbourFor(pod *v1.Pod, node string) Neighbour {
-	return Neighbour{Node: node, Pod: Pod{Name: pod.Name, AntiAffinity: RequiredAntiAffinity(pod),
-		Members: []Member{{Namespace: pod.Namespace, Labels: pod.Labels}}}}
+	return Neighbour{Node: node, Bound: pod.Spec.NodeName != "", Pod: Pod{Name: pod.Name, AntiAffinity: RequiredAntiAffinity(pod),
+		HostPorts: RequiredHostPorts(pod), Members: []Member{{Namespace: pod.Namespace, Labels: pod.Labels}}}}
 }
 
 // Ties says which pods outside a job required pod affinity or

@@ -127,26 +127,21 @@ func (st *state) findSpread(logger klog.Logger) error {
 	sp := &spreading{carries: make([][]int, len(job.Pods)), keys: make([][]string, len(job.Pods))}
 	ids := map[string]int{}
 	for i, p := range job.Pods {
-		if len(p.Spread) == 0 {
+		must := slices.DeleteFunc(slices.Clone(p.Spread), func(c v1.TopologySpreadConstraint) bool { return c.WhenUnsatisfiable != v1.DoNotSchedule })
+		if len(must) == 0 {
 			continue
 		}
 		var own map[string]string
 		if len(p.Members) > 0 {
 			own = p.Members[0].Labels
 		}
-		for _, c := range p.Spread {
-			if c.WhenUnsatisfiable != v1.DoNotSchedule {
-				continue
-			}
+		for _, c := range must {
 			if !slices.Contains(sp.keys[i], c.TopologyKey) {
 				sp.keys[i] = append(sp.keys[i], c.TopologyKey)
 			}
 		}
 		slices.Sort(sp.keys[i])
-		for _, c := range p.Spread {
-			if c.WhenUnsatisfiable != v1.DoNotSchedule {
-				continue
-			}
+		for _, c := range must {
 			sel, err := SpreadSelector(c, own)
 			if err != nil {
 				return fmt.Errorf("pod %s: topology spread constraint on %s: %v", p.Name, c.TopologyKey, err)
