@@ -227,7 +227,8 @@ func cacheTransform(in *interner) func(any) (any, error) {
 
 // trimPod drops from a cached pod what neither the controller nor the
 // planner reads: how its containers run (command, environment, mounts,
-// probes, hooks), its volumes and ephemeral containers, and the state of
+// probes, hooks), its volumes but the PersistentVolumeClaims they name,
+// its ephemeral containers, and the state of
 // its containers. It keeps everything a plan reads: scheduling (gates,
 // node, selectors, affinity, tolerations, priority), claims, requests as
 // kube-scheduler counts them (containers' and the pod's resources,
@@ -247,7 +248,19 @@ func trimPod(p *v1.Pod) {
 	}
 	trim(p.Spec.Containers)
 	trim(p.Spec.InitContainers)
-	p.Spec.EphemeralContainers, p.Spec.Volumes = nil, nil
+	p.Spec.EphemeralContainers = nil
+	// Only the volumes that name a PersistentVolumeClaim, by name: they
+	// hold the pod to nodes (volumes.go).
+	var vols []v1.Volume
+	for _, v := range p.Spec.Volumes {
+		switch {
+		case v.PersistentVolumeClaim != nil:
+			vols = append(vols, v1.Volume{Name: v.Name, VolumeSource: v1.VolumeSource{PersistentVolumeClaim: v.PersistentVolumeClaim}})
+		case v.Ephemeral != nil:
+			vols = append(vols, v1.Volume{Name: v.Name, VolumeSource: v1.VolumeSource{Ephemeral: &v1.EphemeralVolumeSource{}}})
+		}
+	}
+	p.Spec.Volumes = vols
 	keep := func(ss []v1.ContainerStatus) []v1.ContainerStatus {
 		if ss == nil {
 			return nil

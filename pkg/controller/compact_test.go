@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -201,7 +202,8 @@ func TestCacheTransformKeepsWhatPlansReadOfPods(t *testing.T) {
 		Command: []string{"train"}, Env: []v1.EnvVar{{Name: "A", Value: "b"}}, VolumeMounts: []v1.VolumeMount{{Name: "v", MountPath: "/v"}},
 		LivenessProbe: &v1.Probe{}}}
 	pod.Spec.InitContainers = []v1.Container{{Name: "sidecar", RestartPolicy: ptr.To(v1.ContainerRestartPolicyAlways), Resources: req, Args: []string{"x"}}}
-	pod.Spec.Volumes = []v1.Volume{{Name: "v"}}
+	pod.Spec.Volumes = []v1.Volume{{Name: "v", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}, pvcVolume("data"),
+		{Name: "scratch", VolumeSource: v1.VolumeSource{Ephemeral: &v1.EphemeralVolumeSource{VolumeClaimTemplate: &v1.PersistentVolumeClaimTemplate{}}}}}
 	pod.Status.ContainerStatuses = []v1.ContainerStatus{{Name: "c", Image: "img", ImageID: "sha", RestartCount: 3,
 		State:     v1.ContainerState{Running: &v1.ContainerStateRunning{}},
 		Resources: &v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("6")}}}}
@@ -226,7 +228,11 @@ func TestCacheTransformKeepsWhatPlansReadOfPods(t *testing.T) {
 	if diff := cmp.Diff(kept(pod), kept(cached)); diff != "" {
 		t.Errorf("the cached pod lost what plans read (-want +got):\n%s", diff)
 	}
-	if c := cached.Spec.Containers[0]; c.Command != nil || c.Env != nil || c.VolumeMounts != nil || c.LivenessProbe != nil || cached.Spec.Volumes != nil ||
+	// The claims its volumes name, which hold it to nodes.
+	if got, _ := indexByPVC(cached); !slices.Equal(got, []string{"default/data", "default/" + pod.Name + "-scratch"}) {
+		t.Errorf("the cached pod's volumes name claims %v, want data and its ephemeral volume's", got)
+	}
+	if c := cached.Spec.Containers[0]; c.Command != nil || c.Env != nil || c.VolumeMounts != nil || c.LivenessProbe != nil || len(cached.Spec.Volumes) != 2 || cached.Spec.Volumes[1].Ephemeral.VolumeClaimTemplate != nil ||
 		cached.Status.ContainerStatuses[0].State.Running != nil {
 		t.Errorf("the cached pod still holds what nothing reads: %+v", cached)
 	}

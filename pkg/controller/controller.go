@@ -106,6 +106,9 @@ type Controller struct {
 	// pod affinity terms match.
 	namespaces corelisters.NamespaceLister
 	jobs       batchlisters.JobLister
+	// volumes reads the PersistentVolumeClaims, PersistentVolumes and
+	// StorageClasses that hold pods to nodes (volumes.go).
+	volumes volumeView
 	// podGroups reads kube-scheduler's PodGroups; nil where the API
 	// server does not serve them.
 	podGroups schedulinglisters.PodGroupLister
@@ -217,8 +220,12 @@ func New(cfg Config) (*Controller, error) {
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 10*time.Minute, informers.WithTransform(cacheTransform(newInterner(internerLimit))))
 	podInf := f.Core().V1().Pods().Informer()
-	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode, podGroupIndex: indexByPodGroup, antiAffinityIndex: indexByAntiAffinity, hostPortIndex: indexByHostPorts}); err != nil {
+	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode, podGroupIndex: indexByPodGroup, antiAffinityIndex: indexByAntiAffinity, hostPortIndex: indexByHostPorts, pvcIndex: indexByPVC}); err != nil {
 		return nil, fmt.Errorf("add pod group index: %w", err)
+	}
+	pvInf := f.Core().V1().PersistentVolumes().Informer()
+	if err := pvInf.AddIndexers(cache.Indexers{pvClassIndex: indexPVByClass}); err != nil {
+		return nil, fmt.Errorf("add volume class index: %w", err)
 	}
 	bcast := record.NewBroadcaster()
 	c := &Controller{
@@ -229,10 +236,14 @@ func New(cfg Config) (*Controller, error) {
 		nodes:      f.Core().V1().Nodes().Lister(),
 		namespaces: f.Core().V1().Namespaces().Lister(),
 		jobs:       f.Batch().V1().Jobs().Lister(),
-		sliceIdx:   cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{sliceNodeIndex: indexSliceByNode}),
-		claims:     f.Resource().V1().ResourceClaims().Lister(),
-		tmpls:      f.Resource().V1().ResourceClaimTemplates().Lister(),
-		classes:    f.Resource().V1().DeviceClasses().Lister(),
+		volumes: volumeView{
+			pvcs: f.Core().V1().PersistentVolumeClaims().Lister(), pvs: f.Core().V1().PersistentVolumes().Lister(),
+			pvIdx: pvInf.GetIndexer(), classes: f.Storage().V1().StorageClasses().Lister(),
+		},
+		sliceIdx: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{sliceNodeIndex: indexSliceByNode}),
+		claims:   f.Resource().V1().ResourceClaims().Lister(),
+		tmpls:    f.Resource().V1().ResourceClaimTemplates().Lister(),
+		classes:  f.Resource().V1().DeviceClasses().Lister(),
 		// Each group backs off on its own; there is no shared bucket that
 		// many waiting groups could drain for each other.
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -275,6 +286,11 @@ func New(cfg Config) (*Controller, error) {
 		// A namespace relabelled may tie a waiting group to pods in it,
 		// or untie it.
 		{f.Core().V1().Namespaces().Informer(), cache.ResourceEventHandlerFuncs{UpdateFunc: c.onNamespaceUpdate}},
+		// Claims bound, volumes created and classes changed decide where
+		// the pods that use them may go (volumes.go).
+		{f.Core().V1().PersistentVolumeClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onVolume, UpdateFunc: func(_, o any) { c.onVolume(o) }, DeleteFunc: c.onVolume}},
+		{pvInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onVolume, UpdateFunc: func(_, o any) { c.onVolume(o) }, DeleteFunc: c.onVolume}},
+		{f.Storage().V1().StorageClasses().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onVolume, UpdateFunc: func(_, o any) { c.onVolume(o) }, DeleteFunc: c.onVolume}},
 		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaimAdd, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
 		{f.Batch().V1().Jobs().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onJob, UpdateFunc: func(_, o any) { c.onJob(o) }, DeleteFunc: c.onJob}},
 		{f.Resource().V1().ResourceClaimTemplates().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.requeuePending() }}},

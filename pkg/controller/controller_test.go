@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -156,6 +157,12 @@ func (h *harness) create(o any) {
 		_, err = h.client.BatchV1().Jobs(o.Namespace).Create(h.ctx, o, metav1.CreateOptions{})
 	case *v1.Pod:
 		_, err = h.client.CoreV1().Pods(o.Namespace).Create(h.ctx, o, metav1.CreateOptions{})
+	case *v1.PersistentVolumeClaim:
+		_, err = h.client.CoreV1().PersistentVolumeClaims(o.Namespace).Create(h.ctx, o, metav1.CreateOptions{})
+	case *v1.PersistentVolume:
+		_, err = h.client.CoreV1().PersistentVolumes().Create(h.ctx, o, metav1.CreateOptions{})
+	case *storagev1.StorageClass:
+		_, err = h.client.StorageV1().StorageClasses().Create(h.ctx, o, metav1.CreateOptions{})
 	case *schedulingv1beta1.PodGroup:
 		_, err = h.client.SchedulingV1beta1().PodGroups(o.Namespace).Create(h.ctx, o, metav1.CreateOptions{})
 	default:

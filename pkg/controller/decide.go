@@ -233,8 +233,25 @@ func decide(o *observation, bindTimeout time.Duration) decision {
 		g.held = nil
 		rankMembers(g.toPlace)
 	}
+	if why := volumeWait(g.toPlace); why != "" {
+		// kube-scheduler leaves the pod pending until its volumes can be
+		// bound; the claims' and volumes' events requeue the group.
+		d.status(placement.StatusWaitingForVolumes, why, append(g.pods(g.toPlace), g.gatedWaiting()...), OutcomeWaiting)
+		return d
+	}
 	d.next = nextPlan
 	return d
+}
+
+// volumeWait says why a pod of ms can go to no node for its volumes now,
+// "" when none waits for them.
+func volumeWait(ms []*member) string {
+	for _, m := range ms {
+		if m.volumeWait != "" {
+			return fmt.Sprintf("pod %s: %s", m.pod.Name, m.volumeWait)
+		}
+	}
+	return ""
 }
 
 // releases reports whether an action already takes back the member's

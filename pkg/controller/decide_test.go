@@ -245,6 +245,31 @@ func TestDecide(t *testing.T) {
 			},
 			want: got{Next: nextStatus, Fresh: true, Reason: placement.StatusWaitingForPods, Outcome: OutcomeWaiting, Pods: []string{"a", "b"}, Lists: [4][]string{{"a", "b"}}},
 		},
+		"a fresh group with a pod its volumes keep off every node waits, saying so, holding nothing": {
+			size: 2,
+			build: func(g *group, _ map[*member]facts) {
+				a, b := dm("a", "gated", "own"), dm("b", "gated", "pending")
+				b.volumeWait = "PersistentVolumeClaim data does not exist; create it"
+				g.held, g.toPlace = []*member{a}, []*member{b}
+			},
+			want: got{Actions: []string{"restart a"}, Next: nextStatus, Fresh: true, Reason: placement.StatusWaitingForVolumes, Outcome: OutcomeWaiting, Pods: []string{"a", "b"}, Lists: [4][]string{{"a", "b"}}},
+		},
+		"a replacement pod whose volumes can go somewhere is planned": {
+			build: func(g *group, _ map[*member]facts) {
+				a, b := dm("a", "bound", "running", "own"), dm("b", "gated", "pending")
+				b.volumes = []*v1.NodeSelector{nodeNamed("n1")}
+				g.bound, g.toPlace = []*member{a}, []*member{b}
+			},
+			want: got{Next: nextPlan, Lists: [4][]string{{"b"}, nil, nil, {"a"}}},
+		},
+		"a replacement pod waits for its volumes; the pods that run keep their places": {
+			build: func(g *group, _ map[*member]facts) {
+				a, b := dm("a", "bound", "running", "own"), dm("b", "gated", "pending")
+				b.volumeWait = "PersistentVolumeClaim data is being deleted"
+				g.bound, g.toPlace = []*member{a}, []*member{b}
+			},
+			want: got{Next: nextStatus, Reason: placement.StatusWaitingForVolumes, Outcome: OutcomeWaiting, Pods: []string{"b"}, Lists: [4][]string{{"b"}, nil, nil, {"a"}}},
+		},
 		// JobSet's exclusive placement: the followers are created only
 		// once their leader is scheduled, so the leaders are planned.
 		"a fresh group whose missing pods come after its leaders is planned": {

@@ -64,6 +64,11 @@ type member struct {
 	ext      *resourceapi.ResourceClaim
 	extNames []v1.ResourceName
 	domain   string
+	// volumes are the node selectors the pod's PersistentVolumeClaims hold
+	// it to, or volumeWait why no node can take it now (volumes.go); read
+	// for pods still to be placed.
+	volumes    []*v1.NodeSelector
+	volumeWait string
 }
 
 // holdsOwn reports whether some claim of the pod holds an allocation the
@@ -184,6 +189,9 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 			g.lagging = g.lagging || ahead
 		}
 		m.ext, m.extNames = extendedClaim(p, c.extClasses)
+		if p.Spec.NodeName == "" {
+			m.volumes, m.volumeWait = c.volumes.nodes(p)
+		}
 		if g.schedAlloc {
 			g.addSchedulerAllocated(m, c)
 			continue

@@ -185,6 +185,11 @@ const (
 	// PodGroup (spec.schedulingGroup) that does not exist yet; its gang
 	// size and topology constraint are part of the plan.
 	StatusWaitingForPodGroup = "WaitingForPodGroup"
+	// StatusWaitingForVolumes: a pod's PersistentVolumeClaims keep it off
+	// every node for now (missing, not bound while their binding is
+	// immediate, or with no volume to bind and none to provision), as
+	// kube-scheduler's VolumeBinding filter leaves it pending.
+	StatusWaitingForVolumes = "WaitingForVolumes"
 )
 
 // WaitingForPodsMessage is the message of StatusWaitingForPods. The

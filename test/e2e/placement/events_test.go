@@ -19,6 +19,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -851,14 +852,55 @@ func TestHostPortAgainstAnotherJob(t *testing.T) {
 
 // offNode gives a Job's pods a PersistentVolumeClaim bound to a
 // PersistentVolume whose node affinity leaves node out, which
-// kube-scheduler's VolumeBinding filter weighs and the controller does
-// not. It creates both, named name and a suffix of its own, and waits
-// until they are bound.
+// kube-scheduler's VolumeBinding filter weighs.
 func offNode(t *testing.T, name, node string) func(*batchv1.Job) {
+	t.Helper()
+	return withVolume(t, name, localOffNode(node))
+}
+
+// localOffNode makes a host-path volume whose node affinity leaves node
+// out.
+func localOffNode(node string) func(*corev1.PersistentVolume) {
+	return func(pv *corev1.PersistentVolume) {
+		pv.Spec.HostPath = &corev1.HostPathVolumeSource{Path: "/tmp/" + pv.Name}
+		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: []string{node}}}}}}}
+	}
+}
+
+// overVolumeLimit gives a Job's pods a PersistentVolumeClaim bound to a
+// volume of a CSI driver that node, through its CSINode, says it can
+// attach no volume of: kube-scheduler's NodeVolumeLimits filter weighs
+// that, and the controller does not. node must have no kubelet, which
+// would own its CSINode.
+func overVolumeLimit(t *testing.T, name, node string) func(*batchv1.Job) {
+	t.Helper()
+	const driver = "e2e.csi.gputopo.dev"
+	ctx := framework.Ctx(t)
+	csiNode := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: node},
+		Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: driver, NodeID: node, Allocatable: &storagev1.VolumeNodeResources{Count: ptr.To[int32](0)}}}}}
+	if _, err := client.StorageV1().CSINodes().Create(ctx, csiNode, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create CSINode %s: %v", node, err)
+	}
+	t.Cleanup(func() { _ = client.StorageV1().CSINodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	return withVolume(t, name, func(pv *corev1.PersistentVolume) {
+		pv.Spec.CSI = &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: pv.Name}
+	})
+}
+
+// withVolume gives a Job's pods a PersistentVolumeClaim bound to a
+// PersistentVolume that source fills in. It creates both, named name and
+// a suffix of its own, and waits until they are bound.
+func withVolume(t *testing.T, name string, source func(*corev1.PersistentVolume)) func(*batchv1.Job) {
+	t.Helper()
+	return boundVolume(t, fmt.Sprintf("%s-%d", name, time.Now().UnixNano()%1000000), source)
+}
+
+// boundVolume is withVolume with the claim and volume named name.
+func boundVolume(t *testing.T, name string, source func(*corev1.PersistentVolume)) func(*batchv1.Job) {
 	t.Helper()
 	ctx := framework.Ctx(t)
 	const class = "gputopo-e2e-manual"
-	name = fmt.Sprintf("%s-%d", name, time.Now().UnixNano()%1000000)
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PersistentVolumeSpec{
@@ -866,11 +908,9 @@ func offNode(t *testing.T, name, node string) func(*batchv1.Job) {
 			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
 			StorageClassName:              class,
-			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/tmp/" + name}},
-			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: []string{node}}}}}}},
 		},
 	}
+	source(pv)
 	if _, err := client.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create PersistentVolume %s: %v", name, err)
 	}
@@ -902,13 +942,68 @@ func offNode(t *testing.T, name, node string) func(*batchv1.Job) {
 	}
 }
 
+// TestVolumeNodeAffinityAgainstAnotherJob: a pod whose volume's node
+// affinity leaves out the node the plan would otherwise pick is planned
+// onto another node at once, as kube-scheduler's VolumeBinding filter
+// would have it, and binds where it was planned. A four-GPU pod of one
+// Job runs on a node of the leaf; a four-GPU pod of a second Job,
+// consolidated into the same leaf, would go onto that node, the fullest.
+func TestVolumeNodeAffinityAgainstAnotherJob(t *testing.T) {
+	dumpOnFailure(t)
+	leaf := fakeLeaf(t)
+	a, _ := anchorIn(t, "ev-anchor-vol", leaf)
+	job := createJobFrom(t, "ev-volume", 1, "gpu-4-nvlink", consolidatedIn(leaf), offNode(t, "ev-vol-data", a.nodes[0]))
+	b := waitBound(t, jobSelector(job.Name), 1)
+	if b.nodes[0] == a.nodes[0] {
+		t.Fatalf("pod %s on %s, which its volume's node affinity leaves out", b.pods[0].Name, b.nodes[0])
+	}
+	keptTheirPlans(t, b.pods, "the plan should have weighed its volume's node affinity")
+}
+
+// TestJobWaitsForItsVolumeClaim: a Job whose pod names a
+// PersistentVolumeClaim that does not exist yet is not placed: its pod
+// says WaitingForVolumes, naming the claim, as kube-scheduler leaves such
+// a pod pending. Once the claim exists, bound to a volume whose node
+// affinity leaves out the node the plan would otherwise pick (the fullest
+// of the leaf, where another Job's pod runs), the claim's events requeue
+// the Job: it is placed off that node and binds where it was planned.
+func TestJobWaitsForItsVolumeClaim(t *testing.T) {
+	dumpOnFailure(t)
+	ctx := framework.Ctx(t)
+	leaf := fakeLeaf(t)
+	a, _ := anchorIn(t, "ev-anchor-later", leaf)
+	claim := fmt.Sprintf("ev-later-data-%d", time.Now().UnixNano()%1000000)
+	job := createJobFrom(t, "ev-later", 1, "gpu-4-nvlink", consolidatedIn(leaf), func(j *batchv1.Job) {
+		spec := &j.Spec.Template.Spec
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}})
+	})
+	framework.Eventually(t, waitStatus, "the pod of "+job.Name+" to wait for its volume claim", func() (bool, string) {
+		pods, err := jobPods(ctx, job.Name)
+		if err != nil || len(pods) != 1 {
+			return false, fmt.Sprintf("%d pods (%v)", len(pods), err)
+		}
+		st, _ := placementapi.ParseStatus(pods[0].Annotations[placementapi.AnnotationStatus])
+		if !hasGate(&pods[0]) {
+			t.Fatalf("pod %s ungated while its volume claim %s does not exist (status %+v)", pods[0].Name, claim, st)
+		}
+		return st.Reason == placementapi.StatusWaitingForVolumes && strings.Contains(st.Message, claim), fmt.Sprintf("status %+v", st)
+	})
+	boundVolume(t, claim, localOffNode(a.nodes[0]))
+	b := waitBound(t, jobSelector(job.Name), 1)
+	if b.nodes[0] == a.nodes[0] {
+		t.Fatalf("pod %s on %s, which its volume's node affinity leaves out", b.pods[0].Name, b.nodes[0])
+	}
+	keptTheirPlans(t, b.pods, "the plan should have weighed its volume's node affinity once the claim was bound")
+}
+
 // TestRefusedPodEndsOffItsPlannedNode: a pod kept off its planned node
 // by something the controller does not weigh ends on another node of its
 // domain, at once. A four-GPU pod of one Job runs on a node of the leaf;
 // a four-GPU pod of a second Job, consolidated into the same leaf, is
-// planned onto that node, the fullest, but its volume's node affinity
-// leaves that node out, so kube-scheduler's VolumeBinding filter refuses
-// it, which the controller leaves to the scheduler. The scheduler finds no node for it and takes
+// planned onto that node, the fullest, but its CSI volume is over that
+// node's volume limit, so kube-scheduler's NodeVolumeLimits filter
+// refuses it, which the controller leaves to the scheduler. The scheduler finds no node for it and takes
 // its claim back (DynamicResources PostFilter: reserved for that pod
 // alone). Then either the scheduler allocates it again on another node
 // of the leaf, which the node affinity the gate opened with keeps it in,
@@ -922,10 +1017,10 @@ func TestRefusedPodEndsOffItsPlannedNode(t *testing.T) {
 	leaf := fakeLeaf(t)
 	ann := consolidatedIn(leaf)
 	a, _ := anchorIn(t, "ev-anchor", leaf)
-	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, offNode(t, "ev-moved-data", a.nodes[0]))
+	job := createJobFrom(t, "ev-moved", 1, "gpu-4-nvlink", ann, overVolumeLimit(t, "ev-moved-data", a.nodes[0]))
 	b := waitBound(t, jobSelector(job.Name), 1)
 	if b.nodes[0] == a.nodes[0] {
-		t.Fatalf("pod %s on %s, which its volume's node affinity leaves out", b.pods[0].Name, b.nodes[0])
+		t.Fatalf("pod %s on %s, where its volume is over the node's volume limit", b.pods[0].Name, b.nodes[0])
 	}
 	if len(b.leaves) != 1 || b.leaves[0] != leaf {
 		t.Errorf("pod in leaves %v, want only %s: the domain affinity keeps a moved pod in its leaf", b.leaves, leaf)

@@ -1,0 +1,318 @@
+package controller
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
+	"k8s.io/client-go/tools/cache"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/utils/ptr"
+
+	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
+)
+
+// TestVolumeNodes checks where a pod's PersistentVolumeClaims let it go,
+// node by node, as kube-scheduler's VolumeBinding and VolumeZone filters
+// judge them, and that a pod no node can take for its volumes waits,
+// saying why.
+func TestVolumeNodes(t *testing.T) {
+	const zone, region, betaZone = v1.LabelTopologyZone, v1.LabelTopologyRegion, v1.LabelFailureDomainBetaZone
+	nodes := []*v1.Node{
+		testNode("n0", zone, "z1", region, "r1"),
+		testNode("n1", zone, "z2", region, "r1"),
+		testNode("n2", zone, "z3"),
+		testNode("n3"), // no zone or region label
+		testNode("n4", region, "r1"),
+	}
+	all := []string{"n0", "n1", "n2", "n3", "n4"}
+	wffc, immediate := storagev1.VolumeBindingWaitForFirstConsumer, storagev1.VolumeBindingImmediate
+	classes := []*storagev1.StorageClass{
+		{ObjectMeta: metav1.ObjectMeta{Name: "local"}, Provisioner: "kubernetes.io/no-provisioner", VolumeBindingMode: &wffc},
+		{ObjectMeta: metav1.ObjectMeta{Name: "csi"}, Provisioner: "csi.example.com", VolumeBindingMode: &wffc},
+		{ObjectMeta: metav1.ObjectMeta{Name: "csi-z1"}, Provisioner: "csi.example.com", VolumeBindingMode: &wffc,
+			AllowedTopologies: []v1.TopologySelectorTerm{{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zone, Values: []string{"z1"}}}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "now"}, Provisioner: "csi.example.com", VolumeBindingMode: &immediate},
+	}
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default", UID: "p-uid"}}
+	bound := func(name, pv string) *v1.PersistentVolumeClaim {
+		c := testPVC(name, "local", "1Gi")
+		c.Spec.VolumeName = pv
+		c.Annotations = map[string]string{"pv.kubernetes.io/bind-completed": "yes"}
+		c.Status.Phase = v1.ClaimBound
+		return c
+	}
+	onNodes := func(pv *v1.PersistentVolume, op v1.NodeSelectorOperator, names ...string) *v1.PersistentVolume {
+		pv.Spec.NodeAffinity = &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
+			MatchExpressions: []v1.NodeSelectorRequirement{{Key: v1.LabelHostname, Operator: op, Values: names}}}}}}
+		return pv
+	}
+	labelled := func(pv *v1.PersistentVolume, kv ...string) *v1.PersistentVolume {
+		pv.Labels = map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			pv.Labels[kv[i]] = kv[i+1]
+		}
+		return pv
+	}
+	claimedBy := func(pv *v1.PersistentVolume, claim string) *v1.PersistentVolume {
+		pv.Spec.ClaimRef = &v1.ObjectReference{Namespace: "default", Name: claim}
+		return pv
+	}
+	for name, tc := range map[string]struct {
+		volumes []v1.Volume // default: one volume naming claim "data"
+		pvcs    []*v1.PersistentVolumeClaim
+		pvs     []*v1.PersistentVolume
+		want    []string // the nodes the pod may use
+		wait    string   // in the reason no node can take it
+	}{
+		"no volume":       {volumes: []v1.Volume{}, want: all},
+		"an emptyDir":     {volumes: []v1.Volume{{Name: "scratch", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}, want: all},
+		"a missing claim": {wait: "PersistentVolumeClaim data of volume data does not exist"},
+		"a claim lost":    {pvcs: []*v1.PersistentVolumeClaim{func() *v1.PersistentVolumeClaim { c := bound("data", "gone"); c.Status.Phase = v1.ClaimLost; return c }()}, wait: "no longer exists"},
+		"a claim deleted": {pvcs: []*v1.PersistentVolumeClaim{func() *v1.PersistentVolumeClaim {
+			c := bound("data", "pv")
+			c.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+			return c
+		}()}, pvs: []*v1.PersistentVolume{testPV("pv", "local", "1Gi")}, wait: "being deleted"},
+		"bound, anywhere":   {pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{testPV("pv", "local", "1Gi")}, want: all},
+		"bound, node-local": {pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{onNodes(testPV("pv", "local", "1Gi"), v1.NodeSelectorOpIn, "host-n1")}, want: []string{"n1"}},
+		"bound, off a node": {pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{onNodes(testPV("pv", "local", "1Gi"), v1.NodeSelectorOpNotIn, "host-n1")}, want: []string{"n0", "n2", "n3", "n4"}},
+		"two bound volumes: both hold the pod": {
+			volumes: []v1.Volume{pvcVolume("a"), pvcVolume("b")},
+			pvcs:    []*v1.PersistentVolumeClaim{bound("a", "pv-a"), bound("b", "pv-b")},
+			pvs:     []*v1.PersistentVolume{onNodes(testPV("pv-a", "local", "1Gi"), v1.NodeSelectorOpIn, "host-n0", "host-n1"), onNodes(testPV("pv-b", "local", "1Gi"), v1.NodeSelectorOpIn, "host-n1", "host-n2")},
+			want:    []string{"n1"},
+		},
+		"bound to a volume that does not exist": {pvcs: []*v1.PersistentVolumeClaim{bound("data", "gone")}, wait: "PersistentVolume gone, bound to PersistentVolumeClaim data, does not exist"},
+		// VolumeZone: a node with no zone or region label takes any
+		// volume; any other needs each label's value among the volume's.
+		"a volume in two zones": {pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{labelled(testPV("pv", "local", "1Gi"), zone, "z1__z2")}, want: []string{"n0", "n1", "n3"}},
+		"a volume in a zone and a region": {
+			pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{labelled(testPV("pv", "local", "1Gi"), zone, "z2", region, "r1")},
+			want: []string{"n1", "n3"},
+		},
+		"a beta zone label matches a node's GA label": {pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{labelled(testPV("pv", "local", "1Gi"), betaZone, "z3")}, want: []string{"n2", "n3"}},
+		"a zone label that does not parse is ignored": {pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{labelled(testPV("pv", "local", "1Gi"), zone, "z1__")}, want: all},
+		"not bound, immediate binding":                {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "now", "1Gi")}, wait: "not bound yet, and its binding is immediate"},
+		"not bound, no class":                         {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "", "1Gi")}, wait: "not bound yet"},
+		"not bound, its class missing":                {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "nowhere", "1Gi")}, wait: "not bound yet"},
+		"bound by name but not complete": {
+			pvcs: []*v1.PersistentVolumeClaim{func() *v1.PersistentVolumeClaim {
+				c := testPVC("data", "local", "1Gi")
+				c.Spec.VolumeName = "pv"
+				return c
+			}()},
+			pvs: []*v1.PersistentVolume{testPV("pv", "local", "1Gi")}, wait: "not bound yet",
+		},
+		// WaitForFirstConsumer: where a volume could be bound or made.
+		"the scheduler chose its node": {pvcs: []*v1.PersistentVolumeClaim{func() *v1.PersistentVolumeClaim {
+			c := testPVC("data", "csi", "1Gi")
+			c.Annotations = map[string]string{"volume.kubernetes.io/selected-node": "n2"}
+			return c
+		}()}, want: []string{"n2"}},
+		"local volumes on two nodes": {
+			pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "local", "1Gi")},
+			pvs:  []*v1.PersistentVolume{onNodes(testPV("pv-0", "local", "1Gi"), v1.NodeSelectorOpIn, "host-n0"), onNodes(testPV("pv-3", "local", "2Gi"), v1.NodeSelectorOpIn, "host-n3")},
+			want: []string{"n0", "n3"},
+		},
+		"local volumes too small, of another class or taken": {
+			pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "local", "2Gi")},
+			pvs: []*v1.PersistentVolume{
+				onNodes(testPV("small", "local", "1Gi"), v1.NodeSelectorOpIn, "host-n0"),
+				onNodes(testPV("other", "csi", "4Gi"), v1.NodeSelectorOpIn, "host-n1"),
+				claimedBy(onNodes(testPV("taken", "local", "4Gi"), v1.NodeSelectorOpIn, "host-n2"), "someone-else"),
+				onNodes(testPV("fits", "local", "4Gi"), v1.NodeSelectorOpIn, "host-n4"),
+			},
+			want: []string{"n4"},
+		},
+		"no local volume fits and none is provisioned": {
+			pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "local", "8Gi")},
+			pvs:  []*v1.PersistentVolume{onNodes(testPV("small", "local", "1Gi"), v1.NodeSelectorOpIn, "host-n0")},
+			wait: "no available PersistentVolume can bind PersistentVolumeClaim data, and its StorageClass local does not provision volumes",
+		},
+		"a volume made for the claim ahead of it": {
+			pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "local", "1Gi")},
+			pvs:  []*v1.PersistentVolume{claimedBy(onNodes(testPV("mine", "local", "1Gi"), v1.NodeSelectorOpIn, "host-n1"), "data")},
+			want: []string{"n1"},
+		},
+		"provisioned anywhere":                {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "csi", "1Gi")}, want: all},
+		"provisioned in the allowed topology": {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "csi-z1", "1Gi")}, want: []string{"n0"}},
+		"provisioned in the allowed topology, or bound to a free volume elsewhere": {
+			pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "csi-z1", "1Gi")},
+			pvs:  []*v1.PersistentVolume{onNodes(testPV("pv", "csi-z1", "1Gi"), v1.NodeSelectorOpIn, "host-n4")},
+			want: []string{"n0", "n4"},
+		},
+		"a generic ephemeral volume not created yet": {volumes: []v1.Volume{ephemeralVolume("scratch")}, wait: "waiting for the ephemeral volume controller to create PersistentVolumeClaim p-scratch"},
+		"a generic ephemeral volume": {
+			volumes: []v1.Volume{ephemeralVolume("scratch")},
+			pvcs:    []*v1.PersistentVolumeClaim{podOwned(testPVC("p-scratch", "csi-z1", "1Gi"), pod)},
+			want:    []string{"n0"},
+		},
+		"a generic ephemeral volume's claim that another pod owns": {
+			volumes: []v1.Volume{ephemeralVolume("scratch")},
+			pvcs:    []*v1.PersistentVolumeClaim{testPVC("p-scratch", "csi", "1Gi")},
+			wait:    "was not created for pod default/p",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			pvcIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+			pvIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{pvClassIndex: indexPVByClass})
+			classIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+			for _, o := range tc.pvcs {
+				_ = pvcIdx.Add(o)
+			}
+			for _, o := range tc.pvs {
+				_ = pvIdx.Add(o)
+			}
+			for _, o := range classes {
+				_ = classIdx.Add(o)
+			}
+			v := volumeView{pvcs: corelisters.NewPersistentVolumeClaimLister(pvcIdx), pvs: corelisters.NewPersistentVolumeLister(pvIdx), pvIdx: pvIdx, classes: storagelisters.NewStorageClassLister(classIdx)}
+			p := pod.DeepCopy()
+			p.Spec.Volumes = tc.volumes
+			if p.Spec.Volumes == nil {
+				p.Spec.Volumes = []v1.Volume{pvcVolume("data")}
+			}
+			sels, wait := v.nodes(p)
+			if tc.wait != "" {
+				if !strings.Contains(wait, tc.wait) {
+					t.Fatalf("waits for %q, want it to say %q", wait, tc.wait)
+				}
+				return
+			}
+			if wait != "" {
+				t.Fatalf("waits for %q, want nodes %v", wait, tc.want)
+			}
+			var got []string
+			for _, n := range nodes {
+				if !slices.ContainsFunc(sels, func(s *v1.NodeSelector) bool { ok, _ := corev1helpers.MatchNodeSelectorTerms(n, s); return !ok }) {
+					got = append(got, n.Name)
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("the pod may use %v, want %v (selectors %v)", got, tc.want, sels)
+			}
+		})
+	}
+}
+
+func testNode(name string, labels ...string) *v1.Node {
+	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.LabelHostname: "host-" + name}}}
+	for i := 0; i < len(labels); i += 2 {
+		n.Labels[labels[i]] = labels[i+1]
+	}
+	return n
+}
+
+func testPVC(name, class, size string) *v1.PersistentVolumeClaim {
+	c := &v1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name + "-uid")},
+		Spec: v1.PersistentVolumeClaimSpec{AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+			Resources: v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse(size)}}},
+		Status: v1.PersistentVolumeClaimStatus{Phase: v1.ClaimPending}}
+	if class != "" {
+		c.Spec.StorageClassName = ptr.To(class)
+	}
+	return c
+}
+
+func testPV(name, class, size string) *v1.PersistentVolume {
+	return &v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1.PersistentVolumeSpec{StorageClassName: class, AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+			Capacity: v1.ResourceList{v1.ResourceStorage: resource.MustParse(size)}},
+		Status: v1.PersistentVolumeStatus{Phase: v1.VolumeAvailable}}
+}
+
+func pvcVolume(claim string) v1.Volume {
+	return v1.Volume{Name: claim, VolumeSource: v1.VolumeSource{PersistentVolumeClaim: &v1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}
+}
+
+func ephemeralVolume(name string) v1.Volume {
+	return v1.Volume{Name: name, VolumeSource: v1.VolumeSource{Ephemeral: &v1.EphemeralVolumeSource{}}}
+}
+
+func podOwned(c *v1.PersistentVolumeClaim, p *v1.Pod) *v1.PersistentVolumeClaim {
+	c.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: p.Name, UID: p.UID, Controller: ptr.To(true)}}
+	return c
+}
+
+// TestVolumesHoldTheGroup checks that the group is planned only onto
+// nodes its pods' volumes allow, and that a group whose volume claim does
+// not exist yet waits, saying so, until the claim's event requeues it.
+func TestVolumesHoldTheGroup(t *testing.T) {
+	withData := func(p *v1.Pod) *v1.Pod {
+		p.Spec.Volumes = append(p.Spec.Volumes, pvcVolume("data"))
+		return p
+	}
+	consolidated := map[string]string{"gputopo.dev/strategy": "consolidated"}
+	boundTo := func(pv *v1.PersistentVolume) []any {
+		c := testPVC("data", "", "1Gi")
+		c.Spec.VolumeName = pv.Name
+		c.Annotations = map[string]string{"pv.kubernetes.io/bind-completed": "yes"}
+		c.Status.Phase = v1.ClaimBound
+		return []any{pv, c}
+	}
+	offN0 := testPV("pv", "", "1Gi")
+	offN0.Spec.NodeAffinity = &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
+		MatchExpressions: []v1.NodeSelectorRequirement{{Key: v1.LabelHostname, Operator: v1.NodeSelectorOpNotIn, Values: []string{"host-n0"}}}}}}}
+	for name, tc := range map[string]struct {
+		objs []any
+		want string // the node both pods go to
+	}{
+		// consolidated fills n0 first
+		"a volume anywhere":                       {objs: boundTo(testPV("pv", "", "1Gi")), want: "n0"},
+		"a volume its node affinity keeps off n0": {objs: boundTo(offN0), want: "n1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, append([]any{job("train", 2)}, tc.objs...)...)
+			h.addPod(withData(jobPod("train", 0, "gpu-4-nvlink", consolidated)))
+			h.addPod(withData(jobPod("train", 1, "gpu-4-nvlink", consolidated)))
+			h.settle()
+			h.place("default/job/train")
+			if a, b := h.allocatedNode("train-0"), h.allocatedNode("train-1"); a != tc.want || b != tc.want {
+				t.Errorf("pods planned onto %q and %q, want both on %s", a, b, tc.want)
+			}
+		})
+	}
+
+	t.Run("a claim that does not exist yet", func(t *testing.T) {
+		h := newHarness(t, job("train", 1))
+		h.addPod(withData(jobPod("train", 0, "gpu-4-nvlink", nil)))
+		h.settle()
+		h.sync("default/job/train")
+		if n := h.allocatedNode("train-0"); n != "" {
+			t.Fatalf("planned onto %s while its volume claim does not exist", n)
+		}
+		st, err := placement.ParseStatus(h.pod("train-0").Annotations[placement.AnnotationStatus])
+		if err != nil || st.Reason != placement.StatusWaitingForVolumes || !strings.Contains(st.Message, "PersistentVolumeClaim data of volume data does not exist") {
+			t.Fatalf("status %+v (%v), want %s naming the claim", st, err, placement.StatusWaitingForVolumes)
+		}
+		for h.c.queue.Len() > 0 {
+			k, _ := h.c.queue.Get()
+			h.c.queue.Done(k)
+			h.c.queue.Forget(k)
+		}
+		for _, o := range boundTo(offN0) {
+			h.create(o)
+		}
+		h.eventually("the claim's event to requeue the group", func() bool {
+			if h.c.queue.Len() == 0 {
+				return false
+			}
+			k, _ := h.c.queue.Get()
+			h.c.queue.Done(k)
+			return k == "default/job/train"
+		})
+		h.place("default/job/train")
+		if n := h.allocatedNode("train-0"); n == "" || n == "n0" {
+			t.Errorf("planned onto %q once the claim is bound; want a node but n0, which its volume leaves out", n)
+		}
+	})
+}
