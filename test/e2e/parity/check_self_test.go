@@ -40,9 +40,15 @@ func TestGenerator(t *testing.T) {
 		if a.Namespace != namespace {
 			seen["other namespace"]++
 		}
+		if a.Spread {
+			seen["spread"]++
+		}
+		if len(a.VolumeNodes) > 0 {
+			seen["volume"]++
+		}
 	}
 	want := append(shape.shapes(), "holders",
-		"node taint, tolerated: true", "node taint, tolerated: false", "leaf selector", "foreign gate", "other namespace")
+		"node taint, tolerated: true", "node taint, tolerated: false", "leaf selector", "foreign gate", "other namespace", "spread", "volume")
 	if shape.taintRules {
 		want = append(want, "taint rules, tolerated: true", "taint rules, tolerated: false")
 	} else if seen["taint rules, tolerated: true"]+seen["taint rules, tolerated: false"] > 0 {

@@ -79,6 +79,10 @@ type caseSpec struct {
 	// kubernetes.io/hostname over the run's pods, maxSkew 1 (DoNotSchedule):
 	// one pod per node, as the cluster has more nodes than a case has pods.
 	Spread bool
+	// VolumeNodes: every pod uses one PersistentVolumeClaim, bound to a
+	// volume whose node affinity allows these nodes only (all but one, or
+	// one leaf's); empty: no volume.
+	VolumeNodes []string
 }
 
 // holder is a plain pod, created before the case, that holds GPUs of one
@@ -127,6 +131,9 @@ func (c *caseSpec) String() string {
 	}
 	if c.Spread {
 		b.WriteString("; spread by kubernetes.io/hostname, maxSkew 1")
+	}
+	if len(c.VolumeNodes) > 0 {
+		fmt.Fprintf(&b, "; a volume on %s", strings.Join(c.VolumeNodes, ","))
 	}
 	return b.String()
 }
@@ -286,5 +293,16 @@ func generate(cs *clusterShape, seed uint64, index int) *caseSpec {
 	// all the pods share (one node, so no spread), nor with a leaf's
 	// nodeSelector (fewer nodes than pods: the pods stack, in an order).
 	c.Spread = r.IntN(4) == 0 && c.Pods > 1 && !c.Shared && c.Leaf == ""
+	// Drawn after it, so the cases before it were kept: a volume claim
+	// that holds the pods to all nodes but one, or to one leaf.
+	if r.IntN(5) == 0 {
+		off, leaf := cs.nodes[r.IntN(len(cs.nodes))], cs.leaves[r.IntN(len(cs.leaves))]
+		oneLeaf := r.IntN(2) == 0
+		for _, n := range cs.nodes {
+			if (oneLeaf && cs.leafOf[n] == leaf) || (!oneLeaf && n != off) {
+				c.VolumeNodes = append(c.VolumeNodes, n)
+			}
+		}
+	}
 	return c
 }

@@ -97,6 +97,14 @@ func setupState(ctx context.Context, c *caseSpec) (teardown func(context.Context
 				errs = append(errs, fmt.Sprintf("delete claim template %s: %v", name, err))
 			}
 		}
+		if len(c.VolumeNodes) > 0 {
+			if err := client.CoreV1().PersistentVolumeClaims(c.Namespace).Delete(ctx, volumeName(c), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Sprintf("delete PersistentVolumeClaim %s: %v", volumeName(c), err))
+			}
+			if err := client.CoreV1().PersistentVolumes().Delete(ctx, volumeName(c), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Sprintf("delete PersistentVolume %s: %v", volumeName(c), err))
+			}
+		}
 		for _, h := range holders {
 			if err := waitPodAndClaimsGone(ctx, h.Namespace, h.Name); err != nil {
 				errs = append(errs, err.Error())
@@ -157,6 +165,11 @@ func setupState(ctx context.Context, c *caseSpec) (teardown func(context.Context
 			return fail(err)
 		}
 	}
+	if len(c.VolumeNodes) > 0 {
+		if err := createVolume(ctx, c); err != nil {
+			return fail(err)
+		}
+	}
 	if !c.Shared && c.Extended == 0 {
 		tmpl := &resourcev1.ResourceClaimTemplate{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.Namespace},
@@ -167,6 +180,56 @@ func setupState(ctx context.Context, c *caseSpec) (teardown func(context.Context
 		}
 	}
 	return teardown, nil
+}
+
+// volumeName names the case's PersistentVolume and its claim.
+func volumeName(c *caseSpec) string { return caseName(c) + "-data" }
+
+// createVolume creates the case's volume, a host path its node affinity
+// holds to c.VolumeNodes, and a claim bound to it, and waits until they
+// are bound.
+func createVolume(ctx context.Context, c *caseSpec) error {
+	name := volumeName(c)
+	const class = "gputopo-parity-manual"
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              class,
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/tmp/" + name}},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: c.VolumeNodes}}}}}},
+		},
+	}
+	if _, err := client.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create PersistentVolume %s: %w", name, err)
+	}
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.Namespace},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: ptr.To(class), VolumeName: name,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	}
+	if _, err := client.CoreV1().PersistentVolumeClaims(c.Namespace).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create PersistentVolumeClaim %s/%s: %w", c.Namespace, name, err)
+	}
+	phase := ""
+	err := poll(ctx, waitHolder, func() bool {
+		got, err := client.CoreV1().PersistentVolumeClaims(c.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			phase = err.Error()
+			return false
+		}
+		phase = string(got.Status.Phase)
+		return got.Status.Phase == corev1.ClaimBound
+	})
+	if err != nil {
+		return fmt.Errorf("wait for PersistentVolumeClaim %s/%s to be bound: %w; last phase: %s", c.Namespace, name, err, phase)
+	}
+	return nil
 }
 
 // waitHolderPlaced waits until a holder pod is bound with its claim
@@ -293,6 +356,10 @@ func newJob(c *caseSpec, name string, optIn bool, shared string) *batchv1.Job {
 	}
 	if c.ForeignGate {
 		spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: foreignGate}}
+	}
+	if len(c.VolumeNodes) > 0 {
+		spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: volumeName(c)}}}}
 	}
 	if c.Spread {
 		spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelHostname,
@@ -529,8 +596,8 @@ func collect(ctx context.Context, c *caseSpec, job, shared string, o *outcome) e
 		all = append(all, list.Items...)
 	}
 	o.Illegal = append(o.Illegal, illegal(c, shape, inv, all, ours)...)
-	if c.Spread {
-		faults, err := spreadFaults(ctx, c.Namespace, pods)
+	if c.Spread || len(c.VolumeNodes) > 0 {
+		faults, err := nodeFaults(ctx, c, pods)
 		if err != nil {
 			return err
 		}
@@ -539,19 +606,24 @@ func collect(ctx context.Context, c *caseSpec, job, shared string, o *outcome) e
 	return nil
 }
 
-// spreadFaults lists what breaks the case's spread constraint: two pods of
-// the run on one node, and a pod kube-scheduler refused on the node the
-// controller planned it onto (a Released or Moved event): the plan should
-// have kept the constraint as the scheduler's filter does.
-func spreadFaults(ctx context.Context, ns string, pods []corev1.Pod) ([]string, error) {
+// nodeFaults lists what breaks the case's spread constraint or its
+// volume's node affinity: two pods of the run on one node, a pod on a
+// node its volume leaves out, and a pod kube-scheduler refused on the
+// node the controller planned it onto (a Released or Moved event): the
+// plan should have weighed both as the scheduler's filters do.
+func nodeFaults(ctx context.Context, c *caseSpec, pods []corev1.Pod) ([]string, error) {
 	var out []string
+	ns := c.Namespace
 	on := map[string]string{}
 	for _, p := range pods {
 		if n := p.Spec.NodeName; n != "" {
-			if other, ok := on[n]; ok {
+			if other, ok := on[n]; ok && c.Spread {
 				out = append(out, fmt.Sprintf("pods %s and %s both on %s despite their spread constraint", other, p.Name, n))
 			}
 			on[n] = p.Name
+			if len(c.VolumeNodes) > 0 && !slices.Contains(c.VolumeNodes, n) {
+				out = append(out, fmt.Sprintf("pod %s on %s, which its volume's node affinity leaves out", p.Name, n))
+			}
 		}
 		evs, err := client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
 		if err != nil {
