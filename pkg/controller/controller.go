@@ -239,6 +239,7 @@ func New(cfg Config) (*Controller, error) {
 		volumes: volumeView{
 			pvcs: f.Core().V1().PersistentVolumeClaims().Lister(), pvs: f.Core().V1().PersistentVolumes().Lister(),
 			pvIdx: pvInf.GetIndexer(), classes: f.Storage().V1().StorageClasses().Lister(),
+			drivers: f.Storage().V1().CSIDrivers().Lister(), capacities: f.Storage().V1().CSIStorageCapacities().Lister(),
 		},
 		sliceIdx: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{sliceNodeIndex: indexSliceByNode}),
 		claims:   f.Resource().V1().ResourceClaims().Lister(),
@@ -286,11 +287,14 @@ func New(cfg Config) (*Controller, error) {
 		// A namespace relabelled may tie a waiting group to pods in it,
 		// or untie it.
 		{f.Core().V1().Namespaces().Informer(), cache.ResourceEventHandlerFuncs{UpdateFunc: c.onNamespaceUpdate}},
-		// Claims bound, volumes created and classes changed decide where
-		// the pods that use them may go (volumes.go).
-		{f.Core().V1().PersistentVolumeClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onVolume, UpdateFunc: func(_, o any) { c.onVolume(o) }, DeleteFunc: c.onVolume}},
-		{pvInf, cache.ResourceEventHandlerFuncs{AddFunc: c.onVolume, UpdateFunc: func(_, o any) { c.onVolume(o) }, DeleteFunc: c.onVolume}},
-		{f.Storage().V1().StorageClasses().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onVolume, UpdateFunc: func(_, o any) { c.onVolume(o) }, DeleteFunc: c.onVolume}},
+		// Claims bound, volumes created, classes changed and storage
+		// capacity published decide where the pods that use them may go
+		// (volumes.go).
+		{f.Core().V1().PersistentVolumeClaims().Informer(), c.volumeHandler()},
+		{pvInf, c.volumeHandler()},
+		{f.Storage().V1().StorageClasses().Informer(), c.volumeHandler()},
+		{f.Storage().V1().CSIDrivers().Informer(), c.volumeHandler()},
+		{f.Storage().V1().CSIStorageCapacities().Informer(), c.volumeHandler()},
 		{f.Resource().V1().ResourceClaims().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onClaimAdd, UpdateFunc: c.onClaimUpdate, DeleteFunc: c.onClaimDelete}},
 		{f.Batch().V1().Jobs().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: c.onJob, UpdateFunc: func(_, o any) { c.onJob(o) }, DeleteFunc: c.onJob}},
 		{f.Resource().V1().ResourceClaimTemplates().Informer(), cache.ResourceEventHandlerFuncs{AddFunc: func(any) { c.requeuePending() }}},

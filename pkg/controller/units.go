@@ -115,8 +115,8 @@ func refusedNode(p *v1.Pod) string {
 }
 
 // pod is the planner's view of the unit: the first member's node
-// constraints, held to the nodes of the allocated claims and of every
-// member's volumes, and every
+// constraints, held to the nodes of the allocated claims, every member's
+// volumes, and every
 // member's requests, pod slot, labels and required pod affinity and
 // anti-affinity.
 func (u *unit) pod() planner.Pod {
@@ -148,9 +148,7 @@ func (u *unit) pod() planner.Pod {
 		p.NodeAffinity = andRequired(p.NodeAffinity, sel)
 	}
 	for _, m := range u.members {
-		for _, sel := range m.volumes {
-			p.NodeAffinity = andRequired(p.NodeAffinity, sel)
-		}
+		p.Volumes = append(slices.Clip(p.Volumes), m.volumes...)
 		if node := refusedNode(m.pod); node != "" {
 			p.NodeAffinity = andRequired(p.NodeAffinity, &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
 				MatchFields: []v1.NodeSelectorRequirement{{Key: metav1.ObjectNameField, Operator: v1.NodeSelectorOpNotIn, Values: []string{node}}},

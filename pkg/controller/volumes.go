@@ -2,12 +2,14 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
@@ -31,11 +33,11 @@ import (
 //     kube-scheduler already chose for it (volume.kubernetes.io/selected-node),
 //     else to the nodes where an available PersistentVolume of its class
 //     could bind it or its class could provision one (the class's allowed
-//     topologies).
+//     topologies, and where its CSI driver publishes storage capacity, the
+//     topologies with room for it).
 //
-// Not weighed: a CSI driver's storage capacity and its volume limits per
-// node (CSINode), and two pods of a group wanting one available volume.
-// kube-scheduler refuses a pod those keep off its planned node, and the
+// Not weighed: a CSI driver's volume limits per node (CSINode), and two
+// pods of a group wanting one available volume. kube-scheduler refuses a pod those keep off its planned node, and the
 // controller plans it again elsewhere (refusedNode).
 
 // volumeView reads what a pod's volumes hold it to.
@@ -44,6 +46,10 @@ type volumeView struct {
 	pvs     corelisters.PersistentVolumeLister
 	pvIdx   cache.Indexer // the PersistentVolumes by storage class
 	classes storagelisters.StorageClassLister
+	// drivers and capacities are the CSI drivers and the storage capacity
+	// they publish; nil drivers checks no capacity.
+	drivers    storagelisters.CSIDriverLister
+	capacities storagelisters.CSIStorageCapacityLister
 }
 
 // pvClassIndex indexes PersistentVolumes by their storage class.
@@ -57,13 +63,14 @@ func indexPVByClass(obj any) ([]string, error) {
 	return []string{volumehelpers.GetPersistentVolumeClass(pv)}, nil
 }
 
-// pvcIndex indexes pods by the PersistentVolumeClaims their volumes name
-// (namespace/name).
+// pvcIndex indexes the pods not bound yet by the PersistentVolumeClaims
+// their volumes name (namespace/name): the pods whose plans those claims
+// decide.
 const pvcIndex = "pvc"
 
 func indexByPVC(obj any) ([]string, error) {
 	p, ok := obj.(*v1.Pod)
-	if !ok {
+	if !ok || p.Spec.NodeName != "" {
 		return nil, nil
 	}
 	var out []string
@@ -91,7 +98,7 @@ func claimNameOf(p *v1.Pod, vol *v1.Volume) string {
 // must match), or why no node can take it now.
 func (v volumeView) nodes(p *v1.Pod) ([]*v1.NodeSelector, string) {
 	var sels []*v1.NodeSelector
-	var bound []*v1.PersistentVolume
+	var zoned []*v1.PersistentVolume // VolumeZone reads only claims named in persistentVolumeClaim
 	for i := range p.Spec.Volumes {
 		vol := &p.Spec.Volumes[i]
 		name := claimNameOf(p, vol)
@@ -121,18 +128,16 @@ func (v volumeView) nodes(p *v1.Pod) ([]*v1.NodeSelector, string) {
 			if err != nil {
 				return nil, fmt.Sprintf("PersistentVolume %s, bound to PersistentVolumeClaim %s, does not exist", pvc.Spec.VolumeName, name)
 			}
-			if pv.Spec.NodeAffinity != nil && pv.Spec.NodeAffinity.Required != nil {
-				sels = append(sels, pv.Spec.NodeAffinity.Required)
+			if terms, anywhere := volumeTerms(pv); !anywhere {
+				sels = append(sels, &v1.NodeSelector{NodeSelectorTerms: terms})
 			}
-			bound = append(bound, pv)
+			if vol.PersistentVolumeClaim != nil {
+				zoned = append(zoned, pv)
+			}
 			continue
 		}
-		delay, err := volumehelpers.IsDelayBindingMode(pvc, v.classes)
-		if err != nil {
-			return nil, fmt.Sprintf("PersistentVolumeClaim %s: %v", name, err)
-		}
-		if !delay || pvc.Spec.VolumeName != "" {
-			return nil, fmt.Sprintf("PersistentVolumeClaim %s is not bound yet, and its binding is immediate: the pod waits until it is", name)
+		if why := v.unbound(pvc); why != "" {
+			return nil, why
 		}
 		sel, why := v.delayed(pvc)
 		if why != "" {
@@ -142,20 +147,54 @@ func (v volumeView) nodes(p *v1.Pod) ([]*v1.NodeSelector, string) {
 			sels = append(sels, sel)
 		}
 	}
-	if sel := zoneSelector(bound); sel != nil {
+	if sel := zoneSelector(zoned); sel != nil {
 		sels = append(sels, sel)
 	}
 	return sels, ""
 }
 
-// delayed is where a claim that waits for its first consumer may be bound
-// or provisioned: nil for every node.
-func (v volumeView) delayed(pvc *v1.PersistentVolumeClaim) (*v1.NodeSelector, string) {
-	if node, ok := pvc.Annotations[volumehelpers.AnnSelectedNode]; ok {
-		return nodeNamed(node), ""
-	}
+// unbound says why a claim not bound yet keeps its pod pending, "" when it
+// waits for its first consumer, which decides where it is bound.
+func (v volumeView) unbound(pvc *v1.PersistentVolumeClaim) string {
+	delay, err := volumehelpers.IsDelayBindingMode(pvc, v.classes)
 	className := volumehelpers.GetPersistentVolumeClaimClass(pvc)
-	var terms []v1.NodeSelectorTerm
+	switch {
+	case err != nil:
+		return fmt.Sprintf("PersistentVolumeClaim %s: %v", pvc.Name, err)
+	case delay && pvc.Spec.VolumeName == "":
+		return ""
+	case pvc.Spec.VolumeName != "":
+		return fmt.Sprintf("PersistentVolumeClaim %s names PersistentVolume %s, which is not bound to it yet: the pod waits until it is", pvc.Name, pvc.Spec.VolumeName)
+	case className == "":
+		return fmt.Sprintf("PersistentVolumeClaim %s is not bound yet and names no StorageClass: the pod waits until it is bound", pvc.Name)
+	}
+	if _, err := v.classes.Get(className); err != nil {
+		return fmt.Sprintf("PersistentVolumeClaim %s is not bound yet, and its StorageClass %s does not exist: the pod waits until it is bound", pvc.Name, className)
+	}
+	return fmt.Sprintf("PersistentVolumeClaim %s is not bound yet, and its binding is immediate: the pod waits until it is", pvc.Name)
+}
+
+// delayed is where a claim that waits for its first consumer may be bound
+// or provisioned: nil for every node. A volume made for the claim (bound
+// to it from the volume's side) is the only one kube-scheduler tries.
+func (v volumeView) delayed(pvc *v1.PersistentVolumeClaim) (*v1.NodeSelector, string) {
+	className := volumehelpers.GetPersistentVolumeClaimClass(pvc)
+	class, classErr := v.classes.Get(className)
+	provisions := classErr == nil && class.Provisioner != "" && class.Provisioner != volumehelpers.NotSupportedProvisioner
+	var made []v1.NodeSelectorTerm // nil: every node
+	if provisions {
+		made = topologyTerms(class)
+		if capacity, limited := v.capacity(pvc, class); limited {
+			made = andTerms(made, capacity)
+		}
+	}
+	if node, ok := pvc.Annotations[volumehelpers.AnnSelectedNode]; ok {
+		if !provisions {
+			return nil, fmt.Sprintf("PersistentVolumeClaim %s waits for a volume made on node %s, and its StorageClass %s does not provision volumes", pvc.Name, node, className)
+		}
+		return &v1.NodeSelector{NodeSelectorTerms: andTerms(nodeNamed(node).NodeSelectorTerms, made)}, ""
+	}
+	var candidates []*v1.PersistentVolume
 	objs, _ := v.pvIdx.ByIndex(pvClassIndex, className)
 	for _, o := range objs {
 		pv := o.(*v1.PersistentVolume)
@@ -167,31 +206,164 @@ func (v volumeView) delayed(pvc *v1.PersistentVolumeClaim) (*v1.NodeSelector, st
 		if m, err := volumehelpers.FindMatchingVolume(pvc, []*v1.PersistentVolume{&free}, &v1.Node{}, nil, true, true); err != nil || m == nil {
 			continue
 		}
-		if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		if volumehelpers.IsVolumeBoundToClaim(pv, pvc) {
+			candidates = []*v1.PersistentVolume{pv}
+			break
+		}
+		candidates = append(candidates, pv)
+	}
+	var terms []v1.NodeSelectorTerm
+	for _, pv := range candidates {
+		t, anywhere := volumeTerms(pv)
+		if anywhere {
 			return nil, "" // it binds on any node
 		}
-		terms = append(terms, pv.Spec.NodeAffinity.Required.NodeSelectorTerms...)
+		terms = append(terms, t...)
 	}
-	class, err := v.classes.Get(className)
-	if err == nil && class.Provisioner != "" && class.Provisioner != volumehelpers.NotSupportedProvisioner {
-		if len(class.AllowedTopologies) == 0 {
+	if provisions {
+		if made == nil {
 			return nil, "" // provisioned for any node
 		}
-		terms = append(terms, topologyTerms(class)...)
+		terms = append(terms, made...)
 	}
 	if len(terms) == 0 {
-		why := fmt.Sprintf("no available PersistentVolume can bind PersistentVolumeClaim %s", pvc.Name)
-		switch {
-		case className == "":
-			why += ", which names no storage class to provision one"
-		case err != nil:
-			why += fmt.Sprintf(", and its StorageClass %s does not exist", className)
-		default:
-			why += fmt.Sprintf(", and its StorageClass %s does not provision volumes", className)
-		}
-		return nil, why
+		return nil, fmt.Sprintf("no available PersistentVolume can bind PersistentVolumeClaim %s, and its StorageClass %s does not provision volumes", pvc.Name, className)
 	}
-	return &v1.NodeSelector{NodeSelectorTerms: terms}, ""
+	return &v1.NodeSelector{NodeSelectorTerms: compactTerms(terms)}, ""
+}
+
+// volumeTerms are the terms of a volume's node affinity as
+// kube-scheduler's CheckNodeAffinity reads them: against the node's
+// labels only, so a metadata.name field matches the empty name.
+// anywhere: the volume may be used on every node.
+func volumeTerms(pv *v1.PersistentVolume) (terms []v1.NodeSelectorTerm, anywhere bool) {
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		return nil, true
+	}
+	for _, t := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		keep := true
+		for _, f := range t.MatchFields {
+			in := slices.Contains(f.Values, "")
+			if (f.Operator == v1.NodeSelectorOpIn) != in {
+				keep = false // this field requirement fails for every node
+			}
+		}
+		if !keep {
+			continue
+		}
+		t = v1.NodeSelectorTerm{MatchExpressions: t.MatchExpressions}
+		if len(t.MatchExpressions) == 0 {
+			return nil, true // only field requirements, each met
+		}
+		terms = append(terms, t)
+	}
+	return terms, false
+}
+
+// compactTerms sorts the terms, drops repeats, and joins the terms that
+// are each one In requirement on the same key (as one volume per node
+// gives): the planner matches fewer terms.
+func compactTerms(terms []v1.NodeSelectorTerm) []v1.NodeSelectorTerm {
+	in := map[string][]string{}
+	var out []v1.NodeSelectorTerm
+	for _, t := range terms {
+		if len(t.MatchFields) == 0 && len(t.MatchExpressions) == 1 && t.MatchExpressions[0].Operator == v1.NodeSelectorOpIn {
+			r := t.MatchExpressions[0]
+			in[r.Key] = append(in[r.Key], r.Values...)
+			continue
+		}
+		out = append(out, t)
+	}
+	for k, vals := range in {
+		slices.Sort(vals)
+		out = append(out, v1.NodeSelectorTerm{MatchExpressions: []v1.NodeSelectorRequirement{{Key: k, Operator: v1.NodeSelectorOpIn, Values: slices.Compact(vals)}}})
+	}
+	key := func(t v1.NodeSelectorTerm) string { return t.String() }
+	slices.SortFunc(out, func(a, b v1.NodeSelectorTerm) int { return strings.Compare(key(a), key(b)) })
+	return slices.CompactFunc(out, func(a, b v1.NodeSelectorTerm) bool { return key(a) == key(b) })
+}
+
+// capacity is where the class's CSI driver, when it publishes its
+// storage capacity (CSIDriver storageCapacity), has room for the claim:
+// the node topologies of the class's CSIStorageCapacity objects whose
+// maximum volume size (else capacity) holds the claim's request. limited
+// is false when the driver does not publish it or the claim asks no size,
+// as kube-scheduler then checks none; an empty list with limited true
+// means no node.
+func (v volumeView) capacity(pvc *v1.PersistentVolumeClaim, class *storagev1.StorageClass) (terms []v1.NodeSelectorTerm, limited bool) {
+	size, ok := pvc.Spec.Resources.Requests[v1.ResourceStorage]
+	if !ok || v.drivers == nil {
+		return nil, false
+	}
+	driver, err := v.drivers.Get(class.Provisioner)
+	if err != nil || driver.Spec.StorageCapacity == nil || !*driver.Spec.StorageCapacity {
+		return nil, false
+	}
+	caps, _ := v.capacities.List(everything)
+	for _, c := range caps {
+		limit := c.MaximumVolumeSize
+		if limit == nil {
+			limit = c.Capacity
+		}
+		if c.StorageClassName != class.Name || limit == nil || limit.Value() < size.Value() || c.NodeTopology == nil {
+			continue
+		}
+		if t, ok := labelSelectorTerm(c.NodeTopology); ok {
+			terms = append(terms, t)
+		}
+	}
+	if terms == nil {
+		// No node: a term no node matches keeps the list from meaning
+		// "every node" when joined.
+		terms = []v1.NodeSelectorTerm{{MatchFields: []v1.NodeSelectorRequirement{{Key: metav1.ObjectNameField, Operator: v1.NodeSelectorOpIn, Values: []string{""}}}}}
+	}
+	return terms, true
+}
+
+// labelSelectorTerm is a label selector as a node selector term; false
+// for an operator a node selector has no equal of.
+func labelSelectorTerm(sel *metav1.LabelSelector) (v1.NodeSelectorTerm, bool) {
+	var t v1.NodeSelectorTerm
+	for _, k := range slices.Sorted(maps.Keys(sel.MatchLabels)) {
+		t.MatchExpressions = append(t.MatchExpressions, v1.NodeSelectorRequirement{Key: k, Operator: v1.NodeSelectorOpIn, Values: []string{sel.MatchLabels[k]}})
+	}
+	for _, e := range sel.MatchExpressions {
+		op := v1.NodeSelectorOperator(e.Operator)
+		switch op {
+		case v1.NodeSelectorOpIn, v1.NodeSelectorOpNotIn, v1.NodeSelectorOpExists, v1.NodeSelectorOpDoesNotExist:
+		default:
+			return t, false
+		}
+		t.MatchExpressions = append(t.MatchExpressions, v1.NodeSelectorRequirement{Key: e.Key, Operator: op, Values: e.Values})
+	}
+	if len(t.MatchExpressions) == 0 {
+		// An empty selector matches every node; a term without
+		// requirements matches none.
+		t.MatchExpressions = []v1.NodeSelectorRequirement{{Key: metav1.ObjectNameField, Operator: v1.NodeSelectorOpNotIn, Values: []string{""}}}
+		t.MatchFields, t.MatchExpressions = t.MatchExpressions, nil
+	}
+	return t, true
+}
+
+// andTerms are the terms of two selectors joined (every pair's
+// requirements together); nil stands for every node.
+func andTerms(a, b []v1.NodeSelectorTerm) []v1.NodeSelectorTerm {
+	if a == nil {
+		return b
+	}
+	if b == nil {
+		return a
+	}
+	var out []v1.NodeSelectorTerm
+	for _, x := range a {
+		for _, y := range b {
+			out = append(out, v1.NodeSelectorTerm{
+				MatchExpressions: append(slices.Clip(x.MatchExpressions), y.MatchExpressions...),
+				MatchFields:      append(slices.Clip(x.MatchFields), y.MatchFields...),
+			})
+		}
+	}
+	return out
 }
 
 // topologyTerms are a class's allowed topologies as node selector terms.
@@ -223,14 +395,14 @@ var zoneLabels = []struct{ key, ga string }{
 	{v1.LabelTopologyRegion, v1.LabelTopologyRegion},
 }
 
-// zoneSelector is VolumeZone's filter for the bound volumes: a node that
+// zoneSelector is VolumeZone's filter for the volumes: a node that
 // carries none of the zone and region labels takes them; any other must
 // carry, for each such label of each volume, one of the values it lists
 // (zones joined by "__"), under the same key or, for a beta key the node
-// lacks, under its GA key. Nil when no volume carries such a label.
+// lacks, under its GA key. Volumes that carry one key are intersected.
+// Nil when no volume carries such a label.
 func zoneSelector(pvs []*v1.PersistentVolume) *v1.NodeSelector {
-	alts := [][]v1.NodeSelectorRequirement{nil}
-	found := false
+	sets := map[string][]string{}
 	for _, pv := range pvs {
 		for _, l := range zoneLabels {
 			value, ok := pv.Labels[l.key]
@@ -241,25 +413,39 @@ func zoneSelector(pvs []*v1.PersistentVolume) *v1.NodeSelector {
 			if !ok {
 				continue // kube-scheduler ignores a label it cannot parse
 			}
-			found = true
-			opts := [][]v1.NodeSelectorRequirement{{{Key: l.key, Operator: v1.NodeSelectorOpIn, Values: zones}}}
-			if l.ga != l.key {
-				opts = append(opts, []v1.NodeSelectorRequirement{
-					{Key: l.key, Operator: v1.NodeSelectorOpDoesNotExist},
-					{Key: l.ga, Operator: v1.NodeSelectorOpIn, Values: zones},
-				})
+			if prev, seen := sets[l.key]; seen {
+				zones = slices.DeleteFunc(zones, func(z string) bool { return !slices.Contains(prev, z) })
 			}
-			var next [][]v1.NodeSelectorRequirement
-			for _, a := range alts {
-				for _, o := range opts {
-					next = append(next, append(slices.Clip(a), o...))
-				}
-			}
-			alts = next
+			sets[l.key] = zones
 		}
 	}
-	if !found {
+	if len(sets) == 0 {
 		return nil
+	}
+	alts := [][]v1.NodeSelectorRequirement{nil}
+	for _, l := range zoneLabels {
+		zones, ok := sets[l.key]
+		if !ok {
+			continue
+		}
+		if len(zones) == 0 {
+			alts = nil // no zone is every volume's: only nodes without zone labels
+			break
+		}
+		opts := [][]v1.NodeSelectorRequirement{{{Key: l.key, Operator: v1.NodeSelectorOpIn, Values: zones}}}
+		if l.ga != l.key {
+			opts = append(opts, []v1.NodeSelectorRequirement{
+				{Key: l.key, Operator: v1.NodeSelectorOpDoesNotExist},
+				{Key: l.ga, Operator: v1.NodeSelectorOpIn, Values: zones},
+			})
+		}
+		var next [][]v1.NodeSelectorRequirement
+		for _, a := range alts {
+			for _, o := range opts {
+				next = append(next, append(slices.Clip(a), o...))
+			}
+		}
+		alts = next
 	}
 	sel := &v1.NodeSelector{}
 	for _, a := range alts {
@@ -269,7 +455,8 @@ func zoneSelector(pvs []*v1.PersistentVolume) *v1.NodeSelector {
 	for _, l := range zoneLabels {
 		none.MatchExpressions = append(none.MatchExpressions, v1.NodeSelectorRequirement{Key: l.key, Operator: v1.NodeSelectorOpDoesNotExist})
 	}
-	return &v1.NodeSelector{NodeSelectorTerms: append(sel.NodeSelectorTerms, none)}
+	sel.NodeSelectorTerms = append(sel.NodeSelectorTerms, none)
+	return sel
 }
 
 // labelZones splits a volume's zone label as kube-scheduler does; false
@@ -289,11 +476,24 @@ func labelZones(value string) ([]string, bool) {
 	return out, true
 }
 
+// volumeHandler calls onVolume for every change of an object, not for the
+// informer's resyncs, which change nothing.
+func (c *Controller) volumeHandler() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{AddFunc: c.onVolume, DeleteFunc: c.onVolume, UpdateFunc: func(old, cur any) {
+		o, err1 := meta.Accessor(old)
+		n, err2 := meta.Accessor(cur)
+		if err1 == nil && err2 == nil && o.GetResourceVersion() == n.GetResourceVersion() {
+			return
+		}
+		c.onVolume(cur)
+	}}
+}
+
 // onVolume requeues the groups whose pods a PersistentVolumeClaim,
 // PersistentVolume or StorageClass event may let go to more nodes or
-// fewer: the pods that use the claim, or that a volume bound to it holds;
-// for a volume not bound yet and for a class, every pod not bound yet that
-// uses a claim.
+// fewer: the pods not bound yet that use the claim, or that a volume
+// bound to it holds; for a volume not bound yet and for a class, every pod
+// not bound yet that uses a claim.
 func (c *Controller) onVolume(obj any) {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
@@ -314,10 +514,8 @@ func (c *Controller) onVolume(obj any) {
 	for _, k := range keys {
 		objs, _ := c.podIdx.ByIndex(pvcIndex, k)
 		for _, o := range objs {
-			if p := o.(*v1.Pod); p.Spec.NodeName == "" {
-				if key, ok := groupKey(p); ok {
-					c.queue.Add(key)
-				}
+			if key, ok := groupKey(o.(*v1.Pod)); ok {
+				c.queue.Add(key)
 			}
 		}
 	}

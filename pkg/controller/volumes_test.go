@@ -14,6 +14,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/utils/ptr"
 
@@ -41,6 +42,19 @@ func TestVolumeNodes(t *testing.T) {
 		{ObjectMeta: metav1.ObjectMeta{Name: "csi-z1"}, Provisioner: "csi.example.com", VolumeBindingMode: &wffc,
 			AllowedTopologies: []v1.TopologySelectorTerm{{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zone, Values: []string{"z1"}}}}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "now"}, Provisioner: "csi.example.com", VolumeBindingMode: &immediate},
+		{ObjectMeta: metav1.ObjectMeta{Name: "cap"}, Provisioner: "cap.example.com", VolumeBindingMode: &wffc},
+	}
+	drivers := []*storagev1.CSIDriver{
+		{ObjectMeta: metav1.ObjectMeta{Name: "cap.example.com"}, Spec: storagev1.CSIDriverSpec{StorageCapacity: ptr.To(true)}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "csi.example.com"}, Spec: storagev1.CSIDriverSpec{StorageCapacity: ptr.To(false)}},
+	}
+	capacities := []*storagev1.CSIStorageCapacity{
+		{ObjectMeta: metav1.ObjectMeta{Name: "z1", Namespace: "kube-system"}, StorageClassName: "cap", MaximumVolumeSize: ptr.To(resource.MustParse("10Gi")), Capacity: ptr.To(resource.MustParse("100Gi")),
+			NodeTopology: &metav1.LabelSelector{MatchLabels: map[string]string{zone: "z1"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "z2", Namespace: "kube-system"}, StorageClassName: "cap", Capacity: ptr.To(resource.MustParse("1Gi")),
+			NodeTopology: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: zone, Operator: metav1.LabelSelectorOpIn, Values: []string{"z2"}}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: "kube-system"}, StorageClassName: "csi", Capacity: ptr.To(resource.MustParse("100Gi")),
+			NodeTopology: &metav1.LabelSelector{MatchLabels: map[string]string{zone: "z3"}}},
 	}
 	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default", UID: "p-uid"}}
 	bound := func(name, pv string) *v1.PersistentVolumeClaim {
@@ -62,6 +76,15 @@ func TestVolumeNodes(t *testing.T) {
 		}
 		return pv
 	}
+	byName := func(pv *v1.PersistentVolume, op v1.NodeSelectorOperator, names ...string) *v1.PersistentVolume {
+		pv.Spec.NodeAffinity = &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
+			MatchFields: []v1.NodeSelectorRequirement{{Key: metav1.ObjectNameField, Operator: op, Values: names}}}}}}
+		return pv
+	}
+	selected := func(c *v1.PersistentVolumeClaim, node string) *v1.PersistentVolumeClaim {
+		c.Annotations = map[string]string{"volume.kubernetes.io/selected-node": node}
+		return c
+	}
 	claimedBy := func(pv *v1.PersistentVolume, claim string) *v1.PersistentVolume {
 		pv.Spec.ClaimRef = &v1.ObjectReference{Namespace: "default", Name: claim}
 		return pv
@@ -72,6 +95,8 @@ func TestVolumeNodes(t *testing.T) {
 		pvs     []*v1.PersistentVolume
 		want    []string // the nodes the pod may use
 		wait    string   // in the reason no node can take it
+		// maxTerms bounds the terms of the selectors, when set.
+		maxTerms int
 	}{
 		"no volume":       {volumes: []v1.Volume{}, want: all},
 		"an emptyDir":     {volumes: []v1.Volume{{Name: "scratch", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}, want: all},
@@ -102,26 +127,65 @@ func TestVolumeNodes(t *testing.T) {
 		"a beta zone label matches a node's GA label": {pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{labelled(testPV("pv", "local", "1Gi"), betaZone, "z3")}, want: []string{"n2", "n3"}},
 		"a zone label that does not parse is ignored": {pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{labelled(testPV("pv", "local", "1Gi"), zone, "z1__")}, want: all},
 		"not bound, immediate binding":                {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "now", "1Gi")}, wait: "not bound yet, and its binding is immediate"},
-		"not bound, no class":                         {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "", "1Gi")}, wait: "not bound yet"},
-		"not bound, its class missing":                {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "nowhere", "1Gi")}, wait: "not bound yet"},
+		"not bound, no class":                         {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "", "1Gi")}, wait: "not bound yet and names no StorageClass"},
+		"not bound, its class missing":                {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "nowhere", "1Gi")}, wait: "its StorageClass nowhere does not exist"},
 		"bound by name but not complete": {
 			pvcs: []*v1.PersistentVolumeClaim{func() *v1.PersistentVolumeClaim {
 				c := testPVC("data", "local", "1Gi")
 				c.Spec.VolumeName = "pv"
 				return c
 			}()},
-			pvs: []*v1.PersistentVolume{testPV("pv", "local", "1Gi")}, wait: "not bound yet",
+			pvs: []*v1.PersistentVolume{testPV("pv", "local", "1Gi")}, wait: "names PersistentVolume pv, which is not bound to it yet",
+		},
+		// CheckNodeAffinity matches a volume's node affinity against the
+		// node's labels only: a node name field matches the empty name.
+		"a node name in a volume's node affinity matches no node": {
+			pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{byName(testPV("pv", "local", "1Gi"), v1.NodeSelectorOpIn, "n1")},
+		},
+		"a node name left out of a volume's node affinity leaves none out": {
+			pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{byName(testPV("pv", "local", "1Gi"), v1.NodeSelectorOpNotIn, "n1")}, want: all,
+		},
+		"the zones of three volumes intersected": {
+			volumes: []v1.Volume{pvcVolume("a"), pvcVolume("b"), pvcVolume("c")},
+			pvcs:    []*v1.PersistentVolumeClaim{bound("a", "pv-a"), bound("b", "pv-b"), bound("c", "pv-c")},
+			pvs: []*v1.PersistentVolume{labelled(testPV("pv-a", "local", "1Gi"), betaZone, "z1__z2", v1.LabelFailureDomainBetaRegion, "r1"),
+				labelled(testPV("pv-b", "local", "1Gi"), betaZone, "z2__z3"), labelled(testPV("pv-c", "local", "1Gi"), betaZone, "z3__z2")},
+			want: []string{"n1", "n3"}, maxTerms: 5,
+		},
+		"volumes in no common zone: only nodes without zone labels": {
+			volumes: []v1.Volume{pvcVolume("a"), pvcVolume("b")},
+			pvcs:    []*v1.PersistentVolumeClaim{bound("a", "pv-a"), bound("b", "pv-b")},
+			pvs:     []*v1.PersistentVolume{labelled(testPV("pv-a", "local", "1Gi"), zone, "z1"), labelled(testPV("pv-b", "local", "1Gi"), zone, "z2")},
+			want:    []string{"n3"},
+		},
+		// VolumeZone reads only volumes that name a claim, not ephemeral
+		// ones.
+		"a generic ephemeral volume's zone": {
+			volumes: []v1.Volume{ephemeralVolume("scratch")},
+			pvcs:    []*v1.PersistentVolumeClaim{podOwned(bound("p-scratch", "pv"), pod)},
+			pvs:     []*v1.PersistentVolume{labelled(testPV("pv", "local", "1Gi"), zone, "z1")},
+			want:    all,
 		},
 		// WaitForFirstConsumer: where a volume could be bound or made.
-		"the scheduler chose its node": {pvcs: []*v1.PersistentVolumeClaim{func() *v1.PersistentVolumeClaim {
-			c := testPVC("data", "csi", "1Gi")
-			c.Annotations = map[string]string{"volume.kubernetes.io/selected-node": "n2"}
-			return c
-		}()}, want: []string{"n2"}},
-		"local volumes on two nodes": {
+		"the scheduler chose its node":                            {pvcs: []*v1.PersistentVolumeClaim{selected(testPVC("data", "csi", "1Gi"), "n2")}, want: []string{"n2"}},
+		"the scheduler chose a node outside the allowed topology": {pvcs: []*v1.PersistentVolumeClaim{selected(testPVC("data", "csi-z1", "1Gi"), "n2")}},
+		"the scheduler chose a node, and the class does not provision": {
+			pvcs: []*v1.PersistentVolumeClaim{selected(testPVC("data", "local", "1Gi"), "n2")},
+			wait: "waits for a volume made on node n2, and its StorageClass local does not provision volumes",
+		},
+		"local volumes on three nodes, one term": {
 			pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "local", "1Gi")},
-			pvs:  []*v1.PersistentVolume{onNodes(testPV("pv-0", "local", "1Gi"), v1.NodeSelectorOpIn, "host-n0"), onNodes(testPV("pv-3", "local", "2Gi"), v1.NodeSelectorOpIn, "host-n3")},
-			want: []string{"n0", "n3"},
+			pvs: []*v1.PersistentVolume{onNodes(testPV("pv-0", "local", "1Gi"), v1.NodeSelectorOpIn, "host-n0"), onNodes(testPV("pv-3", "local", "2Gi"), v1.NodeSelectorOpIn, "host-n3"),
+				onNodes(testPV("pv-3b", "local", "2Gi"), v1.NodeSelectorOpIn, "host-n3"), onNodes(testPV("pv-4", "local", "2Gi"), v1.NodeSelectorOpIn, "host-n4")},
+			want: []string{"n0", "n3", "n4"}, maxTerms: 1,
+		},
+		// kube-scheduler tries only a volume made for the claim, then
+		// provisioning.
+		"a volume made for the claim, beside a free one": {
+			pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "local", "1Gi")},
+			pvs: []*v1.PersistentVolume{claimedBy(onNodes(testPV("mine", "local", "1Gi"), v1.NodeSelectorOpIn, "host-n1"), "data"),
+				onNodes(testPV("free", "local", "1Gi"), v1.NodeSelectorOpIn, "host-n3")},
+			want: []string{"n1"},
 		},
 		"local volumes too small, of another class or taken": {
 			pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "local", "2Gi")},
@@ -143,7 +207,17 @@ func TestVolumeNodes(t *testing.T) {
 			pvs:  []*v1.PersistentVolume{claimedBy(onNodes(testPV("mine", "local", "1Gi"), v1.NodeSelectorOpIn, "host-n1"), "data")},
 			want: []string{"n1"},
 		},
-		"provisioned anywhere":                {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "csi", "1Gi")}, want: all},
+		"provisioned anywhere": {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "csi", "1Gi")}, want: all},
+		// Storage capacity: the driver of class cap publishes it (z1 has
+		// room for 10Gi, z2 for 1Gi), csi's does not.
+		"provisioned where the driver has room":        {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "cap", "2Gi")}, want: []string{"n0"}},
+		"provisioned where the driver has room, small": {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "cap", "1Gi")}, want: []string{"n0", "n1"}},
+		"the driver has room nowhere":                  {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "cap", "20Gi")}},
+		"no size asked: no capacity checked": {pvcs: []*v1.PersistentVolumeClaim{func() *v1.PersistentVolumeClaim {
+			c := testPVC("data", "cap", "1Gi")
+			c.Spec.Resources.Requests = nil
+			return c
+		}()}, want: all},
 		"provisioned in the allowed topology": {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "csi-z1", "1Gi")}, want: []string{"n0"}},
 		"provisioned in the allowed topology, or bound to a free volume elsewhere": {
 			pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "csi-z1", "1Gi")},
@@ -166,6 +240,14 @@ func TestVolumeNodes(t *testing.T) {
 			pvcIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 			pvIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{pvClassIndex: indexPVByClass})
 			classIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+			driverIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+			capIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+			for _, o := range drivers {
+				_ = driverIdx.Add(o)
+			}
+			for _, o := range capacities {
+				_ = capIdx.Add(o)
+			}
 			for _, o := range tc.pvcs {
 				_ = pvcIdx.Add(o)
 			}
@@ -175,7 +257,8 @@ func TestVolumeNodes(t *testing.T) {
 			for _, o := range classes {
 				_ = classIdx.Add(o)
 			}
-			v := volumeView{pvcs: corelisters.NewPersistentVolumeClaimLister(pvcIdx), pvs: corelisters.NewPersistentVolumeLister(pvIdx), pvIdx: pvIdx, classes: storagelisters.NewStorageClassLister(classIdx)}
+			v := volumeView{pvcs: corelisters.NewPersistentVolumeClaimLister(pvcIdx), pvs: corelisters.NewPersistentVolumeLister(pvIdx), pvIdx: pvIdx, classes: storagelisters.NewStorageClassLister(classIdx),
+				drivers: storagelisters.NewCSIDriverLister(driverIdx), capacities: storagelisters.NewCSIStorageCapacityLister(capIdx)}
 			p := pod.DeepCopy()
 			p.Spec.Volumes = tc.volumes
 			if p.Spec.Volumes == nil {
@@ -192,6 +275,10 @@ func TestVolumeNodes(t *testing.T) {
 				t.Fatalf("waits for %q, want nodes %v", wait, tc.want)
 			}
 			var got []string
+			terms := 0
+			for _, s := range sels {
+				terms += len(s.NodeSelectorTerms)
+			}
 			for _, n := range nodes {
 				if !slices.ContainsFunc(sels, func(s *v1.NodeSelector) bool { ok, _ := corev1helpers.MatchNodeSelectorTerms(n, s); return !ok }) {
 					got = append(got, n.Name)
@@ -199,6 +286,9 @@ func TestVolumeNodes(t *testing.T) {
 			}
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("the pod may use %v, want %v (selectors %v)", got, tc.want, sels)
+			}
+			if tc.maxTerms > 0 && terms > tc.maxTerms {
+				t.Errorf("%d terms, want at most %d: %v", terms, tc.maxTerms, sels)
 			}
 		})
 	}
@@ -294,14 +384,18 @@ func TestVolumesHoldTheGroup(t *testing.T) {
 		if err != nil || st.Reason != placement.StatusWaitingForVolumes || !strings.Contains(st.Message, "PersistentVolumeClaim data of volume data does not exist") {
 			t.Fatalf("status %+v (%v), want %s naming the claim", st, err, placement.StatusWaitingForVolumes)
 		}
-		for h.c.queue.Len() > 0 {
-			k, _ := h.c.queue.Get()
-			h.c.queue.Done(k)
-			h.c.queue.Forget(k)
+		objs := boundTo(offN0)
+		h.create(objs[0]) // the volume, then the claim alone
+		h.eventually("the volume in the informer", func() bool { _, err := h.c.volumes.pvs.Get("pv"); return err == nil })
+		drain := func() {
+			for h.c.queue.Len() > 0 {
+				k, _ := h.c.queue.Get()
+				h.c.queue.Done(k)
+				h.c.queue.Forget(k)
+			}
 		}
-		for _, o := range boundTo(offN0) {
-			h.create(o)
-		}
+		drain()
+		h.create(objs[1])
 		h.eventually("the claim's event to requeue the group", func() bool {
 			if h.c.queue.Len() == 0 {
 				return false
@@ -315,4 +409,64 @@ func TestVolumesHoldTheGroup(t *testing.T) {
 			t.Errorf("planned onto %q once the claim is bound; want a node but n0, which its volume leaves out", n)
 		}
 	})
+}
+
+// A pod is indexed by the claims its volumes name until it is bound: a
+// claim's event requeues only the groups it may still change.
+func TestIndexByPVC(t *testing.T) {
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ml"}, Spec: v1.PodSpec{Volumes: []v1.Volume{
+		pvcVolume("data"), ephemeralVolume("scratch"), {Name: "tmp", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}}}
+	if got, _ := indexByPVC(p); !slices.Equal(got, []string{"ml/data", "ml/p-scratch"}) {
+		t.Errorf("an unbound pod is indexed under %v, want ml/data and ml/p-scratch", got)
+	}
+	p.Spec.NodeName = "n0"
+	if got, _ := indexByPVC(p); got != nil {
+		t.Errorf("a bound pod is indexed under %v, want nothing", got)
+	}
+}
+
+// onVolume requeues the groups of the unbound pods a claim, volume, class
+// or storage capacity may change, and nothing else.
+func TestOnVolumeRequeuesTheGroupsItMayChange(t *testing.T) {
+	withClaim := func(p *v1.Pod, claim string) *v1.Pod {
+		p.Spec.Volumes = []v1.Volume{pvcVolume(claim)}
+		return p
+	}
+	pods := []*v1.Pod{withClaim(jobPod("a", 0, "gpu-1", nil), "data-a"), withClaim(jobPod("b", 0, "gpu-1", nil), "data-b"), jobPod("c", 0, "gpu-1", nil)}
+	bound := withClaim(jobPod("d", 0, "gpu-1", nil), "data-a")
+	bound.Spec.NodeName = "n0"
+	boundPV := testPV("pv", "local", "1Gi")
+	boundPV.Spec.ClaimRef = &v1.ObjectReference{Namespace: "default", Name: "data-b"}
+	boundPV.Status.Phase = v1.VolumeBound
+	for name, tc := range map[string]struct {
+		obj  any
+		want []string
+	}{
+		"a claim":                     {obj: testPVC("data-a", "local", "1Gi"), want: []string{"default/job/a"}},
+		"a claim no pod waiting uses": {obj: testPVC("data-z", "local", "1Gi")},
+		"a claim deleted, its last state unknown": {obj: cache.DeletedFinalStateUnknown{Key: "default/data-b", Obj: testPVC("data-b", "local", "1Gi")}, want: []string{"default/job/b"}},
+		"a volume bound to a claim":               {obj: boundPV, want: []string{"default/job/b"}},
+		"an available volume":                     {obj: testPV("free", "local", "1Gi"), want: []string{"default/job/a", "default/job/b"}},
+		"a class":                                 {obj: &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "local"}}, want: []string{"default/job/a", "default/job/b"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{pvcIndex: indexByPVC})
+			for _, p := range append(slices.Clone(pods), bound) {
+				_ = idx.Add(p)
+			}
+			c := &Controller{podIdx: idx, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
+			defer c.queue.ShutDown()
+			c.onVolume(tc.obj)
+			var got []string
+			for c.queue.Len() > 0 {
+				k, _ := c.queue.Get()
+				got = append(got, k)
+				c.queue.Done(k)
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("requeued %v, want %v", got, tc.want)
+			}
+		})
+	}
 }

@@ -313,6 +313,15 @@ func (b *jobBuilder) Selector(key, value string) *jobBuilder {
 	})
 }
 
+// Volume holds the latest pods to the nodes whose label key has value,
+// as a PersistentVolume's node affinity does.
+func (b *jobBuilder) Volume(key, value string) *jobBuilder {
+	return b.each(func(p *planner.Pod) {
+		p.Volumes = append(p.Volumes, &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
+			MatchExpressions: []v1.NodeSelectorRequirement{{Key: key, Operator: v1.NodeSelectorOpIn, Values: []string{value}}}}}})
+	})
+}
+
 // Requires sets the latest pods' required node affinity; a node must
 // match one of the terms.
 func (b *jobBuilder) Requires(terms ...v1.NodeSelectorTerm) *jobBuilder {

@@ -30,7 +30,12 @@ func PodFor(pod *v1.Pod, claims []*resourceapi.ResourceClaim) Pod {
 		AntiAffinity: RequiredAntiAffinity(pod), Affinity: requiredAffinity(pod), Spread: requiredSpread(pod), HostPorts: RequiredHostPorts(pod), Members: []Member{{Namespace: pod.Namespace, Labels: pod.Labels}}}
 	if pod.Spec.Affinity != nil {
 		p.NodeAffinity = pod.Spec.Affinity.NodeAffinity
-		p.OwnNodeAffinity = p.NodeAffinity
+	}
+	// Set even when the pod has none, so that a caller narrowing
+	// NodeAffinity leaves what the spread constraints count as it is.
+	p.OwnNodeAffinity = p.NodeAffinity
+	if p.OwnNodeAffinity == nil {
+		p.OwnNodeAffinity = &v1.NodeAffinity{}
 	}
 	return p
 }
@@ -231,6 +236,7 @@ func at(v []int64, i int) int64 {
 // needs is what a shape of pod asks of a node besides devices.
 type needs struct {
 	affinity    nodeaffinity.RequiredNodeAffinity
+	volumes     []*nodeaffinity.NodeSelector // Pod.Volumes
 	tolerations []v1.Toleration
 	req         []int64         // by resource index, one pod slot included
 	unoffered   v1.ResourceName // requested, but no node offers it
@@ -239,10 +245,10 @@ type needs struct {
 // constraintKey tells shapes of equal claims but different node
 // constraints apart.
 func constraintKey(pod Pod) (string, error) {
-	if pod.NodeSelector == nil && pod.NodeAffinity == nil && pod.Tolerations == nil && pod.Requests == nil {
+	if pod.NodeSelector == nil && pod.NodeAffinity == nil && pod.Tolerations == nil && pod.Requests == nil && pod.Volumes == nil {
 		return "", nil
 	}
-	raw, err := json.Marshal([]any{pod.NodeSelector, pod.NodeAffinity, pod.Tolerations, pod.Requests})
+	raw, err := json.Marshal([]any{pod.NodeSelector, pod.NodeAffinity, pod.Tolerations, pod.Requests, pod.Volumes})
 	if err != nil {
 		return "", fmt.Errorf("encode the node constraints of pod %s: %w", pod.Name, err)
 	}
@@ -257,6 +263,13 @@ func (c *Cluster) needsOf(pod Pod) (needs, error) {
 		}
 	}
 	n.affinity = nodeaffinity.NewRequiredNodeAffinity(pod.NodeSelector, &v1.Affinity{NodeAffinity: pod.NodeAffinity})
+	for _, sel := range pod.Volumes {
+		vs, err := nodeaffinity.NewNodeSelector(sel)
+		if err != nil {
+			return n, fmt.Errorf("pod %s: a node selector of its volumes is invalid: %w", pod.Name, err)
+		}
+		n.volumes = append(n.volumes, vs)
+	}
 	if len(c.res.names) == 0 {
 		return n, nil
 	}
@@ -289,12 +302,16 @@ const (
 	// FilterResources: what is left of the node's allocatable after the
 	// pods already there cannot hold the pod; Detail is the resource.
 	FilterResources NodeFilter = "Resources"
+	// FilterVolumes: the pod's PersistentVolumeClaims cannot be used on
+	// the node (Pod.Volumes), as kube-scheduler's VolumeBinding and
+	// VolumeZone filters judge them.
+	FilterVolumes NodeFilter = "Volumes"
 	// FilterTopologyKey: the node lacks a node label that the job's
 	// topology constraint (Job.TopologyKeys) names; Detail is the key.
 	FilterTopologyKey NodeFilter = "TopologyKey"
 )
 
-var filterOrder = []NodeFilter{FilterNotReady, FilterCordoned, FilterTaint, FilterAffinity, FilterTopologyKey, FilterResources}
+var filterOrder = []NodeFilter{FilterNotReady, FilterCordoned, FilterTaint, FilterAffinity, FilterVolumes, FilterTopologyKey, FilterResources}
 
 // FilteredNodes counts the nodes one filter ruled out.
 type FilteredNodes struct {
@@ -313,6 +330,8 @@ func (f FilteredNodes) String() string {
 		return fmt.Sprintf("%d with untolerated taint %s", f.Nodes, f.Detail)
 	case FilterAffinity:
 		return fmt.Sprintf("%d not matching the pod's node selector or affinity", f.Nodes)
+	case FilterVolumes:
+		return fmt.Sprintf("%d where the pod's volumes cannot be used", f.Nodes)
 	case FilterResources:
 		return fmt.Sprintf("%d without enough %s", f.Nodes, f.Detail)
 	case FilterTopologyKey:
@@ -382,6 +401,11 @@ func (nd *node) filter(logger klog.Logger, ns *needs, nf *nodeFilters, i int) No
 	}
 	if ok, err := ns.affinity.Match(nd.obj); !ok || err != nil {
 		return FilterAffinity
+	}
+	for _, vs := range ns.volumes {
+		if !vs.Match(nd.obj) {
+			return FilterVolumes
+		}
 	}
 	return ""
 }

@@ -220,6 +220,12 @@ func TestFiltersAreNotSharedBetweenEqualNodes(t *testing.T) {
 			filtered: planner.FilteredNodes{Filter: planner.FilterAffinity, Nodes: 1},
 			reason:   "no leaf can hold 3 pods (8 GPUs each), not even when empty",
 		},
+		"volume": {
+			cluster:  oneLeaf().Label("disk", "local", "l0n1", "l0n2"),
+			pod:      func(b *jobBuilder) *jobBuilder { return b.Volume("disk", "local") },
+			filtered: planner.FilteredNodes{Filter: planner.FilterVolumes, Nodes: 1},
+			reason:   "no leaf can hold 3 pods (8 GPUs each), not even when empty",
+		},
 		// The cpu frees up when the other pod goes.
 		"cpu": {
 			cluster:  oneLeaf().Allocatable(node8),
@@ -448,5 +454,18 @@ func TestPlanSplit(t *testing.T) {
 	}
 	if count(both) != count(whole) || len(both.Pods) != len(whole.Pods) {
 		t.Errorf("the halves hold %d devices and %d pods, the whole plan %d and %d", count(both), len(both.Pods), count(whole), len(whole.Pods))
+	}
+}
+
+// A pod without node affinity still gets its own, empty, so that a caller
+// narrowing NodeAffinity (to an allocated claim's node, off a refused
+// node) does not narrow the nodes its spread constraints count.
+func TestPodForKeepsThePodsOwnAffinity(t *testing.T) {
+	p := planner.PodFor(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"}}, nil)
+	if p.OwnNodeAffinity == nil || p.OwnNodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		t.Fatalf("own node affinity %v, want an empty one", p.OwnNodeAffinity)
+	}
+	if p.NodeAffinity != nil {
+		t.Errorf("node affinity %v, want none", p.NodeAffinity)
 	}
 }

@@ -51,6 +51,12 @@ type Pod struct {
 	// that refused the pod): the nodes a topology spread constraint counts
 	// follow it, as the scheduler sees the pod. Nil: NodeAffinity.
 	OwnNodeAffinity *v1.NodeAffinity
+	// Volumes are node selectors that must each match the node: where
+	// the pod's PersistentVolumeClaims can be used, as kube-scheduler's
+	// VolumeBinding and VolumeZone filters judge them (the controller's
+	// volumes.go). Unlike NodeAffinity they are not joined into one
+	// selector, whose terms would multiply.
+	Volumes []*v1.NodeSelector
 	// Tolerations must tolerate every NoSchedule and NoExecute taint of
 	// the node, and the unschedulable taint of a cordoned node.
 	Tolerations []v1.Toleration

@@ -997,6 +997,73 @@ func TestJobWaitsForItsVolumeClaim(t *testing.T) {
 	keptTheirPlans(t, b.pods, "the plan should have weighed its volume's node affinity once the claim was bound")
 }
 
+// TestLocalVolumeWaitingForItsFirstConsumer: a pod whose claim waits for
+// its first consumer (a StorageClass without a provisioner, binding
+// WaitForFirstConsumer: the usual class of local volumes) and whose one
+// available volume lies on a node of the leaf other than the fullest (where
+// another Job's pod runs) is planned onto the volume's node. kube-scheduler
+// binds the claim to that volume and the pod to that node: neither
+// released nor moved.
+func TestLocalVolumeWaitingForItsFirstConsumer(t *testing.T) {
+	dumpOnFailure(t)
+	ctx := framework.Ctx(t)
+	leaf := fakeLeaf(t)
+	a, node := anchorIn(t, "ev-anchor-local", leaf)
+	name := fmt.Sprintf("ev-local-data-%d", time.Now().UnixNano()%1000000)
+	class := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: "kubernetes.io/no-provisioner",
+		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)}
+	if _, err := client.StorageV1().StorageClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create StorageClass %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = client.StorageV1().StorageClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              name,
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: "/mnt/" + name}},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}},
+		},
+	}
+	if _, err := client.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create PersistentVolume %s: %v", name, err)
+	}
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: ptr.To(name),
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}},
+	}
+	if _, err := client.CoreV1().PersistentVolumeClaims(namespace).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create PersistentVolumeClaim %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = client.CoreV1().PersistentVolumeClaims(namespace).Delete(context.Background(), name, metav1.DeleteOptions{})
+		_ = client.CoreV1().PersistentVolumes().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	job := createJobFrom(t, "ev-local", 1, "gpu-4-nvlink", consolidatedIn(leaf), func(j *batchv1.Job) {
+		spec := &j.Spec.Template.Spec
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}})
+	})
+	b := waitBound(t, jobSelector(job.Name), 1)
+	if b.nodes[0] != node {
+		t.Fatalf("pod %s on %s, want %s, the node of the one volume its claim can bind (not %s, beside the other Job's pod)", b.pods[0].Name, b.nodes[0], node, a.nodes[0])
+	}
+	keptTheirPlans(t, b.pods, "the plan should have sent it to the node of the one volume its claim can bind")
+	framework.Eventually(t, waitStatus, "PersistentVolumeClaim "+name+" bound to its volume", func() (bool, string) {
+		c, err := client.CoreV1().PersistentVolumeClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return c.Status.Phase == corev1.ClaimBound && c.Spec.VolumeName == name, fmt.Sprintf("phase %s, volume %q", c.Status.Phase, c.Spec.VolumeName)
+	})
+}
+
 // TestRefusedPodEndsOffItsPlannedNode: a pod kept off its planned node
 // by something the controller does not weigh ends on another node of its
 // domain, at once. A four-GPU pod of one Job runs on a node of the leaf;
