@@ -69,6 +69,10 @@ type member struct {
 	// for pods still to be placed.
 	volumes    []*v1.NodeSelector
 	volumeWait string
+	// volumesPin: its volumes allow only the node that refused it
+	// (refusedNode), as a claim bound there while kube-scheduler bound the
+	// pod does: no other node can take it, so that node is not left out.
+	volumesPin bool
 }
 
 // holdsOwn reports whether some claim of the pod holds an allocation the
@@ -191,6 +195,9 @@ func (c *Controller) loadGroup(key string) (*group, error) {
 		m.ext, m.extNames = extendedClaim(p, c.extClasses)
 		if p.Spec.NodeName == "" {
 			m.volumes, m.volumeWait = c.volumes.nodes(p)
+			if node := refusedNode(p); node != "" && len(m.volumes) > 0 {
+				m.volumesPin = c.onlyNode(m.volumes, node)
+			}
 		}
 		if g.schedAlloc {
 			g.addSchedulerAllocated(m, c)

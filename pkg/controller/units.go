@@ -148,8 +148,12 @@ func (u *unit) pod() planner.Pod {
 		p.NodeAffinity = andRequired(p.NodeAffinity, sel)
 	}
 	for _, m := range u.members {
-		p.Volumes = append(slices.Clip(p.Volumes), m.volumes...)
-		if node := refusedNode(m.pod); node != "" {
+		for _, sel := range m.volumes {
+			if !slices.Contains(p.Volumes, sel) { // members may share a volume
+				p.Volumes = append(slices.Clip(p.Volumes), sel)
+			}
+		}
+		if node := refusedNode(m.pod); node != "" && !m.volumesPin {
 			p.NodeAffinity = andRequired(p.NodeAffinity, &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
 				MatchFields: []v1.NodeSelectorRequirement{{Key: metav1.ObjectNameField, Operator: v1.NodeSelectorOpNotIn, Values: []string{node}}},
 			}}})

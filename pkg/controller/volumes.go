@@ -11,9 +11,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/component-helpers/storage/ephemeral"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 )
@@ -37,7 +39,7 @@ import (
 //     topologies with room for it).
 //
 // Not weighed: a CSI driver's volume limits per node (CSINode), and two
-// pods of a group wanting one available volume. kube-scheduler refuses a pod those keep off its planned node, and the
+// claims of a pod, or two pods of a group, wanting one available volume. kube-scheduler refuses a pod those keep off its planned node, and the
 // controller plans it again elsewhere (refusedNode).
 
 // volumeView reads what a pod's volumes hold it to.
@@ -63,14 +65,17 @@ func indexPVByClass(obj any) ([]string, error) {
 	return []string{volumehelpers.GetPersistentVolumeClass(pv)}, nil
 }
 
-// pvcIndex indexes the pods not bound yet by the PersistentVolumeClaims
-// their volumes name (namespace/name): the pods whose plans those claims
-// decide.
+// pvcIndex indexes the pods of groups that are not bound yet by the
+// PersistentVolumeClaims their volumes name (namespace/name): the pods
+// whose plans those claims decide.
 const pvcIndex = "pvc"
 
 func indexByPVC(obj any) ([]string, error) {
 	p, ok := obj.(*v1.Pod)
 	if !ok || p.Spec.NodeName != "" {
+		return nil, nil
+	}
+	if _, ok := groupKey(p); !ok {
 		return nil, nil
 	}
 	var out []string
@@ -192,12 +197,15 @@ func (v volumeView) delayed(pvc *v1.PersistentVolumeClaim) (*v1.NodeSelector, st
 		if !provisions {
 			return nil, fmt.Sprintf("PersistentVolumeClaim %s waits for a volume made on node %s, and its StorageClass %s does not provision volumes", pvc.Name, node, className)
 		}
-		return &v1.NodeSelector{NodeSelectorTerms: andTerms(nodeNamed(node).NodeSelectorTerms, made)}, ""
+		return &v1.NodeSelector{NodeSelectorTerms: compactTerms(andTerms(nodeNamed(node).NodeSelectorTerms, made))}, ""
 	}
 	var candidates []*v1.PersistentVolume
 	objs, _ := v.pvIdx.ByIndex(pvClassIndex, className)
 	for _, o := range objs {
 		pv := o.(*v1.PersistentVolume)
+		if pv.Spec.ClaimRef != nil && !volumehelpers.IsVolumeBoundToClaim(pv, pvc) {
+			continue // another claim's
+		}
 		// FindMatchingVolume checks the node's labels against the
 		// volume's node affinity; the node affinity is what is asked
 		// here, so it matches a copy without it.
@@ -233,31 +241,40 @@ func (v volumeView) delayed(pvc *v1.PersistentVolumeClaim) (*v1.NodeSelector, st
 }
 
 // volumeTerms are the terms of a volume's node affinity as
-// kube-scheduler's CheckNodeAffinity reads them: against the node's
-// labels only, so a metadata.name field matches the empty name.
-// anywhere: the volume may be used on every node.
+// kube-scheduler's CheckNodeAffinity reads them: against a node with
+// labels and no name, so field requirements (metadata.name) are passed
+// over, and a term of field requirements alone matches every node; an
+// empty term matches none. anywhere: the volume may be used on every node.
 func volumeTerms(pv *v1.PersistentVolume) (terms []v1.NodeSelectorTerm, anywhere bool) {
 	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
 		return nil, true
 	}
 	for _, t := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
-		keep := true
-		for _, f := range t.MatchFields {
-			in := slices.Contains(f.Values, "")
-			if (f.Operator == v1.NodeSelectorOpIn) != in {
-				keep = false // this field requirement fails for every node
-			}
+		switch {
+		case len(t.MatchExpressions) > 0:
+			terms = append(terms, v1.NodeSelectorTerm{MatchExpressions: t.MatchExpressions})
+		case len(t.MatchFields) > 0:
+			return nil, true
 		}
-		if !keep {
-			continue
-		}
-		t = v1.NodeSelectorTerm{MatchExpressions: t.MatchExpressions}
-		if len(t.MatchExpressions) == 0 {
-			return nil, true // only field requirements, each met
-		}
-		terms = append(terms, t)
+	}
+	if terms == nil {
+		terms = noNode()
 	}
 	return terms, false
+}
+
+// noNode is a selector's terms that no node matches: a term without
+// requirements would be passed over, and no terms at all may read as no
+// constraint.
+func noNode() []v1.NodeSelectorTerm {
+	return []v1.NodeSelectorTerm{{MatchFields: []v1.NodeSelectorRequirement{{Key: metav1.ObjectNameField, Operator: v1.NodeSelectorOpIn, Values: []string{""}}}}}
+}
+
+// validValues reports whether every value is a label value: a term with
+// one that is not matches no node, and joined with others it would take
+// them down with it.
+func validValues(vals []string) bool {
+	return !slices.ContainsFunc(vals, func(v string) bool { return len(validation.IsValidLabelValue(v)) > 0 })
 }
 
 // compactTerms sorts the terms, drops repeats, and joins the terms that
@@ -267,7 +284,7 @@ func compactTerms(terms []v1.NodeSelectorTerm) []v1.NodeSelectorTerm {
 	in := map[string][]string{}
 	var out []v1.NodeSelectorTerm
 	for _, t := range terms {
-		if len(t.MatchFields) == 0 && len(t.MatchExpressions) == 1 && t.MatchExpressions[0].Operator == v1.NodeSelectorOpIn {
+		if len(t.MatchFields) == 0 && len(t.MatchExpressions) == 1 && t.MatchExpressions[0].Operator == v1.NodeSelectorOpIn && validValues(t.MatchExpressions[0].Values) {
 			r := t.MatchExpressions[0]
 			in[r.Key] = append(in[r.Key], r.Values...)
 			continue
@@ -313,9 +330,7 @@ func (v volumeView) capacity(pvc *v1.PersistentVolumeClaim, class *storagev1.Sto
 		}
 	}
 	if terms == nil {
-		// No node: a term no node matches keeps the list from meaning
-		// "every node" when joined.
-		terms = []v1.NodeSelectorTerm{{MatchFields: []v1.NodeSelectorRequirement{{Key: metav1.ObjectNameField, Operator: v1.NodeSelectorOpIn, Values: []string{""}}}}}
+		terms = noNode()
 	}
 	return terms, true
 }
@@ -374,7 +389,12 @@ func topologyTerms(class *storagev1.StorageClass) []v1.NodeSelectorTerm {
 		for _, e := range t.MatchLabelExpressions {
 			term.MatchExpressions = append(term.MatchExpressions, v1.NodeSelectorRequirement{Key: e.Key, Operator: v1.NodeSelectorOpIn, Values: e.Values})
 		}
-		out = append(out, term)
+		if len(term.MatchExpressions) > 0 { // an empty term matches no node
+			out = append(out, term)
+		}
+	}
+	if out == nil && len(class.AllowedTopologies) > 0 {
+		return noNode()
 	}
 	return out
 }
@@ -468,12 +488,41 @@ func labelZones(value string) ([]string, bool) {
 		if z == "" {
 			return nil, false
 		}
+		if len(validation.IsValidLabelValue(z)) > 0 {
+			continue // no node label has it
+		}
 		if !slices.Contains(out, z) {
 			out = append(out, z)
 		}
 	}
 	slices.Sort(out)
 	return out, true
+}
+
+// onlyNode reports whether node is the one node the volume selectors
+// allow, as the planner matches them.
+func (c *Controller) onlyNode(sels []*v1.NodeSelector, node string) bool {
+	nodes, err := c.nodes.List(everything)
+	if err != nil {
+		return false
+	}
+	var parsed []*nodeaffinity.LazyErrorNodeSelector
+	for _, s := range sels {
+		parsed = append(parsed, nodeaffinity.NewLazyErrorNodeSelector(s))
+	}
+	for _, n := range nodes {
+		ok := true
+		for _, s := range parsed {
+			if m, _ := s.Match(n); !m {
+				ok = false
+				break
+			}
+		}
+		if ok && n.Name != node {
+			return false
+		}
+	}
+	return true
 }
 
 // volumeHandler calls onVolume for every change of an object, not for the

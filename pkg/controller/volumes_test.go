@@ -15,7 +15,7 @@ import (
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/utils/ptr"
 
 	placement "github.com/gputopo/gputopo/api/placement/v1alpha1"
@@ -43,6 +43,10 @@ func TestVolumeNodes(t *testing.T) {
 			AllowedTopologies: []v1.TopologySelectorTerm{{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zone, Values: []string{"z1"}}}}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "now"}, Provisioner: "csi.example.com", VolumeBindingMode: &immediate},
 		{ObjectMeta: metav1.ObjectMeta{Name: "cap"}, Provisioner: "cap.example.com", VolumeBindingMode: &wffc},
+		{ObjectMeta: metav1.ObjectMeta{Name: "empty-topology"}, Provisioner: "csi.example.com", VolumeBindingMode: &wffc, AllowedTopologies: []v1.TopologySelectorTerm{{}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "bad-topology"}, Provisioner: "csi.example.com", VolumeBindingMode: &wffc, AllowedTopologies: []v1.TopologySelectorTerm{
+			{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zone, Values: []string{"Zone B"}}}},
+			{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zone, Values: []string{"z2"}}}}}},
 	}
 	drivers := []*storagev1.CSIDriver{
 		{ObjectMeta: metav1.ObjectMeta{Name: "cap.example.com"}, Spec: storagev1.CSIDriverSpec{StorageCapacity: ptr.To(true)}},
@@ -139,12 +143,36 @@ func TestVolumeNodes(t *testing.T) {
 		},
 		// CheckNodeAffinity matches a volume's node affinity against the
 		// node's labels only: a node name field matches the empty name.
-		"a node name in a volume's node affinity matches no node": {
-			pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{byName(testPV("pv", "local", "1Gi"), v1.NodeSelectorOpIn, "n1")},
+		// CheckNodeAffinity matches a volume's node affinity against a
+		// node with labels and no name: field requirements are passed
+		// over, and an empty term matches no node.
+		"a node name in a volume's node affinity is passed over": {
+			pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{byName(testPV("pv", "local", "1Gi"), v1.NodeSelectorOpIn, "n1")}, want: all,
 		},
-		"a node name left out of a volume's node affinity leaves none out": {
-			pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{byName(testPV("pv", "local", "1Gi"), v1.NodeSelectorOpNotIn, "n1")}, want: all,
+		"a node name beside a label in one term: the label holds": {
+			pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{func() *v1.PersistentVolume {
+				pv := byName(testPV("pv", "local", "1Gi"), v1.NodeSelectorOpIn, "n1")
+				t := &pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0]
+				t.MatchExpressions = []v1.NodeSelectorRequirement{{Key: zone, Operator: v1.NodeSelectorOpIn, Values: []string{"z1"}}}
+				return pv
+			}()}, want: []string{"n0"},
 		},
+		"an empty term in a volume's node affinity matches no node": {
+			pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{func() *v1.PersistentVolume {
+				pv := testPV("pv", "local", "1Gi")
+				pv.Spec.NodeAffinity = &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{}}}}
+				return pv
+			}()},
+		},
+		"an empty term beside another": {
+			pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{func() *v1.PersistentVolume {
+				pv := testPV("pv", "local", "1Gi")
+				pv.Spec.NodeAffinity = &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{},
+					{MatchExpressions: []v1.NodeSelectorRequirement{{Key: zone, Operator: v1.NodeSelectorOpIn, Values: []string{"z2"}}}}}}}
+				return pv
+			}()}, want: []string{"n1"},
+		},
+		"a zone that is no label value is passed over": {pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{labelled(testPV("pv", "local", "1Gi"), zone, "z1___b")}, want: []string{"n0", "n3"}},
 		"the zones of three volumes intersected": {
 			volumes: []v1.Volume{pvcVolume("a"), pvcVolume("b"), pvcVolume("c")},
 			pvcs:    []*v1.PersistentVolumeClaim{bound("a", "pv-a"), bound("b", "pv-b"), bound("c", "pv-c")},
@@ -167,8 +195,13 @@ func TestVolumeNodes(t *testing.T) {
 			want:    all,
 		},
 		// WaitForFirstConsumer: where a volume could be bound or made.
-		"the scheduler chose its node":                            {pvcs: []*v1.PersistentVolumeClaim{selected(testPVC("data", "csi", "1Gi"), "n2")}, want: []string{"n2"}},
-		"the scheduler chose a node outside the allowed topology": {pvcs: []*v1.PersistentVolumeClaim{selected(testPVC("data", "csi-z1", "1Gi"), "n2")}},
+		"the scheduler chose its node":                                                 {pvcs: []*v1.PersistentVolumeClaim{selected(testPVC("data", "csi", "1Gi"), "n2")}, want: []string{"n2"}},
+		"the scheduler chose a node outside the allowed topology":                      {pvcs: []*v1.PersistentVolumeClaim{selected(testPVC("data", "csi-z1", "1Gi"), "n2")}},
+		"the scheduler chose a node, and the class's empty topology term matches none": {pvcs: []*v1.PersistentVolumeClaim{selected(testPVC("data", "empty-topology", "1Gi"), "n2")}},
+		"the class's empty topology term matches no node":                              {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "empty-topology", "1Gi")}},
+		"an allowed topology that does not parse fails only itself":                    {pvcs: []*v1.PersistentVolumeClaim{testPVC("data", "bad-topology", "1Gi")}, want: []string{"n1"}},
+		"the scheduler chose a node with room":                                         {pvcs: []*v1.PersistentVolumeClaim{selected(testPVC("data", "cap", "2Gi"), "n0")}, want: []string{"n0"}},
+		"the scheduler chose a node without room":                                      {pvcs: []*v1.PersistentVolumeClaim{selected(testPVC("data", "cap", "2Gi"), "n1")}},
 		"the scheduler chose a node, and the class does not provision": {
 			pvcs: []*v1.PersistentVolumeClaim{selected(testPVC("data", "local", "1Gi"), "n2")},
 			wait: "waits for a volume made on node n2, and its StorageClass local does not provision volumes",
@@ -279,8 +312,10 @@ func TestVolumeNodes(t *testing.T) {
 			for _, s := range sels {
 				terms += len(s.NodeSelectorTerms)
 			}
+			// As the planner matches them (Pod.Volumes): each on its own,
+			// a term that does not parse matching no node.
 			for _, n := range nodes {
-				if !slices.ContainsFunc(sels, func(s *v1.NodeSelector) bool { ok, _ := corev1helpers.MatchNodeSelectorTerms(n, s); return !ok }) {
+				if !slices.ContainsFunc(sels, func(s *v1.NodeSelector) bool { ok, _ := nodeaffinity.NewLazyErrorNodeSelector(s).Match(n); return !ok }) {
 					got = append(got, n.Name)
 				}
 			}
@@ -414,14 +449,41 @@ func TestVolumesHoldTheGroup(t *testing.T) {
 // A pod is indexed by the claims its volumes name until it is bound: a
 // claim's event requeues only the groups it may still change.
 func TestIndexByPVC(t *testing.T) {
-	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ml"}, Spec: v1.PodSpec{Volumes: []v1.Volume{
-		pvcVolume("data"), ephemeralVolume("scratch"), {Name: "tmp", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}}}
-	if got, _ := indexByPVC(p); !slices.Equal(got, []string{"ml/data", "ml/p-scratch"}) {
-		t.Errorf("an unbound pod is indexed under %v, want ml/data and ml/p-scratch", got)
+	p := jobPod("j", 0, "gpu-1", nil)
+	p.Spec.Volumes = []v1.Volume{pvcVolume("data"), ephemeralVolume("scratch"), {Name: "tmp", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}
+	if got, _ := indexByPVC(p); !slices.Equal(got, []string{"default/data", "default/j-0-scratch"}) {
+		t.Errorf("an unbound pod is indexed under %v, want default/data and default/j-0-scratch", got)
+	}
+	plain := p.DeepCopy()
+	plain.Annotations, plain.OwnerReferences = nil, nil
+	if got, _ := indexByPVC(plain); got != nil {
+		t.Errorf("a pod of no group is indexed under %v, want nothing", got)
 	}
 	p.Spec.NodeName = "n0"
 	if got, _ := indexByPVC(p); got != nil {
 		t.Errorf("a bound pod is indexed under %v, want nothing", got)
+	}
+}
+
+// A resync (the same version again) requeues nothing; a change does.
+func TestVolumeHandlerPassesOverResyncs(t *testing.T) {
+	p := jobPod("a", 0, "gpu-1", nil)
+	p.Spec.Volumes = []v1.Volume{pvcVolume("data")}
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{pvcIndex: indexByPVC})
+	_ = idx.Add(p)
+	c := &Controller{podIdx: idx, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
+	defer c.queue.ShutDown()
+	old, cur := testPVC("data", "local", "1Gi"), testPVC("data", "local", "1Gi")
+	old.ResourceVersion, cur.ResourceVersion = "1", "1"
+	h := c.volumeHandler()
+	h.OnUpdate(old, cur)
+	if n := c.queue.Len(); n != 0 {
+		t.Fatalf("a resync requeued %d groups", n)
+	}
+	cur.ResourceVersion = "2"
+	h.OnUpdate(old, cur)
+	if n := c.queue.Len(); n != 1 {
+		t.Fatalf("a change requeued %d groups, want 1", n)
 	}
 }
 
@@ -466,6 +528,43 @@ func TestOnVolumeRequeuesTheGroupsItMayChange(t *testing.T) {
 			slices.Sort(got)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("requeued %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// A pod planned again after its node refused it is kept off that node,
+// unless its volumes allow no other: a claim kube-scheduler bound there
+// before the pod's own binding failed holds it to that node alone.
+func TestRefusedNodeKeptWhenOnlyItsVolumesAllowIt(t *testing.T) {
+	for name, tc := range map[string]struct {
+		hosts []string // where the volume may be used
+		want  string
+	}{
+		"the volume allows the refused node alone": {hosts: []string{"host-n1"}, want: "n1"},
+		"the volume allows another node too":       {hosts: []string{"host-n1", "host-n2"}, want: "n2"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			pv := testPV("pv", "", "1Gi")
+			pv.Spec.NodeAffinity = &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
+				MatchExpressions: []v1.NodeSelectorRequirement{{Key: v1.LabelHostname, Operator: v1.NodeSelectorOpIn, Values: tc.hosts}}}}}}
+			pvc := testPVC("data", "", "1Gi")
+			pvc.Spec.VolumeName = "pv"
+			pvc.Annotations = map[string]string{"pv.kubernetes.io/bind-completed": "yes"}
+			pvc.Status.Phase = v1.ClaimBound
+			h := newHarness(t, job("train", 1), pv, pvc)
+			p := jobPod("train", 0, "gpu-4-nvlink", map[string]string{placement.AnnotationNode: "n1"})
+			p.Spec.SchedulingGates = nil // released: its gate opened, and n1 refused it
+			p.Spec.Volumes = []v1.Volume{pvcVolume("data")}
+			h.addPod(p)
+			h.settle()
+			h.eventually("the volume in the informer", func() bool {
+				_, err := h.c.volumes.pvcs.PersistentVolumeClaims("default").Get("data")
+				return err == nil
+			})
+			h.place("default/job/train")
+			if got := h.allocatedNode("train-0"); got != tc.want {
+				t.Errorf("planned onto %q, want %s", got, tc.want)
 			}
 		})
 	}

@@ -236,7 +236,7 @@ func at(v []int64, i int) int64 {
 // needs is what a shape of pod asks of a node besides devices.
 type needs struct {
 	affinity    nodeaffinity.RequiredNodeAffinity
-	volumes     []*nodeaffinity.NodeSelector // Pod.Volumes
+	volumes     []*nodeaffinity.LazyErrorNodeSelector // Pod.Volumes
 	tolerations []v1.Toleration
 	req         []int64         // by resource index, one pod slot included
 	unoffered   v1.ResourceName // requested, but no node offers it
@@ -264,11 +264,9 @@ func (c *Cluster) needsOf(pod Pod) (needs, error) {
 	}
 	n.affinity = nodeaffinity.NewRequiredNodeAffinity(pod.NodeSelector, &v1.Affinity{NodeAffinity: pod.NodeAffinity})
 	for _, sel := range pod.Volumes {
-		vs, err := nodeaffinity.NewNodeSelector(sel)
-		if err != nil {
-			return n, fmt.Errorf("pod %s: a node selector of its volumes is invalid: %w", pod.Name, err)
-		}
-		n.volumes = append(n.volumes, vs)
+		// Read as kube-scheduler reads a volume's node affinity: a term
+		// that does not parse matches no node, and fails nothing else.
+		n.volumes = append(n.volumes, nodeaffinity.NewLazyErrorNodeSelector(sel))
 	}
 	if len(c.res.names) == 0 {
 		return n, nil
@@ -403,7 +401,7 @@ func (nd *node) filter(logger klog.Logger, ns *needs, nf *nodeFilters, i int) No
 		return FilterAffinity
 	}
 	for _, vs := range ns.volumes {
-		if !vs.Match(nd.obj) {
+		if ok, _ := vs.Match(nd.obj); !ok {
 			return FilterVolumes
 		}
 	}

@@ -179,6 +179,14 @@ func TestNodeFilters(t *testing.T) {
 			},
 			want: &placed{Domain: leaf("leaf-0"), Assignments: map[string]string{"p0": "l0n0", "p1": "l0n1"}},
 		},
+		// Equal claims, different volumes: two shapes, each on its node.
+		"pods of one job held to different nodes by their volumes": {
+			cluster: twoLeaves().Label("disk", "a", "l0n2").Label("disk", "b", "l1n1"),
+			job: func(t testing.TB) planner.Job {
+				return makeJob(t, "j").Pods(1, "gpu-8-node").Volume("disk", "a").Pods(1, "gpu-8-node").Volume("disk", "b").Obj()
+			},
+			want: &placed{Domain: spine, Assignments: map[string]string{"p0": "l0n2", "p1": "l1n1"}},
+		},
 		"a resource no node offers": {
 			cluster: twoLeaves().Allocatable(node8),
 			job: func(t testing.TB) planner.Job {

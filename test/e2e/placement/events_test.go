@@ -900,7 +900,24 @@ func withVolume(t *testing.T, name string, source func(*corev1.PersistentVolume)
 func boundVolume(t *testing.T, name string, source func(*corev1.PersistentVolume)) func(*batchv1.Job) {
 	t.Helper()
 	ctx := framework.Ctx(t)
-	const class = "gputopo-e2e-manual"
+	newVolume(t, name, "gputopo-e2e-manual", true, source)
+	framework.Eventually(t, waitStatus, "PersistentVolumeClaim "+name+" bound", func() (bool, string) {
+		c, err := client.CoreV1().PersistentVolumeClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return c.Status.Phase == corev1.ClaimBound, "phase " + string(c.Status.Phase)
+	})
+	return withClaim(name)
+}
+
+// newVolume creates a PersistentVolume of class, of 1Gi, that source
+// fills in, and a PersistentVolumeClaim of class asking for 1Gi, both
+// named name; prebind names the volume in the claim. Both are deleted when
+// the test ends.
+func newVolume(t *testing.T, name, class string, prebind bool, source func(*corev1.PersistentVolume)) {
+	t.Helper()
+	ctx := framework.Ctx(t)
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PersistentVolumeSpec{
@@ -917,9 +934,12 @@ func boundVolume(t *testing.T, name string, source func(*corev1.PersistentVolume
 	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: ptr.To(class), VolumeName: name,
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: ptr.To(class),
 			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
 		},
+	}
+	if prebind {
+		pvc.Spec.VolumeName = name
 	}
 	if _, err := client.CoreV1().PersistentVolumeClaims(namespace).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create PersistentVolumeClaim %s: %v", name, err)
@@ -928,18 +948,28 @@ func boundVolume(t *testing.T, name string, source func(*corev1.PersistentVolume
 		_ = client.CoreV1().PersistentVolumeClaims(namespace).Delete(context.Background(), name, metav1.DeleteOptions{})
 		_ = client.CoreV1().PersistentVolumes().Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
-	framework.Eventually(t, waitStatus, "PersistentVolumeClaim "+name+" bound", func() (bool, string) {
-		c, err := client.CoreV1().PersistentVolumeClaims(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return c.Status.Phase == corev1.ClaimBound, "phase " + string(c.Status.Phase)
-	})
+}
+
+// withClaim gives a Job's pods a volume of PersistentVolumeClaim claim.
+func withClaim(claim string) func(*batchv1.Job) {
 	return func(j *batchv1.Job) {
 		spec := &j.Spec.Template.Spec
 		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{
-			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}})
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}})
 	}
+}
+
+// boundOff waits for the one pod of job to bind off node, the fullest of
+// its leaf, where it was planned, neither released nor moved: the plan
+// weighed what keeps it off node (why).
+func boundOff(t *testing.T, job, node, why string) bound {
+	t.Helper()
+	b := waitBound(t, jobSelector(job), 1)
+	if b.nodes[0] == node {
+		t.Fatalf("pod %s on %s, which %s", b.pods[0].Name, b.nodes[0], why)
+	}
+	keptTheirPlans(t, b.pods, "the plan should have weighed what keeps it off "+node+": "+why)
+	return b
 }
 
 // TestVolumeNodeAffinityAgainstAnotherJob: a pod whose volume's node
@@ -953,11 +983,7 @@ func TestVolumeNodeAffinityAgainstAnotherJob(t *testing.T) {
 	leaf := fakeLeaf(t)
 	a, _ := anchorIn(t, "ev-anchor-vol", leaf)
 	job := createJobFrom(t, "ev-volume", 1, "gpu-4-nvlink", consolidatedIn(leaf), offNode(t, "ev-vol-data", a.nodes[0]))
-	b := waitBound(t, jobSelector(job.Name), 1)
-	if b.nodes[0] == a.nodes[0] {
-		t.Fatalf("pod %s on %s, which its volume's node affinity leaves out", b.pods[0].Name, b.nodes[0])
-	}
-	keptTheirPlans(t, b.pods, "the plan should have weighed its volume's node affinity")
+	boundOff(t, job.Name, a.nodes[0], "its volume's node affinity leaves out")
 }
 
 // TestJobWaitsForItsVolumeClaim: a Job whose pod names a
@@ -973,11 +999,7 @@ func TestJobWaitsForItsVolumeClaim(t *testing.T) {
 	leaf := fakeLeaf(t)
 	a, _ := anchorIn(t, "ev-anchor-later", leaf)
 	claim := fmt.Sprintf("ev-later-data-%d", time.Now().UnixNano()%1000000)
-	job := createJobFrom(t, "ev-later", 1, "gpu-4-nvlink", consolidatedIn(leaf), func(j *batchv1.Job) {
-		spec := &j.Spec.Template.Spec
-		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{
-			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}})
-	})
+	job := createJobFrom(t, "ev-later", 1, "gpu-4-nvlink", consolidatedIn(leaf), withClaim(claim))
 	framework.Eventually(t, waitStatus, "the pod of "+job.Name+" to wait for its volume claim", func() (bool, string) {
 		pods, err := jobPods(ctx, job.Name)
 		if err != nil || len(pods) != 1 {
@@ -990,11 +1012,7 @@ func TestJobWaitsForItsVolumeClaim(t *testing.T) {
 		return st.Reason == placementapi.StatusWaitingForVolumes && strings.Contains(st.Message, claim), fmt.Sprintf("status %+v", st)
 	})
 	boundVolume(t, claim, localOffNode(a.nodes[0]))
-	b := waitBound(t, jobSelector(job.Name), 1)
-	if b.nodes[0] == a.nodes[0] {
-		t.Fatalf("pod %s on %s, which its volume's node affinity leaves out", b.pods[0].Name, b.nodes[0])
-	}
-	keptTheirPlans(t, b.pods, "the plan should have weighed its volume's node affinity once the claim was bound")
+	boundOff(t, job.Name, a.nodes[0], "its volume's node affinity, once the claim was bound, leaves out")
 }
 
 // TestLocalVolumeWaitingForItsFirstConsumer: a pod whose claim waits for
@@ -1018,38 +1036,12 @@ func TestLocalVolumeWaitingForItsFirstConsumer(t *testing.T) {
 	t.Cleanup(func() {
 		_ = client.StorageV1().StorageClasses().Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
-	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-			StorageClassName:              name,
-			PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: "/mnt/" + name}},
-			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}},
-		},
-	}
-	if _, err := client.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create PersistentVolume %s: %v", name, err)
-	}
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: ptr.To(name),
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}},
-	}
-	if _, err := client.CoreV1().PersistentVolumeClaims(namespace).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create PersistentVolumeClaim %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		_ = client.CoreV1().PersistentVolumeClaims(namespace).Delete(context.Background(), name, metav1.DeleteOptions{})
-		_ = client.CoreV1().PersistentVolumes().Delete(context.Background(), name, metav1.DeleteOptions{})
+	newVolume(t, name, name, false, func(pv *corev1.PersistentVolume) {
+		pv.Spec.Local = &corev1.LocalVolumeSource{Path: "/mnt/" + name}
+		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}}
 	})
-	job := createJobFrom(t, "ev-local", 1, "gpu-4-nvlink", consolidatedIn(leaf), func(j *batchv1.Job) {
-		spec := &j.Spec.Template.Spec
-		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{
-			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}})
-	})
+	job := createJobFrom(t, "ev-local", 1, "gpu-4-nvlink", consolidatedIn(leaf), withClaim(name))
 	b := waitBound(t, jobSelector(job.Name), 1)
 	if b.nodes[0] != node {
 		t.Fatalf("pod %s on %s, want %s, the node of the one volume its claim can bind (not %s, beside the other Job's pod)", b.pods[0].Name, b.nodes[0], node, a.nodes[0])
