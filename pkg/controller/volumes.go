@@ -38,9 +38,11 @@ import (
 //     topologies, and where its CSI driver publishes storage capacity, the
 //     topologies with room for it).
 //
-// Not weighed: a CSI driver's volume limits per node (CSINode), and two
-// claims of a pod, or two pods of a group, wanting one available volume. kube-scheduler refuses a pod those keep off its planned node, and the
-// controller plans it again elsewhere (refusedNode).
+// Not weighed: a CSI driver's volume limits per node (CSINode), a
+// ReadWriteOncePod claim another pod uses, and two claims of a pod, or two
+// pods of a group, wanting one available volume. kube-scheduler refuses a
+// pod those keep off its planned node, and the controller plans it again
+// elsewhere (refusedNode).
 
 // volumeView reads what a pod's volumes hold it to.
 type volumeView struct {
