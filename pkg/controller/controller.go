@@ -220,7 +220,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 10*time.Minute, informers.WithTransform(cacheTransform(newInterner(internerLimit))))
 	podInf := f.Core().V1().Pods().Informer()
-	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode, podGroupIndex: indexByPodGroup, antiAffinityIndex: indexByAntiAffinity, hostPortIndex: indexByHostPorts, pvcIndex: indexByPVC}); err != nil {
+	if err := podInf.AddIndexers(cache.Indexers{groupIndex: indexByGroup, nodeIndex: indexByNode, podGroupIndex: indexByPodGroup, antiAffinityIndex: indexByAntiAffinity, hostPortIndex: indexByHostPorts, pvcIndex: indexByPVC, pvcUserIndex: indexByPVCUser}); err != nil {
 		return nil, fmt.Errorf("add pod group index: %w", err)
 	}
 	pvInf := f.Core().V1().PersistentVolumes().Informer()
@@ -240,6 +240,7 @@ func New(cfg Config) (*Controller, error) {
 			pvcs: f.Core().V1().PersistentVolumeClaims().Lister(), pvs: f.Core().V1().PersistentVolumes().Lister(),
 			pvIdx: pvInf.GetIndexer(), classes: f.Storage().V1().StorageClasses().Lister(),
 			drivers: f.Storage().V1().CSIDrivers().Lister(), capacities: f.Storage().V1().CSIStorageCapacities().Lister(),
+			users: podInf.GetIndexer(),
 		},
 		sliceIdx: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{sliceNodeIndex: indexSliceByNode}),
 		claims:   f.Resource().V1().ResourceClaims().Lister(),
@@ -395,6 +396,11 @@ func (c *Controller) onPodUpdate(old, cur any) {
 	if o.Status.Phase != n.Status.Phase && !active(n) {
 		c.requeuePending() // a finished pod frees cpu and memory
 	}
+	if was, _ := indexByPVCUser(o); len(was) > 0 {
+		if is, _ := indexByPVCUser(n); len(is) == 0 {
+			c.onClaimUser(o) // it stopped using its claims
+		}
+	}
 	oldKey, wasIn := groupKey(o)
 	newKey, isIn := groupKey(n)
 	if wasIn && (!isIn || oldKey != newKey) {
@@ -452,6 +458,7 @@ func (c *Controller) onPodDelete(obj any) {
 	c.mu.Unlock()
 	c.countPod(pod, nil)
 	c.onPod(pod)
+	c.onClaimUser(pod)
 	if !finished(pod) && usageNode(pod) != "" {
 		// A pod that leaves its node frees cpu and memory, and what its
 		// pod anti-affinity kept other pods out of.

@@ -38,9 +38,12 @@ import (
 //     topologies, and where its CSI driver publishes storage capacity, the
 //     topologies with room for it).
 //
-// Not weighed: a CSI driver's volume limits per node (CSINode), a
-// ReadWriteOncePod claim another pod uses, and two claims of a pod, or two
-// pods of a group, wanting one available volume. kube-scheduler refuses a
+//   - a ReadWriteOncePod claim that a pod on a node uses keeps every other
+//     pod that names it pending (VolumeRestrictions).
+//
+// Not weighed: a CSI driver's volume limits per node (CSINode), two pods
+// of a group naming one ReadWriteOncePod claim, and two claims of a pod,
+// or two pods of a group, wanting one available volume. kube-scheduler refuses a
 // pod those keep off its planned node, and the controller plans it again
 // elsewhere (refusedNode).
 
@@ -54,6 +57,9 @@ type volumeView struct {
 	// they publish; nil drivers checks no capacity.
 	drivers    storagelisters.CSIDriverLister
 	capacities storagelisters.CSIStorageCapacityLister
+	// users are the pods by pvcUserIndex; nil checks no
+	// ReadWriteOncePod claim.
+	users cache.Indexer
 }
 
 // pvClassIndex indexes PersistentVolumes by their storage class.
@@ -84,6 +90,26 @@ func indexByPVC(obj any) ([]string, error) {
 	for i := range p.Spec.Volumes {
 		if name := claimNameOf(p, &p.Spec.Volumes[i]); name != "" {
 			out = append(out, p.Namespace+"/"+name)
+		}
+	}
+	return out, nil
+}
+
+// pvcUserIndex indexes the pods kube-scheduler counts as using a
+// PersistentVolumeClaim, by the claims their volumes name
+// (namespace/name): pods on a node that have not finished. A
+// ReadWriteOncePod claim one of them uses keeps every other pod pending.
+const pvcUserIndex = "pvcUser"
+
+func indexByPVCUser(obj any) ([]string, error) {
+	p, ok := obj.(*v1.Pod)
+	if !ok || p.Spec.NodeName == "" || finished(p) {
+		return nil, nil
+	}
+	var out []string
+	for _, vol := range p.Spec.Volumes {
+		if vol.PersistentVolumeClaim != nil {
+			out = append(out, p.Namespace+"/"+vol.PersistentVolumeClaim.ClaimName)
 		}
 	}
 	return out, nil
@@ -130,6 +156,11 @@ func (v volumeView) nodes(p *v1.Pod) ([]*v1.NodeSelector, string) {
 				return nil, err.Error()
 			}
 		}
+		if vol.PersistentVolumeClaim != nil && slices.Contains(pvc.Spec.AccessModes, v1.ReadWriteOncePod) {
+			if user := v.otherUser(p, name); user != nil {
+				return nil, fmt.Sprintf("PersistentVolumeClaim %s can be used by one pod only (ReadWriteOncePod), and pod %s on node %s uses it", name, user.Name, user.Spec.NodeName)
+			}
+		}
 		if pvc.Spec.VolumeName != "" && metav1.HasAnnotation(pvc.ObjectMeta, volumehelpers.AnnBindCompleted) {
 			pv, err := v.pvs.Get(pvc.Spec.VolumeName)
 			if err != nil {
@@ -158,6 +189,21 @@ func (v volumeView) nodes(p *v1.Pod) ([]*v1.NodeSelector, string) {
 		sels = append(sels, sel)
 	}
 	return sels, ""
+}
+
+// otherUser is a pod other than p that kube-scheduler counts as using
+// claim name of p's namespace (VolumeRestrictions), nil when none does.
+func (v volumeView) otherUser(p *v1.Pod, name string) *v1.Pod {
+	if v.users == nil {
+		return nil
+	}
+	objs, _ := v.users.ByIndex(pvcUserIndex, p.Namespace+"/"+name)
+	for _, o := range objs {
+		if u := o.(*v1.Pod); u.UID != p.UID {
+			return u
+		}
+	}
+	return nil
 }
 
 // unbound says why a claim not bound yet keeps its pod pending, "" when it
@@ -525,6 +571,21 @@ func (c *Controller) onlyNode(sels []*v1.NodeSelector, node string) bool {
 		}
 	}
 	return true
+}
+
+// onClaimUser requeues the groups of the unbound pods that use a claim
+// pod stops using: it finished, left its node or is gone, and a
+// ReadWriteOncePod claim it held is free for them.
+func (c *Controller) onClaimUser(pod *v1.Pod) {
+	keys, _ := indexByPVCUser(pod)
+	for _, k := range keys {
+		objs, _ := c.podIdx.ByIndex(pvcIndex, k)
+		for _, o := range objs {
+			if key, ok := groupKey(o.(*v1.Pod)); ok {
+				c.queue.Add(key)
+			}
+		}
+	}
 }
 
 // volumeHandler calls onVolume for every change of an object, not for the

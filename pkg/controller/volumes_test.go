@@ -89,6 +89,14 @@ func TestVolumeNodes(t *testing.T) {
 		c.Annotations = map[string]string{"volume.kubernetes.io/selected-node": node}
 		return c
 	}
+	rwop := func(c *v1.PersistentVolumeClaim) *v1.PersistentVolumeClaim {
+		c.Spec.AccessModes = []v1.PersistentVolumeAccessMode{v1.ReadWriteOncePod}
+		return c
+	}
+	user := func(name, node string, phase v1.PodPhase) *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name)},
+			Spec: v1.PodSpec{NodeName: node, Volumes: []v1.Volume{pvcVolume("data")}}, Status: v1.PodStatus{Phase: phase}}
+	}
 	claimedBy := func(pv *v1.PersistentVolume, claim string) *v1.PersistentVolume {
 		pv.Spec.ClaimRef = &v1.ObjectReference{Namespace: "default", Name: claim}
 		return pv
@@ -101,7 +109,30 @@ func TestVolumeNodes(t *testing.T) {
 		wait    string   // in the reason no node can take it
 		// maxTerms bounds the terms of the selectors, when set.
 		maxTerms int
+		users    []*v1.Pod // other pods, by the claims they use
 	}{
+		// VolumeRestrictions: a ReadWriteOncePod claim a pod on a node
+		// uses keeps every other pod pending.
+		"a ReadWriteOncePod claim another pod on a node uses": {
+			pvcs: []*v1.PersistentVolumeClaim{rwop(bound("data", "pv"))}, pvs: []*v1.PersistentVolume{testPV("pv", "local", "1Gi")},
+			users: []*v1.Pod{user("other", "n1", v1.PodRunning)}, wait: "can be used by one pod only (ReadWriteOncePod), and pod other on node n1 uses it",
+		},
+		"a ReadWriteOncePod claim a finished pod used": {
+			pvcs: []*v1.PersistentVolumeClaim{rwop(bound("data", "pv"))}, pvs: []*v1.PersistentVolume{testPV("pv", "local", "1Gi")},
+			users: []*v1.Pod{user("other", "n1", v1.PodSucceeded)}, want: all,
+		},
+		"a ReadWriteOncePod claim a pod not on a node yet names": {
+			pvcs: []*v1.PersistentVolumeClaim{rwop(bound("data", "pv"))}, pvs: []*v1.PersistentVolume{testPV("pv", "local", "1Gi")},
+			users: []*v1.Pod{user("other", "", v1.PodPending)}, want: all,
+		},
+		"a ReadWriteOncePod claim the pod itself uses": {
+			pvcs: []*v1.PersistentVolumeClaim{rwop(bound("data", "pv"))}, pvs: []*v1.PersistentVolume{testPV("pv", "local", "1Gi")},
+			users: []*v1.Pod{func() *v1.Pod { u := user("p", "n1", v1.PodRunning); u.UID = pod.UID; return u }()}, want: all,
+		},
+		"a ReadWriteOnce claim another pod uses": {
+			pvcs: []*v1.PersistentVolumeClaim{bound("data", "pv")}, pvs: []*v1.PersistentVolume{testPV("pv", "local", "1Gi")},
+			users: []*v1.Pod{user("other", "n1", v1.PodRunning)}, want: all,
+		},
 		"no volume":       {volumes: []v1.Volume{}, want: all},
 		"an emptyDir":     {volumes: []v1.Volume{{Name: "scratch", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}, want: all},
 		"a missing claim": {wait: "PersistentVolumeClaim data of volume data does not exist"},
@@ -290,7 +321,11 @@ func TestVolumeNodes(t *testing.T) {
 			for _, o := range classes {
 				_ = classIdx.Add(o)
 			}
-			v := volumeView{pvcs: corelisters.NewPersistentVolumeClaimLister(pvcIdx), pvs: corelisters.NewPersistentVolumeLister(pvIdx), pvIdx: pvIdx, classes: storagelisters.NewStorageClassLister(classIdx),
+			users := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{pvcUserIndex: indexByPVCUser})
+			for _, u := range tc.users {
+				_ = users.Add(u)
+			}
+			v := volumeView{users: users, pvcs: corelisters.NewPersistentVolumeClaimLister(pvcIdx), pvs: corelisters.NewPersistentVolumeLister(pvIdx), pvIdx: pvIdx, classes: storagelisters.NewStorageClassLister(classIdx),
 				drivers: storagelisters.NewCSIDriverLister(driverIdx), capacities: storagelisters.NewCSIStorageCapacityLister(capIdx)}
 			p := pod.DeepCopy()
 			p.Spec.Volumes = tc.volumes
@@ -567,5 +602,29 @@ func TestRefusedNodeKeptWhenOnlyItsVolumesAllowIt(t *testing.T) {
 				t.Errorf("planned onto %q, want %s", got, tc.want)
 			}
 		})
+	}
+}
+
+// A pod that stops using a claim (it is gone, or finished) requeues the
+// groups whose unbound pods name it: a ReadWriteOncePod claim it held is
+// free for them.
+func TestClaimUserGoneRequeuesTheGroupsThatWaitForIt(t *testing.T) {
+	waiting := jobPod("a", 0, "gpu-1", nil)
+	waiting.Spec.Volumes = []v1.Volume{pvcVolume("data")}
+	other := jobPod("b", 0, "gpu-1", nil)
+	other.Spec.Volumes = []v1.Volume{pvcVolume("scratch")}
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{pvcIndex: indexByPVC})
+	_ = idx.Add(waiting)
+	_ = idx.Add(other)
+	c := &Controller{podIdx: idx, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
+	defer c.queue.ShutDown()
+	holder := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "holder", Namespace: "default"},
+		Spec: v1.PodSpec{NodeName: "n1", Volumes: []v1.Volume{pvcVolume("data")}}, Status: v1.PodStatus{Phase: v1.PodRunning}}
+	c.onClaimUser(holder)
+	if n := c.queue.Len(); n != 1 {
+		t.Fatalf("requeued %d groups, want 1", n)
+	}
+	if k, _ := c.queue.Get(); k != "default/job/a" {
+		t.Errorf("requeued %s, want default/job/a, whose pod names the claim", k)
 	}
 }

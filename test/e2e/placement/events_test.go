@@ -912,8 +912,9 @@ func boundVolume(t *testing.T, name string, source func(*corev1.PersistentVolume
 }
 
 // newVolume creates a PersistentVolume of class, of 1Gi, that source
-// fills in, and a PersistentVolumeClaim of class asking for 1Gi, both
-// named name; prebind names the volume in the claim. Both are deleted when
+// fills in, and a PersistentVolumeClaim of class asking for 1Gi in the
+// volume's access modes, both named name; prebind names the volume in the
+// claim. Both are deleted when
 // the test ends.
 func newVolume(t *testing.T, name, class string, prebind bool, source func(*corev1.PersistentVolume)) {
 	t.Helper()
@@ -934,7 +935,7 @@ func newVolume(t *testing.T, name, class string, prebind bool, source func(*core
 	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: ptr.To(class),
+			AccessModes: pv.Spec.AccessModes, StorageClassName: ptr.To(class),
 			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
 		},
 	}
@@ -1013,6 +1014,48 @@ func TestJobWaitsForItsVolumeClaim(t *testing.T) {
 	})
 	boundVolume(t, claim, localOffNode(a.nodes[0]))
 	boundOff(t, job.Name, a.nodes[0], "its volume's node affinity, once the claim was bound, leaves out")
+}
+
+// TestJobWaitsForAReadWriteOncePodClaim: a Job whose pod names a
+// ReadWriteOncePod claim that a pod on a node uses is not placed: its pod
+// says WaitingForVolumes, naming that pod, as kube-scheduler's
+// VolumeRestrictions filter leaves it pending. Once that pod is gone, its
+// deletion requeues the Job, which is placed and binds where it was
+// planned.
+func TestJobWaitsForAReadWriteOncePodClaim(t *testing.T) {
+	dumpOnFailure(t)
+	ctx := framework.Ctx(t)
+	leaf := fakeLeaf(t)
+	name := fmt.Sprintf("ev-rwop-data-%d", time.Now().UnixNano()%1000000)
+	claim := boundVolume(t, name, func(pv *corev1.PersistentVolume) {
+		pv.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOncePod}
+		pv.Spec.HostPath = &corev1.HostPathVolumeSource{Path: "/tmp/" + name}
+	})
+	holder := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name + "-holder", Namespace: namespace},
+		Spec: corev1.PodSpec{NodeName: topo.leafNodes[leaf][0], TerminationGracePeriodSeconds: ptr.To[int64](0),
+			Containers: []corev1.Container{{Name: "hold", Image: "registry.k8s.io/pause:3.10"}}}}
+	holder.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}}}
+	if _, err := client.CoreV1().Pods(namespace).Create(ctx, holder, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pod %s: %v", holder.Name, err)
+	}
+	t.Cleanup(func() {
+		_ = client.CoreV1().Pods(namespace).Delete(context.Background(), holder.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	job := createJobFrom(t, "ev-rwop", 1, "gpu-4-nvlink", consolidatedIn(leaf), claim)
+	framework.Eventually(t, waitStatus, "the pod of "+job.Name+" to wait for the claim "+holder.Name+" holds", func() (bool, string) {
+		pods, err := jobPods(ctx, job.Name)
+		if err != nil || len(pods) != 1 {
+			return false, fmt.Sprintf("%d pods (%v)", len(pods), err)
+		}
+		st, _ := placementapi.ParseStatus(pods[0].Annotations[placementapi.AnnotationStatus])
+		if !hasGate(&pods[0]) {
+			t.Fatalf("pod %s ungated while pod %s uses its ReadWriteOncePod claim (status %+v)", pods[0].Name, holder.Name, st)
+		}
+		return st.Reason == placementapi.StatusWaitingForVolumes && strings.Contains(st.Message, holder.Name), fmt.Sprintf("status %+v", st)
+	})
+	forceDeletePod(t, holder.Name)
+	b := waitBound(t, jobSelector(job.Name), 1)
+	keptTheirPlans(t, b.pods, "the claim was free once the other pod was gone")
 }
 
 // TestLocalVolumeWaitingForItsFirstConsumer: a pod whose claim waits for
