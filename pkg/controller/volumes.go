@@ -578,14 +578,7 @@ func (c *Controller) onlyNode(sels []*v1.NodeSelector, node string) bool {
 // ReadWriteOncePod claim it held is free for them.
 func (c *Controller) onClaimUser(pod *v1.Pod) {
 	keys, _ := indexByPVCUser(pod)
-	for _, k := range keys {
-		objs, _ := c.podIdx.ByIndex(pvcIndex, k)
-		for _, o := range objs {
-			if key, ok := groupKey(o.(*v1.Pod)); ok {
-				c.queue.Add(key)
-			}
-		}
-	}
+	c.requeueClaimants(keys)
 }
 
 // volumeHandler calls onVolume for every change of an object, not for the
@@ -623,6 +616,12 @@ func (c *Controller) onVolume(obj any) {
 	default:
 		keys = c.podIdx.ListIndexFuncValues(pvcIndex)
 	}
+	c.requeueClaimants(keys)
+}
+
+// requeueClaimants requeues the groups of the unbound pods that name the
+// claims keys (namespace/name).
+func (c *Controller) requeueClaimants(keys []string) {
 	for _, k := range keys {
 		objs, _ := c.podIdx.ByIndex(pvcIndex, k)
 		for _, o := range objs {
